@@ -1,0 +1,15 @@
+"""mha_numpy: multi-head attention (as in BERT) in pure NumPy, forward and hand-written backward.
+
+Public names:
+- ``MultiHeadAttention``: the module (``forward`` / ``backward``), PyTorch weight layout.
+- ``functional``: every step as a ``NAME_forward`` / ``NAME_backward`` pair.
+- ``masks``: mask helpers and converters (our convention: bool True = may attend, float = added).
+- ``gradcheck``: finite-difference checks with a printable report.
+torch is never imported here; only ``mha_numpy.torch_compat`` uses it, lazily.
+"""
+
+from . import functional, gradcheck, masks
+from .attention import MHACache, MultiHeadAttention
+
+__all__ = ["MultiHeadAttention", "MHACache", "functional", "masks", "gradcheck"]
+__version__ = "0.1.0"

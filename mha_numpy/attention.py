@@ -1,0 +1,206 @@
+"""``MultiHeadAttention``: the module that chains the steps of ``functional``.
+
+    query (B, Lq, E)    --linear W_q--> (B, Lq, E) --split_heads--> (B, H, Lq, d) -+
+    key   (B, Lk, kdim) --linear W_k--> (B, Lk, E) --split_heads--> (B, H, Lk, d) -+- attention
+    value (B, Lk, vdim) --linear W_v--> (B, Lk, E) --split_heads--> (B, H, Lk, d) -+
+    output (B, Lq, E) <--linear W_o-- merge_heads <-- context (B, H, Lq, d)
+
+The backward runs the same steps in reverse. Nothing loops over batch or heads in Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import functional as F
+from ._checks import as_float_array, check_mask
+
+
+@dataclass
+class MHACache:
+    """Everything ``MultiHeadAttention.backward`` needs, and the named intermediates.
+
+    Q, K, V: (B, H, L, d) the projected inputs after the head split.
+    attention: the ``functional.AttentionCache`` (scores, masked_scores, attn_weights, ...).
+    context: (B, H, Lq, d) the per-head weighted sums, before the head merge.
+    """
+
+    Q: np.ndarray
+    K: np.ndarray
+    V: np.ndarray
+    attention: F.AttentionCache
+    context: np.ndarray
+    _caches: dict
+
+    @property
+    def attn_weights(self) -> np.ndarray:
+        """(B, H, Lq, Lk) attention weights after softmax, before dropout."""
+        return self.attention.attn_weights
+
+    @property
+    def scores(self) -> np.ndarray:
+        """(B, H, Lq, Lk) scaled scores before the mask."""
+        return self.attention.scores
+
+    @property
+    def dropout_mask(self) -> np.ndarray | None:
+        """(B, H, Lq, Lk) bool keep-mask used by dropout, or None."""
+        return self.attention.dropout_mask
+
+
+def _xavier_uniform(rng: np.random.Generator, shape: tuple[int, int], fan_in: int, fan_out: int, dtype):
+    bound = np.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-bound, bound, size=shape).astype(dtype)
+
+
+class MultiHeadAttention:
+    """Multi-head attention with a hand-written backward, in the layout of torch.nn.MultiheadAttention.
+
+    embed_dim E, num_heads H (d = E / H); kdim / vdim are the key / value feature sizes (default E).
+    ``params`` holds W_q (E, E), W_k (E, kdim), W_v (E, vdim), W_o (E, E) in PyTorch layout
+    (y = x Wᵀ + b) and, when ``bias``, b_q, b_k, b_v, b_o (E,).
+    Initialization follows PyTorch: xavier-uniform input projections (over the packed (3E, E)
+    matrix when kdim == vdim == E), U(±1/sqrt(E)) for W_o, zero biases.
+    ``rng`` is an int seed or a numpy Generator; it also drives dropout.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        bias: bool = True,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        dropout: float = 0.0,
+        dtype=np.float64,
+        rng: int | np.random.Generator | None = None,
+    ) -> None:
+        kdim = embed_dim if kdim is None else kdim
+        vdim = embed_dim if vdim is None else vdim
+        for name, value in (("embed_dim", embed_dim), ("kdim", kdim), ("vdim", vdim)):
+            if not isinstance(value, (int, np.integer)) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(num_heads, (int, np.integer)) or num_heads <= 0:
+            raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+        if embed_dim % num_heads != 0:
+            raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        dtype = np.dtype(dtype)
+        if not np.issubdtype(dtype, np.floating):
+            raise ValueError(f"dtype must be a floating dtype, got {dtype}")
+
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
+        self.kdim, self.vdim, self.bias, self.dropout, self.dtype = kdim, vdim, bias, dropout, dtype
+        self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+
+        E = embed_dim
+        packed = kdim == E and vdim == E  # torch initialises the packed (3E, E) in_proj_weight
+        fan_out = 3 * E if packed else E
+        self.params: dict[str, np.ndarray] = {
+            "W_q": _xavier_uniform(self.rng, (E, E), E, fan_out, dtype),
+            "W_k": _xavier_uniform(self.rng, (E, kdim), kdim, fan_out, dtype),
+            "W_v": _xavier_uniform(self.rng, (E, vdim), vdim, fan_out, dtype),
+            "W_o": self.rng.uniform(-1 / np.sqrt(E), 1 / np.sqrt(E), size=(E, E)).astype(dtype),
+        }
+        if bias:
+            for name in ("b_q", "b_k", "b_v", "b_o"):
+                self.params[name] = np.zeros(E, dtype=dtype)
+
+    def __repr__(self) -> str:
+        return (
+            f"MultiHeadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}, bias={self.bias}, "
+            f"kdim={self.kdim}, vdim={self.vdim}, dropout={self.dropout}, dtype={self.dtype.name})"
+        )
+
+    # ------------------------------------------------------------------ checks
+
+    def _check_inputs(self, query, key, value, mask):
+        query = as_float_array(query, "query", ndim=3)
+        key = as_float_array(key, "key", ndim=3)
+        value = as_float_array(value, "value", ndim=3)
+        for name, x, size in (("query", query, self.embed_dim), ("key", key, self.kdim), ("value", value, self.vdim)):
+            if x.shape[-1] != size:
+                what = "embed_dim" if name == "query" else ("kdim" if name == "key" else "vdim")
+                raise ValueError(f"{name} with shape {x.shape}: last dim must be {what}={size}")
+            if x.dtype != self.dtype:
+                raise ValueError(
+                    f"{name} has dtype {x.dtype} (shape {x.shape}) but the parameters are {self.dtype}; "
+                    f"convert with .astype(np.{self.dtype.name}) or build the module with dtype=np.{x.dtype.name}"
+                )
+        if not query.shape[0] == key.shape[0] == value.shape[0]:
+            raise ValueError(f"batch sizes differ: query {query.shape}, key {key.shape}, value {value.shape}")
+        if key.shape[1] != value.shape[1]:
+            raise ValueError(f"key and value lengths differ: key {key.shape}, value {value.shape}")
+        B, Lq, Lk = query.shape[0], query.shape[1], key.shape[1]
+        mask = check_mask(mask, (B, self.num_heads, Lq, Lk))
+        return query, key, value, mask
+
+    # ------------------------------------------------------------------ forward / backward
+
+    def forward(
+        self,
+        query: np.ndarray,
+        key: np.ndarray,
+        value: np.ndarray,
+        mask: np.ndarray | None = None,
+        training: bool = False,
+        dropout_mask: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, MHACache]:
+        """query (B, Lq, E), key (B, Lk, kdim), value (B, Lk, vdim) -> output (B, Lq, E), cache.
+
+        mask: bool (True = may attend) or float (added), broadcastable to (B, H, Lq, Lk).
+        training: apply dropout to the attention weights (when ``dropout`` > 0).
+        dropout_mask: optional bool keep-mask (B, H, Lq, Lk) used instead of sampling.
+        """
+        query, key, value, mask = self._check_inputs(query, key, value, mask)
+        P, H = self.params, self.num_heads
+        p_drop = self.dropout if training else 0.0
+        if dropout_mask is not None and not training:
+            raise ValueError("dropout_mask is only used with training=True")
+
+        q, c_q = F.linear_forward(query, P["W_q"], P.get("b_q"))  # (B, Lq, E)
+        k, c_k = F.linear_forward(key, P["W_k"], P.get("b_k"))  # (B, Lk, E)
+        v, c_v = F.linear_forward(value, P["W_v"], P.get("b_v"))  # (B, Lk, E)
+        Q, c_sq = F.split_heads_forward(q, H)  # (B, H, Lq, d)
+        K, c_sk = F.split_heads_forward(k, H)  # (B, H, Lk, d)
+        V, c_sv = F.split_heads_forward(v, H)  # (B, H, Lk, d)
+        context, c_att = F.scaled_dot_product_attention_forward(
+            Q, K, V, mask, dropout_p=p_drop, rng=self.rng, dropout_mask=dropout_mask
+        )  # (B, H, Lq, d)
+        merged, c_m = F.merge_heads_forward(context)  # (B, Lq, E)
+        output, c_o = F.linear_forward(merged, P["W_o"], P.get("b_o"))  # (B, Lq, E)
+
+        caches = dict(q=c_q, k=c_k, v=c_v, sq=c_sq, sk=c_sk, sv=c_sv, m=c_m, o=c_o)
+        return output, MHACache(Q=Q, K=K, V=V, attention=c_att, context=context, _caches=caches)
+
+    __call__ = forward
+
+    def backward(self, d_output: np.ndarray, cache: MHACache) -> dict[str, np.ndarray]:
+        """d_output (B, Lq, E) -> dict of gradients.
+
+        Keys: "query" (B, Lq, E), "key" (B, Lk, kdim), "value" (B, Lk, vdim), and one per
+        ``params`` key with that parameter's shape. For self-attention (the same array passed
+        as query, key and value) its gradient is grads["query"] + grads["key"] + grads["value"].
+        """
+        c = cache._caches
+        d_output = as_float_array(d_output, "d_output", ndim=3)
+        expected = (cache.Q.shape[0], cache.Q.shape[2], self.embed_dim)
+        if d_output.shape != expected:
+            raise ValueError(f"d_output has shape {d_output.shape}, expected {expected} like the output")
+
+        g: dict[str, np.ndarray] = {}
+        d_merged, g["W_o"], db_o = F.linear_backward(d_output, c["o"])  # (B, Lq, E)
+        d_context = F.merge_heads_backward(d_merged, c["m"])  # (B, H, Lq, d)
+        dQ, dK, dV = F.scaled_dot_product_attention_backward(d_context, cache.attention)  # (B, H, L, d)
+        dq = F.split_heads_backward(dQ, c["sq"])  # (B, Lq, E)
+        dk = F.split_heads_backward(dK, c["sk"])  # (B, Lk, E)
+        dv = F.split_heads_backward(dV, c["sv"])  # (B, Lk, E)
+        g["query"], g["W_q"], db_q = F.linear_backward(dq, c["q"])  # (B, Lq, E)
+        g["key"], g["W_k"], db_k = F.linear_backward(dk, c["k"])  # (B, Lk, kdim)
+        g["value"], g["W_v"], db_v = F.linear_backward(dv, c["v"])  # (B, Lk, vdim)
+        if self.bias:
+            g.update(b_q=db_q, b_k=db_k, b_v=db_v, b_o=db_o)
+        return g

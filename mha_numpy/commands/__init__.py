@@ -1,0 +1,9 @@
+"""One module per CLI command; each has ``add_parser(subparsers)`` that sets ``run``.
+
+Commands import their heavy dependencies (matplotlib, torch, ...) inside ``run`` so that
+``python -m mha_numpy --help`` stays fast and works without them.
+"""
+
+from . import gradcheck, tour
+
+COMMANDS = [tour, gradcheck]

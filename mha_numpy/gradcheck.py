@@ -1,0 +1,260 @@
+"""Finite-difference gradient checks for the functional pairs and for ``MultiHeadAttention``.
+
+The analytic gradient of L = sum(f(x) * d_out) with respect to x is compared with central
+differences, (L(x + eps) - L(x - eps)) / (2 eps), element by element. ``d_out`` is *random*:
+with an all-ones upstream gradient, bugs such as a swapped transpose cancel out and go unseen.
+Run the checks in float64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import functional as F
+from .attention import MultiHeadAttention
+
+
+def numerical_gradient(f: Callable[[np.ndarray], np.ndarray], x: np.ndarray, d_out: np.ndarray, eps: float = 1e-6):
+    """Central-difference gradient of sum(f(x) * d_out) with respect to x (same shape as x).
+
+    ``x`` is perturbed in place one element at a time and restored exactly afterwards.
+    """
+    grad = np.zeros_like(x, dtype=np.float64)
+    it = np.nditer(x, flags=["multi_index"], op_flags=[["readwrite"]])
+    for _ in it:
+        i = it.multi_index
+        old = x[i].copy()
+        x[i] = old + eps
+        plus = np.sum(f(x) * d_out, dtype=np.float64)
+        x[i] = old - eps
+        minus = np.sum(f(x) * d_out, dtype=np.float64)
+        x[i] = old  # restore
+        grad[i] = (plus - minus) / (2 * eps)
+    return grad
+
+
+@dataclass
+class GradcheckRow:
+    """One named gradient compared with its finite-difference estimate."""
+
+    name: str
+    shape: tuple
+    max_abs_err: float
+    max_rel_err: float  # max |a - n| / max(|a|, |n|): the error relative to the gradient's scale
+    worst_index: tuple
+    numerical: float  # the numerical value at worst_index
+    analytic: float  # the analytic value at worst_index
+    passed: bool
+    zero_gradient: bool = False  # both gradients are 0 to within atol: no scale, max_rel_err is set to 0
+
+
+@dataclass
+class GradcheckReport:
+    """A table of GradcheckRow; ``passed`` is True when every row passes."""
+
+    rows: list[GradcheckRow] = field(default_factory=list)
+    atol: float = 1e-8
+    rtol: float = 1e-6
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.rows)
+
+    def __getitem__(self, name: str) -> GradcheckRow:
+        for r in self.rows:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    def add(self, name: str, analytic: np.ndarray, numerical: np.ndarray) -> GradcheckRow:
+        a, n = np.asarray(analytic, dtype=np.float64), np.asarray(numerical, dtype=np.float64)
+        if a.shape != n.shape:
+            raise ValueError(f"{name}: analytic shape {a.shape} != numerical shape {n.shape}")
+        err = np.abs(a - n)
+        allowed = self.atol + self.rtol * np.abs(n)
+        worst = np.unravel_index(np.argmax(err / allowed), a.shape) if a.size else ()
+        max_err = float(err.max()) if a.size else 0.0
+        scale = float(max(np.abs(a).max(), np.abs(n).max())) if a.size else 0.0
+        zero = scale <= self.atol  # e.g. b_k: softmax ignores a shift shared by all keys
+        row = GradcheckRow(
+            name=name,
+            shape=a.shape,
+            max_abs_err=max_err,
+            max_rel_err=0.0 if zero else max_err / scale,
+            worst_index=tuple(int(i) for i in worst),
+            numerical=float(n[worst]) if a.size else 0.0,
+            analytic=float(a[worst]) if a.size else 0.0,
+            passed=bool(np.all(err <= allowed)),
+            zero_gradient=zero,
+        )
+        self.rows.append(row)
+        return row
+
+    def __str__(self) -> str:
+        head = (
+            f"{'name':<10} {'shape':<16} {'max abs err':>11} {'max rel err':>11} "
+            f"{'worst index':<16} {'numerical':>13} {'analytic':>13}  ok"
+        )
+        lines = [head, "-" * len(head)]
+        for r in self.rows:
+            rel = " zero grad" if r.zero_gradient else f"{r.max_rel_err:11.2e}"
+            lines.append(
+                f"{r.name:<10} {str(r.shape):<16} {r.max_abs_err:11.2e} {rel:>11} "
+                f"{str(r.worst_index):<16} {r.numerical:13.6e} {r.analytic:13.6e}  {'PASS' if r.passed else 'FAIL'}"
+            )
+        lines.append(f"pass rule: |analytic - numerical| <= {self.atol:g} + {self.rtol:g} * |numerical|, element-wise")
+        lines.append("max rel err = max |analytic - numerical| / max(|analytic|, |numerical|) over the tensor")
+        if any(r.zero_gradient for r in self.rows):
+            lines.append(
+                "zero grad: the true gradient is 0 (both estimates within atol), so only the abs error is meaningful"
+            )
+        return "\n".join(lines)
+
+
+def check_function(
+    forward: Callable[..., np.ndarray],
+    analytic: dict[str, np.ndarray],
+    inputs: dict[str, np.ndarray],
+    d_out: np.ndarray,
+    eps: float = 1e-6,
+    atol: float = 1e-8,
+    rtol: float = 1e-6,
+    report: GradcheckReport | None = None,
+) -> GradcheckReport:
+    """Check ``analytic[name]`` against central differences of sum(forward(**inputs) * d_out).
+
+    ``forward`` takes the inputs as keyword arguments and returns the output array. Only the
+    names in ``analytic`` are checked; the arrays in ``inputs`` are restored after the check.
+    """
+    report = report or GradcheckReport(atol=atol, rtol=rtol)
+    for name, grad in analytic.items():
+        x = inputs[name]
+
+        def f(x_, name=name):
+            return forward(**{**inputs, name: x_})
+
+        report.add(name, grad, numerical_gradient(f, x, d_out, eps))
+    return report
+
+
+def check_mha(
+    mha: MultiHeadAttention,
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    mask: np.ndarray | None = None,
+    training: bool = False,
+    d_output: np.ndarray | None = None,
+    rng: int | np.random.Generator | None = 0,
+    eps: float = 1e-6,
+    atol: float = 1e-8,
+    rtol: float = 1e-6,
+) -> GradcheckReport:
+    """Finite-difference check of every input and parameter gradient of ``mha``.
+
+    ``d_output`` defaults to a random upstream gradient. With ``training=True`` and dropout,
+    the dropout mask sampled by the first forward is held fixed for every perturbed forward.
+    The arrays passed in and ``mha.params`` are left as they were.
+    """
+    gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    inputs = {"query": np.array(query, copy=True), "key": np.array(key, copy=True), "value": np.array(value, copy=True)}
+    out, cache = mha.forward(**inputs, mask=mask, training=training)
+    keep = cache.dropout_mask if training else None
+    if d_output is None:
+        d_output = gen.standard_normal(out.shape).astype(out.dtype)
+    grads = mha.backward(d_output, cache)
+
+    def run(**xs):
+        return mha.forward(xs["query"], xs["key"], xs["value"], mask=mask, training=training, dropout_mask=keep)[0]
+
+    report = GradcheckReport(atol=atol, rtol=rtol)
+    check_function(run, {n: grads[n] for n in inputs}, inputs, d_output, eps, report=report)
+    for name, param in mha.params.items():
+        report.add(name, grads[name], numerical_gradient(lambda _p: run(**inputs), param, d_output, eps))
+    return report
+
+
+def check_functional(
+    B: int = 2,
+    H: int = 2,
+    Lq: int = 3,
+    Lk: int = 4,
+    d: int = 3,
+    mask: np.ndarray | None = None,
+    dropout_p: float = 0.0,
+    rng: int | np.random.Generator | None = 0,
+    eps: float = 1e-6,
+    atol: float = 1e-8,
+    rtol: float = 1e-6,
+) -> GradcheckReport:
+    """Check every functional pair on random float64 data; rows are named ``pair:input``."""
+    gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    r = GradcheckReport(atol=atol, rtol=rtol)
+
+    def randn(*shape):
+        return gen.standard_normal(shape)
+
+    def check(pair: str, forward, backward, inputs: dict, names: list[str]):
+        out, cache = forward(**inputs)
+        d_out = randn(*out.shape)
+        grads = backward(d_out, cache)
+        grads = grads if isinstance(grads, tuple) else (grads,)
+        analytic = {n: g for n, g in zip(names, grads)}
+        before = len(r.rows)
+        check_function(lambda **kw: forward(**kw)[0], analytic, inputs, d_out, eps, report=r)
+        for row in r.rows[before:]:
+            row.name = f"{pair}:{row.name}"
+
+    E = H * d
+    check(
+        "linear",
+        F.linear_forward,
+        F.linear_backward,
+        dict(x=randn(B, Lq, E), W=randn(5, E), b=randn(5)),
+        ["x", "W", "b"],
+    )
+    check("split", lambda x: F.split_heads_forward(x, H), F.split_heads_backward, dict(x=randn(B, Lq, E)), ["x"])
+    check("merge", F.merge_heads_forward, F.merge_heads_backward, dict(x=randn(B, H, Lq, d)), ["x"])
+    check(
+        "scores",
+        lambda q, k: F.attention_scores_forward(q, k, 0.7),
+        F.attention_scores_backward,
+        dict(q=randn(B, H, Lq, d), k=randn(B, H, Lk, d)),
+        ["q", "k"],
+    )
+    add_mask = randn(B, H, Lq, Lk)
+    check(
+        "mask", lambda s: F.apply_mask_forward(s, add_mask), F.apply_mask_backward, dict(s=randn(B, H, Lq, Lk)), ["s"]
+    )
+    check("softmax", F.softmax_forward, F.softmax_backward, dict(x=randn(B, H, Lq, Lk)), ["x"])
+    keep = gen.random((B, H, Lq, Lk)) >= 0.3
+    check(
+        "dropout",
+        lambda x: F.dropout_forward(x, 0.3, keep_mask=keep),
+        F.dropout_backward,
+        dict(x=randn(B, H, Lq, Lk)),
+        ["x"],
+    )
+    check(
+        "context",
+        F.attention_context_forward,
+        F.attention_context_backward,
+        dict(p=randn(B, H, Lq, Lk), v=randn(B, H, Lk, d)),
+        ["p", "v"],
+    )
+    drop = gen.random((B, H, Lq, Lk)) >= dropout_p if dropout_p > 0 else None
+
+    def sdpa(q, k, v):
+        return F.scaled_dot_product_attention_forward(q, k, v, mask, dropout_p=dropout_p, dropout_mask=drop)
+
+    check(
+        "sdpa",
+        sdpa,
+        F.scaled_dot_product_attention_backward,
+        dict(q=randn(B, H, Lq, d), k=randn(B, H, Lk, d), v=randn(B, H, Lk, d)),
+        ["q", "k", "v"],
+    )
+    return r

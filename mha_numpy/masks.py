@@ -1,0 +1,183 @@
+"""Masks in mha_numpy's one convention, and converters at the edges.
+
+Inside mha_numpy a mask is either
+- boolean, ``True`` = this query **may attend** to this key, or
+- floating, **added** to the scores (0 = keep, -inf = block; other values bias the scores),
+with any shape that broadcasts to the scores (B, H, Lq, Lk).
+
+Other libraries use other conventions (table in ``docs/masks.md``); convert explicitly:
+
+===================  ==========================  ==================================
+library              boolean / 0-1 meaning        converters here
+===================  ==========================  ==================================
+torch MHA            True = **ignore**            from_torch_key_padding_mask, ...
+torch SDPA           True = attend (same as us)   from_sdpa_mask / to_sdpa_mask
+Hugging Face BERT    1 = keep, 0 = padding        padding_mask(attention_mask=...)
+===================  ==========================  ==================================
+
+Everything here is pure NumPy: torch tensors are not needed (pass ``tensor.numpy()``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _is_bool(m: np.ndarray) -> bool:
+    return m.dtype == np.bool_
+
+
+def padding_mask(lengths=None, max_len: int | None = None, *, attention_mask=None) -> np.ndarray:
+    """Key padding mask (B, 1, 1, Lk), True = real token (may be attended to).
+
+    Give either ``lengths`` (B,) of ints with optional ``max_len`` (default max(lengths)),
+    or ``attention_mask`` (B, Lk), Hugging Face style: 1 = keep, 0 = padding.
+    """
+    if (lengths is None) == (attention_mask is None):
+        raise ValueError("padding_mask needs exactly one of lengths=... or attention_mask=...")
+    if attention_mask is not None:
+        am = np.asarray(attention_mask)
+        if am.ndim != 2:
+            raise ValueError(f"attention_mask must be (B, Lk), got shape {am.shape}")
+        if not np.isin(am, (0, 1)).all():
+            raise ValueError(f"attention_mask must hold only 0 and 1 (HF: 1 = keep), got shape {am.shape}")
+        return (am == 1)[:, None, None, :]  # (B, 1, 1, Lk)
+    lengths = np.asarray(lengths)
+    if lengths.ndim != 1 or not np.issubdtype(lengths.dtype, np.integer):
+        raise ValueError(
+            f"lengths must be a 1-D integer array (B,), got dtype {lengths.dtype} shape {lengths.shape}; "
+            "for a 0/1 (B, Lk) mask use padding_mask(attention_mask=...)"
+        )
+    max_len = int(lengths.max()) if max_len is None else int(max_len)
+    if lengths.min() < 0 or lengths.max() > max_len:
+        raise ValueError(f"lengths {lengths.tolist()} must lie in [0, max_len={max_len}]")
+    keep = np.arange(max_len)[None, :] < lengths[:, None]  # (B, Lk)
+    return keep[:, None, None, :]  # (B, 1, 1, Lk)
+
+
+def causal_mask(Lq: int, Lk: int | None = None, diagonal: int = 0) -> np.ndarray:
+    """(Lq, Lk) bool, True where key j <= query i + diagonal.
+
+    With Lq != Lk this is aligned top-left, like ``torch.tril(ones(Lq, Lk), diagonal)`` and
+    torch SDPA's ``is_causal=True``. For a decoder that appends Lq new queries after Lk - Lq
+    cached keys (bottom-right alignment) pass ``diagonal=Lk - Lq``.
+    """
+    Lk = Lq if Lk is None else Lk
+    if Lq <= 0 or Lk <= 0:
+        raise ValueError(f"causal_mask needs positive lengths, got Lq={Lq}, Lk={Lk}")
+    return np.tril(np.ones((Lq, Lk), dtype=bool), k=diagonal)
+
+
+def to_additive(mask: np.ndarray, dtype=np.float64) -> np.ndarray:
+    """Boolean mask (True = may attend) -> float mask (0 where allowed, -inf where blocked)."""
+    mask = np.asarray(mask)
+    if not _is_bool(mask):
+        return mask.astype(dtype, copy=False)
+    return np.where(mask, 0.0, -np.inf).astype(dtype)
+
+
+def combine_masks(*masks) -> np.ndarray | None:
+    """Combine masks of our convention; ``None`` entries are ignored.
+
+    All boolean -> logical AND (may attend only where every mask allows). Any floating ->
+    the booleans become 0/-inf and everything is summed. Shapes broadcast together.
+    """
+    present = [np.asarray(m) for m in masks if m is not None]
+    if not present:
+        return None
+    if all(_is_bool(m) for m in present):
+        out = present[0]
+        for m in present[1:]:
+            out = out & m
+        return out
+    dtype = np.result_type(*[m.dtype for m in present if not _is_bool(m)])
+    out = to_additive(present[0], dtype)
+    for m in present[1:]:
+        out = out + to_additive(m, dtype)
+    return out
+
+
+# --------------------------------------------------------------------------- torch MHA
+
+
+def from_torch_key_padding_mask(key_padding_mask) -> np.ndarray:
+    """torch MHA ``key_padding_mask`` (B, Lk) -> ours (B, 1, 1, Lk).
+
+    torch: bool True = **ignore** this key; float = added. Ours: bool True = may attend.
+    """
+    kpm = np.asarray(key_padding_mask)
+    if kpm.ndim != 2:
+        raise ValueError(f"key_padding_mask must be (B, Lk), got shape {kpm.shape}")
+    converted = ~kpm if _is_bool(kpm) else kpm
+    return converted[:, None, None, :]
+
+
+def to_torch_key_padding_mask(mask) -> np.ndarray:
+    """Our key padding mask (B, 1, 1, Lk) or (B, Lk) -> torch MHA's (B, Lk) (bool True = ignore)."""
+    m = np.asarray(mask)
+    if m.ndim == 4:
+        if m.shape[1:3] != (1, 1):
+            raise ValueError(f"a key padding mask must be (B, 1, 1, Lk), got shape {m.shape}")
+        m = m[:, 0, 0, :]
+    if m.ndim != 2:
+        raise ValueError(f"mask must be (B, 1, 1, Lk) or (B, Lk), got shape {m.shape}")
+    return ~m if _is_bool(m) else m
+
+
+def from_torch_attn_mask(attn_mask, num_heads: int | None = None) -> np.ndarray:
+    """torch MHA ``attn_mask`` -> ours.
+
+    (Lq, Lk) stays (Lq, Lk); (B*H, Lq, Lk) becomes (B, H, Lq, Lk) and needs ``num_heads``.
+    bool True = ignore becomes True = may attend; float masks are kept as they are (added).
+    """
+    m = np.asarray(attn_mask)
+    if m.ndim == 3:
+        if num_heads is None or m.shape[0] % num_heads != 0:
+            raise ValueError(f"a 3-D attn_mask {m.shape} is (B*H, Lq, Lk): pass num_heads dividing {m.shape[0]}")
+        m = m.reshape(m.shape[0] // num_heads, num_heads, *m.shape[1:])  # (B, H, Lq, Lk)
+    elif m.ndim != 2:
+        raise ValueError(f"attn_mask must be (Lq, Lk) or (B*H, Lq, Lk), got shape {m.shape}")
+    return ~m if _is_bool(m) else m
+
+
+def to_torch_attn_mask(mask, batch_size: int | None = None, num_heads: int | None = None) -> np.ndarray:
+    """Our mask -> torch MHA ``attn_mask``: (Lq, Lk), or (B*H, Lq, Lk) for per-batch masks.
+
+    bool True = may attend becomes True = ignore; float masks are kept (added).
+    A 4-D mask is broadcast to (B, H, Lq, Lk) (needs ``batch_size`` and ``num_heads``) and flattened.
+    """
+    m = np.asarray(mask)
+    if m.ndim == 4:
+        if batch_size is None or num_heads is None:
+            raise ValueError(f"a 4-D mask {m.shape} needs batch_size and num_heads to become (B*H, Lq, Lk)")
+        Lq, Lk = m.shape[2], m.shape[3]
+        m = np.broadcast_to(m, (batch_size, num_heads, Lq, Lk)).reshape(batch_size * num_heads, Lq, Lk)
+    elif m.ndim != 2:
+        raise ValueError(f"mask must be (Lq, Lk) or (B, H, Lq, Lk), got shape {m.shape}")
+    return ~m if _is_bool(m) else m.copy()
+
+
+# --------------------------------------------------------------------------- SDPA and HF
+
+
+def from_sdpa_mask(attn_mask) -> np.ndarray:
+    """torch SDPA ``attn_mask`` -> ours: same convention (bool True = attend, float added)."""
+    return np.asarray(attn_mask).copy()
+
+
+def to_sdpa_mask(mask) -> np.ndarray:
+    """Ours -> torch SDPA ``attn_mask``: same convention (bool True = attend, float added)."""
+    return np.asarray(mask).copy()
+
+
+def to_hf_attention_mask(mask) -> np.ndarray:
+    """Our key padding mask (B, 1, 1, Lk) -> Hugging Face ``attention_mask`` (B, Lk), 1 = keep."""
+    m = np.asarray(mask)
+    if not _is_bool(m) or m.ndim != 4 or m.shape[1:3] != (1, 1):
+        raise ValueError(f"to_hf_attention_mask needs a bool key padding mask (B, 1, 1, Lk), got {m.dtype} {m.shape}")
+    return m[:, 0, 0, :].astype(np.int64)
+
+
+def from_hf_attention_mask(attention_mask) -> np.ndarray:
+    """Hugging Face ``attention_mask`` (B, Lk), 1 = keep -> ours (B, 1, 1, Lk)."""
+    return padding_mask(attention_mask=attention_mask)
