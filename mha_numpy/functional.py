@@ -284,7 +284,7 @@ def scaled_dot_product_attention_forward(
     mask = check_mask(mask, (B, H, Lq, k.shape[2]))
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
+    scale = 1.0 / float(np.sqrt(d)) if scale is None else float(scale)  # a Python float keeps float32
 
     scores, c_scores = attention_scores_forward(q, k, scale)  # (B, H, Lq, Lk)
     masked, c_mask = apply_mask_forward(scores, mask)  # (B, H, Lq, Lk)

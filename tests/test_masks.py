@@ -1,0 +1,94 @@
+"""masks: helpers in our convention (True = may attend) and converters at the edges."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mha_numpy import MultiHeadAttention, masks
+
+
+def test_padding_mask_from_lengths_and_from_hf_attention_mask_agree():
+    m = masks.padding_mask(np.array([3, 1, 4]))
+    assert m.shape == (3, 1, 1, 4) and m.dtype == bool
+    np.testing.assert_array_equal(m[:, 0, 0], [[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]])
+    hf = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]])
+    np.testing.assert_array_equal(masks.padding_mask(attention_mask=hf), m)
+    np.testing.assert_array_equal(masks.from_hf_attention_mask(hf), m)
+    np.testing.assert_array_equal(masks.to_hf_attention_mask(m), hf)
+    assert masks.padding_mask(np.array([2]), max_len=5).shape == (1, 1, 1, 5)
+
+
+def test_causal_mask_top_left_and_bottom_right():
+    np.testing.assert_array_equal(masks.causal_mask(3), np.tril(np.ones((3, 3), bool)))
+    m = masks.causal_mask(2, 4)
+    np.testing.assert_array_equal(m, [[1, 0, 0, 0], [1, 1, 0, 0]])
+    np.testing.assert_array_equal(masks.causal_mask(2, 4, diagonal=2), [[1, 1, 1, 0], [1, 1, 1, 1]])
+
+
+def test_combine_bool_is_and_and_float_is_sum():
+    pad = masks.padding_mask(np.array([3, 2]))
+    causal = masks.causal_mask(3)
+    both = masks.combine_masks(pad, None, causal)
+    assert both.shape == (2, 1, 3, 3) and both.dtype == bool
+    np.testing.assert_array_equal(both, pad & causal)
+    bias = np.full((3, 3), 0.5)
+    mixed = masks.combine_masks(pad, bias)
+    assert mixed.dtype == np.float64
+    np.testing.assert_array_equal(np.isneginf(mixed), np.broadcast_to(~pad, mixed.shape))
+    assert np.all(mixed[np.isfinite(mixed)] == 0.5)
+    assert masks.combine_masks(None, None) is None
+
+
+def test_bool_and_additive_forms_give_the_same_attention():
+    rng = np.random.default_rng(0)
+    mha = MultiHeadAttention(8, 2, rng=0)
+    x = rng.standard_normal((2, 4, 8))
+    m = masks.combine_masks(masks.padding_mask(np.array([4, 2])), masks.causal_mask(4))
+    out_b, c_b = mha.forward(x, x, x, mask=m)
+    out_f, c_f = mha.forward(x, x, x, mask=masks.to_additive(m))
+    np.testing.assert_array_equal(out_b, out_f)
+    np.testing.assert_array_equal(c_b.attn_weights, c_f.attn_weights)
+
+
+def test_torch_mha_conventions_are_inverted():
+    kpm_torch = np.array([[False, False, True], [False, True, True]])  # torch: True = ignore
+    ours = masks.from_torch_key_padding_mask(kpm_torch)
+    np.testing.assert_array_equal(ours, masks.padding_mask(np.array([2, 1]), 3))
+    np.testing.assert_array_equal(masks.to_torch_key_padding_mask(ours), kpm_torch)
+    float_kpm = np.array([[0.0, -np.inf, 0.0]])
+    np.testing.assert_array_equal(masks.from_torch_key_padding_mask(float_kpm)[0, 0, 0], float_kpm[0])
+
+    am_torch = np.triu(np.ones((3, 3), bool), k=1)  # torch's causal attn_mask: True above the diagonal = ignore
+    np.testing.assert_array_equal(masks.from_torch_attn_mask(am_torch), masks.causal_mask(3))
+    np.testing.assert_array_equal(masks.to_torch_attn_mask(masks.causal_mask(3)), am_torch)
+    per_head = np.random.default_rng(1).random((2 * 3, 4, 5)) < 0.5  # (B*H, Lq, Lk)
+    back = masks.from_torch_attn_mask(per_head, num_heads=3)
+    assert back.shape == (2, 3, 4, 5)
+    np.testing.assert_array_equal(masks.to_torch_attn_mask(back, batch_size=2, num_heads=3), per_head)
+
+
+def test_sdpa_convention_is_ours():
+    m = masks.causal_mask(3)
+    np.testing.assert_array_equal(masks.to_sdpa_mask(m), m)
+    np.testing.assert_array_equal(masks.from_sdpa_mask(m), m)
+    assert masks.to_sdpa_mask(m) is not m  # a copy, never a view the caller could mutate
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: masks.padding_mask(), "exactly one"),
+        (lambda: masks.padding_mask(np.array([[1, 0]])), "lengths must be a 1-D integer"),
+        (lambda: masks.padding_mask(attention_mask=np.array([1, 0])), r"\(B, Lk\)"),
+        (lambda: masks.padding_mask(attention_mask=np.array([[2, 0]])), "only 0 and 1"),
+        (lambda: masks.padding_mask(np.array([5]), max_len=3), "max_len"),
+        (lambda: masks.causal_mask(0, 3), "positive"),
+        (lambda: masks.from_torch_attn_mask(np.ones((6, 2, 2), bool)), "num_heads"),
+        (lambda: masks.from_torch_key_padding_mask(np.ones(3, bool)), r"\(B, Lk\)"),
+        (lambda: masks.to_hf_attention_mask(np.ones((2, 3), bool)), r"\(B, 1, 1, Lk\)"),
+    ],
+)
+def test_bad_mask_arguments_raise_value_error(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
