@@ -181,3 +181,37 @@ def to_hf_attention_mask(mask) -> np.ndarray:
 def from_hf_attention_mask(attention_mask) -> np.ndarray:
     """Hugging Face ``attention_mask`` (B, Lk), 1 = keep -> ours (B, 1, 1, Lk)."""
     return padding_mask(attention_mask=attention_mask)
+
+
+# --------------------------------------------------------------------------- HF extended (additive) masks
+
+
+def to_hf_extended_mask(mask, dtype=np.float64) -> np.ndarray:
+    """Our bool mask (True = may attend) -> Hugging Face's additive "extended" mask.
+
+    What HF's eager BERT adds to the scores: 0 where a key is kept and ``finfo(dtype).min`` where it is
+    blocked (not -inf). The shape is kept; BERT expects (B, 1, Lq, Lk) or (B, 1, 1, Lk).
+    A fully blocked row then gives HF *uniform* weights over all keys, not zeros (docs/crosscheck.md).
+    """
+    m = np.asarray(mask)
+    if not _is_bool(m):
+        raise ValueError(f"to_hf_extended_mask needs a bool mask (True = may attend), got {m.dtype} {m.shape}")
+    dtype = np.dtype(dtype)
+    return np.where(m, 0.0, np.finfo(dtype).min).astype(dtype)
+
+
+def from_hf_extended_mask(extended_mask) -> np.ndarray:
+    """Hugging Face's additive extended mask (0 = keep, ``finfo.min`` = blocked) -> ours, bool True = may attend.
+
+    An entry counts as blocked when it is at most half of ``finfo(dtype).min``; any other value is refused,
+    because a bool mask cannot carry a bias (use the float mask itself, it is added like ours).
+    """
+    m = np.asarray(extended_mask)
+    if not np.issubdtype(m.dtype, np.floating):
+        raise ValueError(f"extended_mask must be floating (0 = keep, finfo.min = blocked), got {m.dtype} {m.shape}")
+    blocked = m <= np.finfo(m.dtype).min / 2
+    if not np.all(blocked | (m == 0)):
+        raise ValueError(
+            f"extended_mask with shape {m.shape} holds values other than 0 and finfo.min; pass it as a float mask"
+        )
+    return ~blocked
