@@ -100,6 +100,18 @@ def _annotate(ax, values: np.ndarray, blocked: np.ndarray | None, vmin: float, v
         ax.text(j, i, format(v, fmt), ha="center", va="center", fontsize=7, color="white" if dark else "black")
 
 
+def _figsize(rows: int, cols: int, nrows: int, ncols: int, cell: float, colorbar_w: float) -> tuple[float, float]:
+    """Figure size (inches) for an nrows x ncols grid of rows x cols heatmaps, at most 12 inches wide.
+
+    ``cell`` is the wished size of one heatmap cell; it shrinks when the grid would be too wide, and
+    the height follows, so that equal-aspect panels do not float in empty space.
+    """
+    label_w, label_h = 0.9, 1.4  # tick labels, axis labels and panel titles around each panel
+    cell = min(cell, ((12.0 - colorbar_w) / ncols - label_w) / cols)
+    pw, ph = cell * cols + label_w, cell * rows + label_h
+    return pw * ncols + colorbar_w, ph * nrows + 0.5
+
+
 def _grid(n: int, ncols: int | None, max_cols: int = 4) -> tuple[int, int]:
     ncols = min(n, max_cols) if ncols is None else max(1, min(ncols, n))
     return math.ceil(n / ncols), ncols
@@ -168,8 +180,7 @@ def plot_attention(
 
     nrows, ncols = _grid(len(chosen), ncols)
     cell = max(0.22, min(0.45, panel_size / max(Lq, Lk)))  # inches per cell, so labels stay readable
-    pw, ph = max(1.8, cell * Lk + 0.9), max(1.6, cell * Lq + 0.9)
-    fig = Figure(figsize=(min(12.0, pw * ncols + 1.2), ph * nrows + 0.6), layout="constrained")
+    fig = Figure(figsize=_figsize(Lq, Lk, nrows, ncols, cell, 1.2), layout="constrained")
     axs = fig.subplots(nrows, ncols, squeeze=False)
     used = []
     im = None
@@ -240,27 +251,47 @@ def plot_model_view(
         if not 0 <= i < n_layers:
             raise ValueError(f"layer {i} out of range: attentions has {n_layers} layers")
     labels = _labels(tokens, L, "tokens")
-    show_tokens = L <= 24
 
+    # A fixed layout in inches (constrained layout is slow with dozens of axes).
     nr, nc = len(layer_ids), len(head_ids)
-    extra = 0.9 if show_tokens else 0.3
-    fig = Figure(figsize=(min(16.0, cell_size * nc + extra + 1.0), cell_size * nr + extra + 0.5), layout="constrained")
-    axs = fig.subplots(nr, nc, squeeze=False)
+    gap, right, top = 0.08, 1.0, 0.75
+    cell = min(cell_size, (14.0 - 2.0 - gap * (nc - 1)) / nc)  # shrink the cells to fit 14 inches
+    show_tokens = L * 0.09 <= cell  # at least ~6.5 pt per token label, else no tick labels
+    left, bottom = (1.1, 0.9) if show_tokens else (0.5, 0.2)
+    width = left + right + nc * cell + (nc - 1) * gap
+    height = bottom + top + nr * cell + (nr - 1) * gap
+    fig = Figure(figsize=(width, height))
+    axs = fig.subplots(
+        nr,
+        nc,
+        squeeze=False,
+        gridspec_kw=dict(
+            left=left / width,
+            right=1 - right / width,
+            bottom=bottom / height,
+            top=1 - top / height,
+            wspace=gap / cell,
+            hspace=gap / cell,
+        ),
+    )
     im = None
     for r, layer in enumerate(layer_ids):
         for c, h in enumerate(head_ids):
             ax = axs[r, c]
             im = ax.imshow(A[layer, b, h], vmin=0.0, vmax=1.0, cmap=cmap, interpolation="nearest")
-            if show_tokens:
-                _set_ticks(ax, labels, labels, show_x=r == nr - 1, show_y=c == 0, fontsize=6, rotate=90)
-            else:
-                ax.set_xticks([])
-                ax.set_yticks([])
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if show_tokens and r == nr - 1:
+                ax.set_xticks(range(L), labels, rotation=90, fontsize=6)
+            if show_tokens and c == 0:
+                ax.set_yticks(range(L), labels, fontsize=6)
+            ax.tick_params(length=1.5, pad=1)
             if r == 0:
                 ax.set_title(f"head {h}", fontsize=9)
             if c == 0:
                 ax.set_ylabel(f"layer {layer}", fontsize=9)
-    cbar = fig.colorbar(im, ax=axs.ravel().tolist(), shrink=0.6, aspect=30)
+    cax = fig.add_axes((1 - (right - 0.2) / width, bottom / height, 0.14 / width, nr * cell / height * 0.98))
+    cbar = fig.colorbar(im, cax=cax)
     cbar.set_label("attention weight", fontsize=9)
     fig.suptitle(title or "Attention of every layer and head (rows: queries, columns: keys)", fontsize=11)
     return fig
@@ -315,8 +346,7 @@ def plot_mask(
     n = len(batches)
     nrows, ncols = _grid(n, None)
     cell = max(0.22, min(0.42, 2.6 / max(Lq, Lk)))
-    pw, ph = max(1.8, cell * Lk + 0.9), max(1.2, cell * Lq + 0.9)
-    fig = Figure(figsize=(min(12.0, pw * ncols + 1.4), ph * nrows + 0.7), layout="constrained")
+    fig = Figure(figsize=_figsize(Lq, Lk, nrows, ncols, cell, 1.4), layout="constrained")
     axs = fig.subplots(nrows, ncols, squeeze=False)
     used, im = [], None
     finite = m[np.isfinite(m)] if not is_bool else None
@@ -423,8 +453,7 @@ def plot_step(
     n = len(panels)
     nrows, ncols = _grid(n, None)
     cell = max(0.16, min(0.42, 3.2 / max(rows, cols)))
-    pw, ph = max(1.8, cell * cols + 0.9), max(1.2, cell * rows + 0.9)
-    fig = Figure(figsize=(min(12.0, pw * ncols + 1.3), ph * nrows + 0.6), layout="constrained")
+    fig = Figure(figsize=_figsize(rows, cols, nrows, ncols, cell, 1.3), layout="constrained")
     axs = fig.subplots(nrows, ncols, squeeze=False)
     used, im = [], None
     any_blocked = False
