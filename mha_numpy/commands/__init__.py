@@ -4,6 +4,6 @@ Commands import their heavy dependencies (matplotlib, torch, ...) inside ``run``
 ``python -m mha_numpy --help`` stays fast and works without them.
 """
 
-from . import bert, gradcheck, tour
+from . import bert, gradcheck, tour, train
 
-COMMANDS = [tour, gradcheck, bert]
+COMMANDS = [tour, gradcheck, bert, train]
