@@ -46,9 +46,10 @@ def _require(package: str):
     try:
         return importlib.import_module(package)
     except ImportError as exc:
+        top = package.split(".")[0]
         raise ImportError(
-            f"this function of mha_numpy.torch_compat needs the '{package}' package, which is not installed; "
-            f"install it with `pip install {package}` (or `pip install -r requirements-dev.txt`)"
+            f"this function of mha_numpy.torch_compat needs the '{top}' package, which is not installed; "
+            f"install it with `pip install {top}` (or `pip install -r requirements-dev.txt`)"
         ) from exc
 
 
@@ -589,8 +590,10 @@ def crosscheck_hf_bert_attention(
 ) -> CrosscheckReport:
     """A transformers ``BertAttention`` against ``from_hf_bert_attention(module)``, self-attention.
 
-    hidden_states (B, L, E) NumPy. attention_mask: None, HF's (B, L) with 1 = keep (turned into HF's additive
-    mask by transformers' own ``create_bidirectional_mask``), or a 4-D additive extended mask (0 / finfo.min).
+    hidden_states (B, L, E) NumPy. attention_mask: None; HF's (B, L) with 1 = keep (ours gets it through
+    ``mask_from_hf``, HF through transformers' own ``create_bidirectional_mask``); or a 4-D additive mask
+    (HF's 0 / finfo.min, or any float bias), which both sides add to the scores as it is. So a fully masked
+    row gets HF's uniform weights here; with our bool conversion it would get zeros (docs/crosscheck.md).
     MHA = module.self then module.output.dense; the gradient rows are for that part. The last row checks
     the whole module, LayerNorm(MHA(x) + x), forward only, with a NumPy LayerNorm.
     The module needs ``attn_implementation="eager"`` for its attention weights.
@@ -607,9 +610,10 @@ def crosscheck_hf_bert_attention(
         extended = masking_utils.create_bidirectional_mask(
             config=module.self.config, inputs_embeds=tx, attention_mask=torch.from_numpy(am)
         )  # (B, 1, L, L) additive, or None when nothing is masked
-    else:
-        extended = None if am is None else torch.from_numpy(am.astype(dtype))
-    mask = mask_from_hf(am)  # ours, bool
+        mask = M.from_hf_attention_mask(am)  # ours, bool (B, 1, 1, L)
+    else:  # HF's 4-D additive mask is added to the scores, exactly like our float masks: use it as it is
+        extended = None if am is None else torch.from_numpy(np.ascontiguousarray(am, dtype=dtype))
+        mask = None if am is None else am.astype(dtype)
     d_output = _random_like((B, L, E), dtype, rng) if d_output is None else np.asarray(d_output, dtype=dtype)
 
     out, cache = mha.forward(x, x, x, mask=mask)
