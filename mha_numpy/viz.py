@@ -100,13 +100,15 @@ def _annotate(ax, values: np.ndarray, blocked: np.ndarray | None, vmin: float, v
         ax.text(j, i, format(v, fmt), ha="center", va="center", fontsize=7, color="white" if dark else "black")
 
 
-def _figsize(rows: int, cols: int, nrows: int, ncols: int, cell: float, colorbar_w: float) -> tuple[float, float]:
+def _figsize(
+    rows: int, cols: int, nrows: int, ncols: int, cell: float, colorbar_w: float, rotated: bool = True
+) -> tuple[float, float]:
     """Figure size (inches) for an nrows x ncols grid of rows x cols heatmaps, at most 12 inches wide.
 
     ``cell`` is the wished size of one heatmap cell; it shrinks when the grid would be too wide, and
     the height follows, so that equal-aspect panels do not float in empty space.
     """
-    label_w, label_h = 0.9, 1.4  # tick labels, axis labels and panel titles around each panel
+    label_w, label_h = 0.9, (1.4 if rotated else 0.9)  # tick labels, axis labels and panel titles around each panel
     cell = min(cell, ((12.0 - colorbar_w) / ncols - label_w) / cols)
     pw, ph = cell * cols + label_w, cell * rows + label_h
     return pw * ncols + colorbar_w, ph * nrows + 0.5
@@ -362,6 +364,10 @@ def plot_mask(
             shown = np.where(np.isfinite(m[bb]), m[bb], np.nan)
             im = ax.imshow(shown, vmin=-vmax, vmax=vmax, cmap=DIVERGING_CMAP, interpolation="nearest")
         _mark_blocked(ax, blocked)
+        ax.set_xticks(np.arange(-0.5, Lk), minor=True)  # thin white lines between the cells
+        ax.set_yticks(np.arange(-0.5, Lq), minor=True)
+        ax.grid(which="minor", color="white", linewidth=0.6)
+        ax.tick_params(which="minor", length=0)
         xt = key_tokens[bb] if per_seq else key_tokens
         _set_ticks(ax, _labels(xt, Lk, "key_tokens"), ylab, show_y=i % ncols == 0)
         ax.set_xlabel("key", fontsize=9)
@@ -453,7 +459,8 @@ def plot_step(
     n = len(panels)
     nrows, ncols = _grid(n, None)
     cell = max(0.16, min(0.42, 3.2 / max(rows, cols)))
-    fig = Figure(figsize=_figsize(rows, cols, nrows, ncols, cell, 1.3), layout="constrained")
+    rotated = col_tokens is not None
+    fig = Figure(figsize=_figsize(rows, cols, nrows, ncols, cell, 1.3, rotated), layout="constrained")
     axs = fig.subplots(nrows, ncols, squeeze=False)
     used, im = [], None
     any_blocked = False
@@ -473,7 +480,7 @@ def plot_step(
             xlab if not dense else [],
             ylab,
             show_y=i % ncols == 0,
-            rotate=60 if col_tokens is not None else 0,
+            rotate=60 if rotated else 0,
         )
         if dense:
             ax.set_xticks([])
