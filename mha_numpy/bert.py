@@ -24,7 +24,7 @@ Checking it against transformers yourself (needs torch and transformers; nothing
 
     import torch, transformers
     from mha_numpy.bert import default_model_dir
-    ref = transformers.BertModel.from_pretrained(default_model_dir(), attn_implementation="eager")
+    ref = transformers.BertModel.from_pretrained(str(default_model_dir()), attn_implementation="eager").eval()
     with torch.no_grad():
         r = ref(**{k: torch.tensor(v) for k, v in inputs.as_dict().items()}, output_attentions=True)
     # compare out.last_hidden_state with r.last_hidden_state.numpy(), and
