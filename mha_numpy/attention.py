@@ -33,6 +33,7 @@ class MHACache:
     attention: F.AttentionCache
     context: np.ndarray
     _caches: dict
+    impl: str = "vectorized"  # which implementation made this cache (its backward is chosen by it)
 
     @property
     def attn_weights(self) -> np.ndarray:
@@ -64,6 +65,11 @@ class MultiHeadAttention:
     Initialization follows PyTorch: xavier-uniform input projections (over the packed (3E, E)
     matrix when kdim == vdim == E), U(±1/sqrt(E)) for W_o, zero biases.
     ``rng`` is an int seed or a numpy Generator; it also drives dropout.
+    ``impl`` picks the attention code: "vectorized" (this file, batched over (B, H)), "naive" (a
+    Python loop over batch and heads, ``mha_numpy.naive``) or "chunked" (blocked online softmax,
+    memory O(L·block), ``mha_numpy.chunked``, which takes ``block_size`` and ``num_threads``, None =
+    measured defaults). All three give the same outputs and gradients; the chunked cache computes
+    ``attn_weights`` only when it is read.
     """
 
     def __init__(
@@ -76,6 +82,9 @@ class MultiHeadAttention:
         dropout: float = 0.0,
         dtype=np.float64,
         rng: int | np.random.Generator | None = None,
+        impl: str = "vectorized",
+        block_size: int | None = None,
+        num_threads: int | None = None,
     ) -> None:
         kdim = embed_dim if kdim is None else kdim
         vdim = embed_dim if vdim is None else vdim
@@ -91,10 +100,12 @@ class MultiHeadAttention:
         dtype = np.dtype(dtype)
         if not np.issubdtype(dtype, np.floating):
             raise ValueError(f"dtype must be a floating dtype, got {dtype}")
+        F.check_impl(impl, block_size, num_threads)
 
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
         self.kdim, self.vdim, self.bias, self.dropout, self.dtype = kdim, vdim, bias, dropout, dtype
         self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        self.impl, self.block_size, self.num_threads = impl, block_size, num_threads
 
         E = embed_dim
         packed = kdim == E and vdim == E  # torch initialises the packed (3E, E) in_proj_weight
@@ -112,7 +123,9 @@ class MultiHeadAttention:
     def __repr__(self) -> str:
         return (
             f"MultiHeadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}, bias={self.bias}, "
-            f"kdim={self.kdim}, vdim={self.vdim}, dropout={self.dropout}, dtype={self.dtype.name})"
+            f"kdim={self.kdim}, vdim={self.vdim}, dropout={self.dropout}, dtype={self.dtype.name}"
+            + ("" if self.impl == "vectorized" else f", impl={self.impl!r}")
+            + ")"
         )
 
     # ------------------------------------------------------------------ checks
@@ -160,6 +173,8 @@ class MultiHeadAttention:
         p_drop = self.dropout if training else 0.0
         if dropout_mask is not None and not training:
             raise ValueError("dropout_mask is only used with training=True")
+        if self.impl != "vectorized":
+            return F.impl_module(self.impl).mha_forward(self, query, key, value, mask, p_drop, dropout_mask)
 
         q, c_q = F.linear_forward(query, P["W_q"], P.get("b_q"))  # (B, Lq, E)
         k, c_k = F.linear_forward(key, P["W_k"], P.get("b_k"))  # (B, Lk, E)
@@ -190,6 +205,8 @@ class MultiHeadAttention:
         expected = (cache.Q.shape[0], cache.Q.shape[2], self.embed_dim)
         if d_output.shape != expected:
             raise ValueError(f"d_output has shape {d_output.shape}, expected {expected} like the output")
+        if cache.impl != "vectorized":
+            return F.impl_module(cache.impl).mha_backward(self, d_output, cache)
 
         g: dict[str, np.ndarray] = {}
         d_merged, g["W_o"], db_o = F.linear_backward(d_output, c["o"])  # (B, Lq, E)

@@ -246,6 +246,28 @@ class AttentionCache:
     attn_weights: np.ndarray
     dropout_mask: np.ndarray | None
     _caches: tuple
+    impl: str = "vectorized"  # which implementation made this cache (its backward is chosen by it)
+
+
+IMPLS = ("vectorized", "naive", "chunked")
+
+
+def impl_module(impl: str):
+    """The module holding the ``naive`` or ``chunked`` implementation (imported lazily: both build on this one)."""
+    from . import chunked, naive
+
+    return {"naive": naive, "chunked": chunked}[impl]
+
+
+def check_impl(impl: str, block_size=None, num_threads=None) -> None:
+    """ValueError naming the argument unless impl is one of IMPLS and block_size / num_threads fit it."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl != "chunked" and (block_size is not None or num_threads is not None):
+        raise ValueError(f"block_size and num_threads apply only to impl='chunked', got impl={impl!r}")
+    if impl == "chunked":
+        impl_module(impl).check_block_size(block_size)
+        impl_module(impl).check_num_threads(num_threads)
 
 
 def _check_qkv(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -270,6 +292,9 @@ def scaled_dot_product_attention_forward(
     dropout_p: float = 0.0,
     rng: np.random.Generator | None = None,
     dropout_mask: np.ndarray | None = None,
+    impl: str = "vectorized",
+    block_size: int | None = None,
+    num_threads: int | None = None,
 ):
     """softmax(q kᵀ · scale + mask) v, composed from the pairs above.
 
@@ -278,7 +303,14 @@ def scaled_dot_product_attention_forward(
     scale: defaults to 1/sqrt(d). dropout_p > 0 drops attention weights (needs rng or
     dropout_mask, a bool keep-mask of shape (B, H, Lq, Lk)).
     -> context: (B, H, Lq, dv), cache (an AttentionCache; cache.attn_weights is (B, H, Lq, Lk))
+    impl: "vectorized" (this function), "naive" (a loop over batch and heads, ``mha_numpy.naive``) or
+    "chunked" (blocked online softmax, ``mha_numpy.chunked``; block_size and num_threads apply to it
+    only, and its cache computes attn_weights when read). The backward follows the cache.
     """
+    check_impl(impl, block_size, num_threads)
+    if impl != "vectorized":
+        extra = dict(block_size=block_size, num_threads=num_threads) if impl == "chunked" else {}
+        return impl_module(impl).attention_forward(q, k, v, mask, scale, dropout_p, rng, dropout_mask, **extra)
     q, k, v = _check_qkv(q, k, v)
     B, H, Lq, d = q.shape
     mask = check_mask(mask, (B, H, Lq, k.shape[2]))
@@ -304,6 +336,8 @@ def scaled_dot_product_attention_forward(
 
 def scaled_dot_product_attention_backward(d_context: np.ndarray, cache: AttentionCache):
     """d_context: (B, H, Lq, dv) -> dq: (B, H, Lq, d), dk: (B, H, Lk, d), dv: (B, H, Lk, dv)."""
+    if cache.impl != "vectorized":
+        return impl_module(cache.impl).attention_backward(d_context, cache)
     c_scores, c_mask, c_soft, c_drop, c_ctx = cache._caches
     d_dropped, dv = attention_context_backward(d_context, c_ctx)  # (B, H, Lq, Lk), (B, H, Lk, dv)
     d_weights = dropout_backward(d_dropped, c_drop)  # (B, H, Lq, Lk)
