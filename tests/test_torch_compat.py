@@ -505,3 +505,19 @@ def test_cli_crosscheck_without_torch(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "torch", None)
     assert main(["crosscheck"]) != 0
     assert "torch" in capsys.readouterr().err
+
+
+def test_cli_crosscheck_exits_1_on_a_mismatch(torch, transformers, monkeypatch, capsys):
+    from mha_numpy.__main__ import main
+
+    right = tc.torch_mha_name_map
+
+    def swapped(*args, **kwargs):
+        nm = right(*args, **kwargs)
+        nm["W_k"], nm["W_v"] = nm["W_v"], nm["W_k"]
+        return nm
+
+    monkeypatch.setattr(tc, "torch_mha_name_map", swapped)
+    assert main(["crosscheck", "--dtype", "float64"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "RESULT: MISMATCH" in out

@@ -111,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
             if need_weights and n_full:
                 print(
                     f"torch.nn.MultiheadAttention (need_weights=True): not compared. {n_full} fully masked "
-                    "rows: torch 2.13 gives NaN there on this path, we give 0 (docs/crosscheck.md).\n"
+                    "(batch, head, query) rows: torch 2.13 gives NaN there on this path, we give 0 "
+                    "(docs/crosscheck.md).\n"
                 )
                 continue
             show(tc.crosscheck_torch_mha(module, query, key, value, kpm, am, need_weights=need_weights))
