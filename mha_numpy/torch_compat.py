@@ -31,12 +31,17 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import functional as F
 from . import masks as M
 from .attention import MultiHeadAttention
+
+if TYPE_CHECKING:  # for the annotations only: never imported at run time here
+    import torch
+    from transformers.models.bert.modeling_bert import BertAttention
 
 # --------------------------------------------------------------------------- lazy imports
 
@@ -140,7 +145,7 @@ def _new_mha(E, H, bias, kdim, vdim, dropout, dtype, params) -> MultiHeadAttenti
     return mha
 
 
-def from_torch_mha(module) -> MultiHeadAttention:
+def from_torch_mha(module: torch.nn.MultiheadAttention) -> MultiHeadAttention:
     """``torch.nn.MultiheadAttention`` -> ``MultiHeadAttention`` with copies of the same weights.
 
     Packed ``in_proj_weight`` or separate ``q/k/v_proj_weight`` (kdim / vdim), with or without bias,
@@ -164,7 +169,7 @@ def from_torch_mha(module) -> MultiHeadAttention:
     return _new_mha(module.embed_dim, module.num_heads, bias, module.kdim, module.vdim, module.dropout, dtype, params)
 
 
-def to_torch_mha(mha: MultiHeadAttention):
+def to_torch_mha(mha: MultiHeadAttention) -> torch.nn.MultiheadAttention:
     """``MultiHeadAttention`` -> ``torch.nn.MultiheadAttention(batch_first=True)`` with the same weights.
 
     Packed ``in_proj_weight`` when kdim == vdim == E (torch decides this), separate weights otherwise.
@@ -191,7 +196,7 @@ def to_torch_mha(mha: MultiHeadAttention):
     return module
 
 
-def from_hf_bert_attention(module) -> MultiHeadAttention:
+def from_hf_bert_attention(module: BertAttention) -> MultiHeadAttention:
     """Hugging Face ``BertAttention`` -> ``MultiHeadAttention`` (self.query/key/value and output.dense).
 
     Only multi-head attention is imported. ``BertSelfOutput`` (``module.output``) then adds the input
@@ -206,8 +211,9 @@ def from_hf_bert_attention(module) -> MultiHeadAttention:
     H = self_attn.num_attention_heads
     if self_attn.all_head_size != E:
         raise ValueError(f"all_head_size={self_attn.all_head_size} differs from hidden_size={E}; not modelled")
-    if not np.isclose(self_attn.scaling, self_attn.attention_head_size**-0.5, rtol=1e-15):
-        raise ValueError(f"BertSelfAttention.scaling={self_attn.scaling} is not 1/sqrt(head size); not modelled")
+    scaling = getattr(self_attn, "scaling", self_attn.attention_head_size**-0.5)  # older transformers: implicit
+    if not np.isclose(scaling, self_attn.attention_head_size**-0.5, rtol=1e-15):
+        raise ValueError(f"BertSelfAttention.scaling={scaling} is not 1/sqrt(head size); not modelled")
     dtype = _check_numpy_dtype(self_attn.query.weight.dtype)
     params = params_from_state(dict(module.named_parameters()), HF_BERT_NAME_MAP)
     return _new_mha(E, H, True, E, E, float(self_attn.dropout.p), dtype, params)
@@ -229,7 +235,7 @@ def mask_from_torch_mha(key_padding_mask=None, attn_mask=None, num_heads: int | 
     return M.combine_masks(*parts)
 
 
-def mask_to_torch_mha(mask, batch_size: int, num_heads: int):
+def mask_to_torch_mha(mask, batch_size: int, num_heads: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Our mask -> ``(key_padding_mask, attn_mask)`` torch tensors for ``torch.nn.MultiheadAttention``.
 
     A key padding mask (B, 1, 1, Lk) becomes ``key_padding_mask`` (B, Lk); a mask shared by the batch
@@ -258,7 +264,7 @@ def mask_from_sdpa(attn_mask) -> np.ndarray | None:
     return None if attn_mask is None else M.from_sdpa_mask(_to_numpy(attn_mask))
 
 
-def mask_to_sdpa(mask):
+def mask_to_sdpa(mask) -> torch.Tensor | None:
     """Our mask -> an SDPA ``attn_mask`` tensor (the same convention)."""
     torch = _require("torch")
     return None if mask is None else torch.from_numpy(np.ascontiguousarray(M.to_sdpa_mask(mask)))
@@ -274,7 +280,7 @@ def mask_from_hf(attention_mask) -> np.ndarray | None:
     return M.from_hf_attention_mask(am)  # (B, 1, 1, Lk)
 
 
-def mask_to_hf(mask):
+def mask_to_hf(mask) -> torch.Tensor | None:
     """Our key padding mask (B, 1, 1, Lk) -> HF ``attention_mask`` (B, Lk) int64 tensor, 1 = keep."""
     torch = _require("torch")
     return None if mask is None else torch.from_numpy(M.to_hf_attention_mask(mask))
@@ -394,7 +400,7 @@ def _add_grad_rows(report, grads_ours: dict, grads_theirs: dict, name_map: NameM
 
 
 def crosscheck_torch_mha(
-    module,
+    module: torch.nn.MultiheadAttention | MultiHeadAttention,
     query: np.ndarray,
     key: np.ndarray,
     value: np.ndarray,
@@ -581,7 +587,7 @@ def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float)
 
 
 def crosscheck_hf_bert_attention(
-    module,
+    module: BertAttention,
     hidden_states: np.ndarray,
     attention_mask=None,
     d_output: np.ndarray | None = None,
@@ -600,16 +606,21 @@ def crosscheck_hf_bert_attention(
     """
     torch = _require("torch")
     mha = from_hf_bert_attention(module)
+    scaling = mha.head_dim**-0.5  # checked against module.self.scaling by from_hf_bert_attention
     dtype, H = mha.dtype, mha.num_heads
     x = np.asarray(hidden_states).astype(dtype, copy=False)
     B, L, E = x.shape
     tx = torch.from_numpy(np.ascontiguousarray(x)).requires_grad_()
     am = _to_numpy(attention_mask)
     if am is not None and am.ndim == 2:
-        masking_utils = _require("transformers.masking_utils")
-        extended = masking_utils.create_bidirectional_mask(
-            config=module.self.config, inputs_embeds=tx, attention_mask=torch.from_numpy(am)
-        )  # (B, 1, L, L) additive, or None when nothing is masked
+        try:
+            from transformers.masking_utils import create_bidirectional_mask as create
+        except ImportError:  # transformers before masking_utils
+            create = None
+        if create is not None:  # transformers' own conversion: (B, 1, L, L) additive, or None if nothing is masked
+            extended = create(config=module.self.config, inputs_embeds=tx, attention_mask=torch.from_numpy(am))
+        else:  # older transformers: the same 0 / finfo.min mask, made by us
+            extended = torch.from_numpy(M.to_hf_extended_mask(M.from_hf_attention_mask(am), dtype))
         mask = M.from_hf_attention_mask(am)  # ours, bool (B, 1, 1, L)
     else:  # HF's 4-D additive mask is added to the scores, exactly like our float masks: use it as it is
         extended = None if am is None else torch.from_numpy(np.ascontiguousarray(am, dtype=dtype))
@@ -628,7 +639,7 @@ def crosscheck_hf_bert_attention(
         g = torch.autograd.grad(out_t, [tx, *named.values()], torch.from_numpy(d_output))
         with torch.no_grad():
             Q_t, K_t, V_t = (_heads(lin(tx), H) for lin in (module.self.query, module.self.key, module.self.value))
-            scores_t = (Q_t @ K_t.transpose(-2, -1)) * module.self.scaling  # HF's order: matmul, then scale
+            scores_t = (Q_t @ K_t.transpose(-2, -1)) * scaling  # HF's order: matmul, then scale
             full_t = module(tx, attention_mask=extended)[0]  # LayerNorm(dense(context) + x)
     finally:
         module.train(was_training)
