@@ -391,7 +391,7 @@ def attention_forward(
     mask = check_mask(mask, (B, H, Lq, k.shape[2]))
     block_size, num_threads = check_block_size(block_size), check_num_threads(num_threads)
     p, seed, keep = _dropout_setup((B, H, Lq, k.shape[2]), dropout_p, rng, dropout_mask)
-    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
+    scale = 1.0 / float(np.sqrt(d)) if scale is None else float(scale)  # a Python float keeps float32
     dt = np.result_type(q, k, v)
     q_scaled = np.multiply(q, scale, dtype=dt, out=np.empty(q.shape, dtype=dt))  # (B, H, Lq, d) contiguous
     k = _heads_contiguous(k.astype(dt, copy=False))  # (B, H, Lk, d)
@@ -451,7 +451,7 @@ def mha_forward(mha, query, key, value, mask, dropout_p: float, dropout_mask):
     """
     P, H, E = mha.params, mha.num_heads, mha.embed_dim
     B, Lq, Lk = query.shape[0], query.shape[1], key.shape[1]
-    scale = 1.0 / np.sqrt(mha.head_dim)
+    scale = 1.0 / float(np.sqrt(mha.head_dim))  # a Python float keeps float32
     block_size, num_threads = check_block_size(mha.block_size), check_num_threads(mha.num_threads)
     p, seed, keep = _dropout_setup((B, H, Lq, Lk), dropout_p, mha.rng, dropout_mask)
     b_q, b_k, b_v = (P.get(n) for n in ("b_q", "b_k", "b_v"))

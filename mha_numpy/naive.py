@@ -95,7 +95,7 @@ def attention_forward(q, k, v, mask=None, scale=None, dropout_p=0.0, rng=None, d
     B, H, Lq, d = q.shape
     mask = check_mask(mask, (B, H, Lq, k.shape[2]))
     keep = _keep_mask((B, H, Lq, k.shape[2]), dropout_p, rng, dropout_mask)
-    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
+    scale = 1.0 / float(np.sqrt(d)) if scale is None else float(scale)  # a Python float keeps float32
     context = np.empty((B, H, Lq, v.shape[3]), dtype=np.result_type(q, k, v))
     cache = _loop_heads(q, k, v, mask, scale, keep, dropout_p, context)
     return context, cache
@@ -130,7 +130,7 @@ def mha_forward(mha, query, key, value, mask, dropout_p: float, dropout_mask):
     B, Lq, Lk = query.shape[0], query.shape[1], key.shape[1]
     keep = _keep_mask((B, H, Lq, Lk), dropout_p, mha.rng, dropout_mask)
     full_mask = None if mask is None else np.broadcast_to(mask, (B, H, Lq, Lk))
-    scale = 1.0 / np.sqrt(d)
+    scale = 1.0 / float(np.sqrt(d))  # a Python float keeps float32
     dt = mha.dtype
     Q, K, V, context = (np.empty((B, H, n, d), dtype=dt) for n in (Lq, Lk, Lk, Lq))
     output = np.zeros((B, Lq, mha.embed_dim), dtype=dt)
