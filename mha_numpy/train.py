@@ -114,7 +114,7 @@ def softmax_cross_entropy_backward(d_loss: float, cache):
     d_log_p = np.zeros_like(p)  # (..., V)
     np.put_along_axis(d_log_p, targets[..., None], d_picked[..., None], axis=-1)  # ← F4: only the target entry
     d_shifted = d_log_p - p * d_log_p.sum(axis=-1, keepdims=True)  # ← F3, F2: ∂log_z/∂shifted = p
-    return d_shifted  # ← F1: the subtracted max is a constant shift, its gradient cancels
+    return d_shifted  # ← F1: each row of d_shifted sums to 0, so the subtracted max gets no gradient
 
 
 # --------------------------------------------------------------------------- the model
@@ -130,6 +130,7 @@ class ModelCache:
 
     @property
     def attn_weights(self) -> np.ndarray:
+        """(B, H, L, L) attention weights after softmax: row i = where position i reads from."""
         return self.attention.attn_weights
 
 
@@ -238,9 +239,12 @@ def clip_grad_norm(grads: dict[str, np.ndarray], max_norm: float) -> tuple[dict[
 
 
 class SGD:
-    """p ← p - lr · buf with buf ← momentum · buf + g (buf = g at the first step), as torch.optim.SGD."""
+    """p ← p - lr · buf with buf ← momentum · buf + g (buf = g at the first step), as torch.optim.SGD.
 
-    def __init__(self, params: dict[str, np.ndarray], lr: float = 0.1, momentum: float = 0.0) -> None:
+    With momentum 0, plain gradient descent p ← p - lr · g.
+    """
+
+    def __init__(self, params: dict[str, np.ndarray], lr: float = 1e-3, momentum: float = 0.0) -> None:
         if not lr > 0 or not 0 <= momentum < 1:
             raise ValueError(f"need lr > 0 and 0 <= momentum < 1, got lr={lr}, momentum={momentum}")
         self.params, self.lr, self.momentum = params, lr, momentum
@@ -257,7 +261,7 @@ class SGD:
 
 
 class Adam:
-    """Adam with bias correction, as torch.optim.Adam (no weight decay).
+    """Adam with bias correction, as torch.optim.Adam (same defaults, no weight decay).
 
     m ← β1 m + (1 - β1) g        v ← β2 v + (1 - β2) g²           (running moments, start at 0)
     m̂ = m / (1 - β1ᵗ)           v̂ = v / (1 - β2ᵗ)                 (undo the pull towards 0)
@@ -267,7 +271,7 @@ class Adam:
     def __init__(
         self,
         params: dict[str, np.ndarray],
-        lr: float = 1e-2,
+        lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
     ) -> None:
@@ -415,7 +419,8 @@ def train(
 
     optimizer: "adam" or "sgd" (with ``momentum``). max_grad_norm: clip by global norm (None: no clipping).
     snapshot_steps: steps after which to store the attention maps (default: 0, i.e. before training,
-    and after 5%, 15%, 40% and 100% of the steps). The seed fixes the initial weights, every batch and the evaluation batch.
+    and after 5%, 15%, 40% and 100% of the steps). The seed fixes the initial weights, every batch
+    and the held-out evaluation batch (``eval_size`` sequences) behind ``accuracy`` and the maps.
     """
     if optimizer not in ("adam", "sgd"):
         raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")

@@ -187,6 +187,7 @@ def test_optimizers_and_clipping_match_torch():
     start = {"a": rng.standard_normal((3, 4)), "b": rng.standard_normal(5)}
     grads_seq = [{k: rng.standard_normal(v.shape) * 3 for k, v in start.items()} for _ in range(6)]
     for make_np, make_torch in (
+        (lambda p: T.SGD(p, lr=0.1), lambda p: torch.optim.SGD(p, lr=0.1)),
         (lambda p: T.SGD(p, lr=0.1, momentum=0.9), lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)),
         (lambda p: T.Adam(p, lr=0.05, betas=(0.8, 0.99)), lambda p: torch.optim.Adam(p, lr=0.05, betas=(0.8, 0.99))),
     ):
