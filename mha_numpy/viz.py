@@ -531,12 +531,13 @@ def plot_gradcheck(report, title: str | None = None) -> Figure:
             y = max(r.max_rel_err, floor)
             ax.scatter([i], [y], marker="o", s=50, color=color, zorder=3)
     ax.set_yscale("log")
+    zero_rows = any(r.zero_gradient for r in rows)
     ax.axhline(report.rtol, color="#d62728", linestyle="--", linewidth=1.2, label=f"rtol = {report.rtol:g}")
-    if any(r.zero_gradient for r in rows):
+    if zero_rows:
         ax.axhline(report.atol, color="#ff7f0e", linestyle=":", linewidth=1.2, label=f"atol = {report.atol:g}")
     ax.set_xticks(x, names, rotation=45 if len(rows) > 6 else 0, ha="right" if len(rows) > 6 else "center")
     ax.set_xlabel("gradient of")
-    ax.set_ylabel("max relative error (log)")
+    ax.set_ylabel("max relative error" + ("\n(□ zero grad: abs error)" if zero_rows else ""))
     ax.set_xlim(-0.6, len(rows) - 0.4)
     lo = min(min(max(r.max_rel_err if not r.zero_gradient else r.max_abs_err, floor) for r in rows), report.rtol)
     hi = max(max(r.max_rel_err if not r.zero_gradient else r.max_abs_err for r in rows), report.rtol)
@@ -547,7 +548,7 @@ def plot_gradcheck(report, title: str | None = None) -> Figure:
         ax.scatter([], [], marker="o", color="#2ca02c", label="PASS"),
         ax.scatter([], [], marker="o", color="#d62728", label="FAIL"),
     ]
-    ax.legend(handles=handles, fontsize=8, loc="upper left", ncols=2)
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     n_fail = sum(not r.passed for r in rows)
     verdict = "all PASS" if n_fail == 0 else f"{n_fail} of {len(rows)} FAIL"
     ax.set_title(title or f"Finite-difference gradient check: {verdict}", fontsize=11)
