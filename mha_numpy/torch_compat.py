@@ -289,7 +289,15 @@ def mask_to_hf(mask) -> torch.Tensor | None:
 # --------------------------------------------------------------------------- the report
 
 
-DEFAULT_RTOL = {np.dtype(np.float64): 1e-10, np.dtype(np.float32): 1e-5, np.dtype(np.float16): 1e-2}
+DEFAULT_RTOL = {np.dtype(np.float64): 1e-10, np.dtype(np.float32): 1e-5}
+
+
+def _rtol_for(dtype, rtol: float | None) -> float:
+    """The pass threshold: ``rtol`` or the default of the dtype; refuses dtypes other than float32/64."""
+    dtype = np.dtype(dtype)
+    if dtype not in DEFAULT_RTOL:
+        raise ValueError(f"cross-checks run in float32 or float64, got {dtype}")
+    return DEFAULT_RTOL[dtype] if rtol is None else float(rtol)
 
 
 @dataclass
@@ -315,6 +323,10 @@ class CrosscheckReport:
     rtol: float
     rows: list[CrosscheckRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.dtype = np.dtype(self.dtype)
+        _rtol_for(self.dtype, self.rtol)  # float32 / float64 only: zero_atol is 1000 ulp of the dtype
 
     @property
     def zero_atol(self) -> float:
@@ -426,6 +438,7 @@ def crosscheck_torch_mha(
         module = to_torch_mha(module)
     mha = from_torch_mha(module)
     dtype, H = mha.dtype, mha.num_heads
+    rtol = _rtol_for(dtype, rtol)
     self_attention = query is key and key is value
     query, key, value = (np.asarray(x).astype(dtype, copy=False) for x in (query, key, value))
     mask = mask_from_torch_mha(key_padding_mask, attn_mask, num_heads=H)
@@ -490,7 +503,7 @@ def crosscheck_torch_mha(
     report = CrosscheckReport(
         f"torch.nn.MultiheadAttention ({path}, {layout}, bias={mha.bias}, batch_first={module.batch_first})",
         dtype,
-        DEFAULT_RTOL[dtype] if rtol is None else rtol,
+        rtol,
     )
     report.compare("output", "module(...)[0]", out, out_t.detach().numpy())
     if need_weights:
@@ -545,6 +558,7 @@ def crosscheck_sdpa(
     torch = _require("torch")
     q, k, v = (np.asarray(x) for x in (q, k, v))
     dtype = q.dtype
+    rtol = _rtol_for(dtype, rtol)
     if attn_mask is not None and is_causal:
         raise ValueError("pass either attn_mask or is_causal=True, not both (torch SDPA refuses both)")
     mask = M.causal_mask(q.shape[2], k.shape[2]) if is_causal else mask_from_sdpa(attn_mask)
@@ -566,7 +580,7 @@ def crosscheck_sdpa(
     report = CrosscheckReport(
         f"torch.nn.functional.scaled_dot_product_attention ({kind})",
         dtype,
-        DEFAULT_RTOL[dtype] if rtol is None else rtol,
+        rtol,
     )
     report.compare("output (context)", "SDPA(q, k, v)", ctx, out_t.detach().numpy())
     report.compare("attn_weights", "softmax(scores+mask) (torch ops)", cache.attn_weights, weights_t.numpy())
@@ -608,6 +622,7 @@ def crosscheck_hf_bert_attention(
     mha = from_hf_bert_attention(module)
     scaling = mha.head_dim**-0.5  # checked against module.self.scaling by from_hf_bert_attention
     dtype, H = mha.dtype, mha.num_heads
+    rtol = _rtol_for(dtype, rtol)
     x = np.asarray(hidden_states).astype(dtype, copy=False)
     B, L, E = x.shape
     tx = torch.from_numpy(np.ascontiguousarray(x)).requires_grad_()
@@ -647,7 +662,7 @@ def crosscheck_hf_bert_attention(
     report = CrosscheckReport(
         f"transformers BertAttention ({module.self.config._attn_implementation})",
         dtype,
-        DEFAULT_RTOL[dtype] if rtol is None else rtol,
+        rtol,
     )
     report.compare("output", "output.dense(self(x)[0])", out, out_t.detach().numpy())
     if w_t is not None:
