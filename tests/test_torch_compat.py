@@ -531,3 +531,12 @@ def test_cli_crosscheck_exits_1_on_a_mismatch(torch, transformers, monkeypatch, 
     assert main(["crosscheck", "--dtype", "float64"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "RESULT: MISMATCH" in out
+
+
+def test_cli_crosscheck_fully_masked_row_explains_the_skipped_path(torch, transformers, capsys):
+    from mha_numpy.__main__ import main
+
+    assert main(["crosscheck", "--mask", "fully-masked-row", "--dtype", "float64"]) == 0
+    out = capsys.readouterr().out
+    assert "need_weights=True): not compared" in out and "gives NaN there" in out
+    assert "PASS  torch.nn.MultiheadAttention (need_weights=False" in out
