@@ -141,7 +141,8 @@ def test_reference_file_is_small_and_records_versions():
 
 
 def test_script_regenerates_the_reference():
-    """The script in the repo reproduces the committed file (inputs bit for bit, torch's numbers to 1e-12)."""
+    """The script in the repo reproduces the committed file: inputs bit for bit, torch's numbers to the
+    cross-check tolerance of their dtype (another CPU or BLAS may round the last bits differently)."""
     require_torch()
     pytest.importorskip("transformers", reason="transformers is not installed: pip install -r requirements-dev.txt")
     spec = importlib.util.spec_from_file_location("make_torch_reference", SCRIPT)
@@ -151,6 +152,7 @@ def test_script_regenerates_the_reference():
     assert sorted(fresh) == sorted(REF)
     for key, value in REF.items():
         if "/out/" in key:
-            np.testing.assert_allclose(fresh[key], value, rtol=1e-12, atol=1e-14, err_msg=key)
+            tol = tc.DEFAULT_RTOL[value.dtype] * np.nanmax(np.abs(value))  # relative to the tensor's scale
+            np.testing.assert_allclose(fresh[key], value, rtol=0, atol=tol, err_msg=key)
         elif not key.startswith("meta/"):
             np.testing.assert_array_equal(fresh[key], value, err_msg=key)
