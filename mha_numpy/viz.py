@@ -100,18 +100,72 @@ def _annotate(ax, values: np.ndarray, blocked: np.ndarray | None, vmin: float, v
         ax.text(j, i, format(v, fmt), ha="center", va="center", fontsize=7, color="white" if dark else "black")
 
 
-def _figsize(
-    rows: int, cols: int, nrows: int, ncols: int, cell: float, colorbar_w: float, rotated: bool = True
-) -> tuple[float, float]:
-    """Figure size (inches) for an nrows x ncols grid of rows x cols heatmaps, at most 12 inches wide.
+_CHAR_W = 0.075  # inches per character of a 9 pt tick label (DejaVu Sans, on average)
 
-    ``cell`` is the wished size of one heatmap cell; it shrinks when the grid would be too wide, and
-    the height follows, so that equal-aspect panels do not float in empty space.
+
+def _needs_rotation(labels: Sequence[str]) -> bool:
+    return any(len(t) > 2 for t in labels)
+
+
+def _panel_grid(
+    n: int,
+    ncols: int,
+    rows: int,
+    cols: int,
+    cell: float,
+    xlabels: Sequence[str],
+    ylabels: Sequence[str],
+    *,
+    title: str,
+    panel_titles: bool = True,
+    masked_key: bool = False,
+) -> tuple[Figure, list, object]:
+    """A figure of ``n`` heatmap panels (rows x cols cells each) in a grid, plus a colorbar axes.
+
+    The layout is plain arithmetic in inches (tick-label room estimated from the label lengths):
+    about twice as fast to draw as constrained layout, and the same figure for the same content.
+    The grid is at most 12 inches wide (cells shrink to fit). With ``masked_key`` a small hatched
+    swatch labelled "masked" sits under the colorbar. Returns (fig, axes, colorbar_axes).
     """
-    label_w, label_h = 0.9, (1.4 if rotated else 0.9)  # tick labels, axis labels and panel titles around each panel
-    cell = min(cell, ((12.0 - colorbar_w) / ncols - label_w) / cols)
-    pw, ph = cell * cols + label_w, cell * rows + label_h
-    return pw * ncols + colorbar_w, ph * nrows + 0.5
+    nrows = math.ceil(n / ncols)
+    rotated = _needs_rotation(xlabels)
+    longest_x = max((len(t) for t in xlabels), default=1)
+    longest_y = max((len(t) for t in ylabels), default=1)
+    left = 0.35 + 0.1 + _CHAR_W * longest_y  # axis label + tick labels
+    gap = 0.2  # between columns (only the first column carries tick labels)
+    above = 0.3 if panel_titles else 0.1  # panel title
+    below = 0.35 + (_CHAR_W * longest_x * 0.87 + 0.1 if rotated else 0.2)  # tick labels + axis label
+    suptitle, right = 0.45, 1.15
+    cell = min(cell, (12.0 - left - right - gap * (ncols - 1)) / (ncols * cols))
+    pw, ph = cols * cell, rows * cell
+    width = left + ncols * pw + (ncols - 1) * gap + right
+    extra = max(0.0, 0.09 * len(title) + 0.4 - width)  # room for the title
+    left, width = left + extra / 2, width + extra
+    height = suptitle + nrows * (above + ph + below)
+
+    fig = Figure(figsize=(width, height))
+    axes = []
+    for i in range(n):
+        r, c = divmod(i, ncols)
+        x0 = left + c * (pw + gap)
+        y0 = height - suptitle - r * (above + ph + below) - above - ph
+        axes.append(fig.add_axes((x0 / width, y0 / height, pw / width, ph / height)))
+    top = height - suptitle - above
+    bottom = top - (nrows - 1) * (above + ph + below) - ph
+    if masked_key:
+        swatch = fig.add_axes(((width - right + 0.25) / width, bottom / height, 0.15 / width, 0.15 / height))
+        swatch.add_patch(
+            Rectangle((0, 0), 1, 1, facecolor=MASKED_FACE, edgecolor=MASKED_EDGE, hatch=MASKED_HATCH, linewidth=0.5)
+        )
+        swatch.set_xlim(0, 1)
+        swatch.set_ylim(0, 1)
+        swatch.set_xticks([])
+        swatch.set_yticks([])
+        swatch.text(1.4, 0.5, "masked", transform=swatch.transAxes, va="center", fontsize=8)
+        bottom += 0.35
+    cax = fig.add_axes(((width - right + 0.25) / width, bottom / height, 0.15 / width, (top - bottom) / height))
+    fig.suptitle(title, fontsize=11, y=1 - 0.22 / height, va="center")
+    return fig, axes, cax
 
 
 def _grid(n: int, ncols: int | None, max_cols: int = 4) -> tuple[int, int]:
@@ -182,30 +236,33 @@ def plot_attention(
 
     nrows, ncols = _grid(len(chosen), ncols)
     cell = max(0.22, min(0.45, panel_size / max(Lq, Lk)))  # inches per cell, so labels stay readable
-    fig = Figure(figsize=_figsize(Lq, Lk, nrows, ncols, cell, 1.2), layout="constrained")
-    axs = fig.subplots(nrows, ncols, squeeze=False)
-    used = []
+    where = f"batch {b}, " if B > 1 else ""
+    fig, axes, cax = _panel_grid(
+        len(chosen),
+        ncols,
+        Lq,
+        Lk,
+        cell,
+        xlab,
+        ylab,
+        title=title or f"Attention weights ({where}{len(chosen)} of {H} heads)",
+        masked_key=blocked is not None,
+    )
     im = None
-    for i, h in enumerate(chosen):
-        ax = axs.flat[i]
+    for i, (ax, h) in enumerate(zip(axes, chosen)):
         im = ax.imshow(W[b, h], vmin=0.0, vmax=1.0, cmap=cmap, aspect="equal", interpolation="nearest")
         if blocked is not None:
             _mark_blocked(ax, blocked[h])
         if annotate:
             _annotate(ax, W[b, h], None if blocked is None else blocked[h], 0.0, 1.0, ".2f")
         first_col = i % ncols == 0
-        _set_ticks(ax, xlab, ylab, show_y=first_col)
+        _set_ticks(ax, xlab, ylab, show_y=first_col, rotate=60 if _needs_rotation(xlab) else 0)
         ax.set_title(f"head {h}", fontsize=10)
         ax.set_xlabel("key", fontsize=9)
         if first_col:
             ax.set_ylabel("query", fontsize=9)
-        used.append(ax)
-    for ax in axs.flat[len(chosen) :]:
-        ax.remove()
-    cbar = fig.colorbar(im, ax=used, shrink=0.9 if nrows > 1 else 1.0, aspect=25)
-    cbar.set_label("attention weight" + (" (grey ///: masked, 0)" if blocked is not None else ""), fontsize=9)
-    where = f"batch {b}, " if B > 1 else ""
-    fig.suptitle(title or f"Attention weights ({where}{len(chosen)} of {H} heads)", fontsize=11)
+    cbar = fig.colorbar(im, cax=cax)
+    cbar.set_label("attention weight", fontsize=9)
     return fig
 
 
@@ -348,14 +405,26 @@ def plot_mask(
     n = len(batches)
     nrows, ncols = _grid(n, None)
     cell = max(0.22, min(0.42, 2.6 / max(Lq, Lk)))
-    fig = Figure(figsize=_figsize(Lq, Lk, nrows, ncols, cell, 1.4), layout="constrained")
-    axs = fig.subplots(nrows, ncols, squeeze=False)
-    used, im = [], None
+    xlabs = [_labels(key_tokens[bb] if per_seq else key_tokens, Lk, "key_tokens") for bb in batches]
+    any_neginf = not is_bool and bool(np.isneginf(m[batches]).any())
+    kind = "bool, True = may attend" if is_bool else "float, added to scores"
+    fig, axes, cax = _panel_grid(
+        n,
+        ncols,
+        Lq,
+        Lk,
+        cell,
+        max(xlabs, key=lambda labs: max(len(t) for t in labs)),
+        ylab,
+        title=title or f"Mask {tuple(np.shape(mask))} ({kind})",
+        panel_titles=B > 1,
+        masked_key=any_neginf,
+    )
+    im = None
     finite = m[np.isfinite(m)] if not is_bool else None
     vmax = float(np.abs(finite).max()) if finite is not None and finite.size else 1.0
     vmax = vmax if vmax > 0 else 1.0
-    for i, bb in enumerate(batches):
-        ax = axs.flat[i]
+    for i, (ax, bb) in enumerate(zip(axes, batches)):
         blocked = ~m[bb] if is_bool else np.isneginf(m[bb])
         if is_bool:
             cmap = ListedColormap([MASKED_FACE, "#2a788e"])
@@ -368,25 +437,18 @@ def plot_mask(
         ax.set_yticks(np.arange(-0.5, Lq), minor=True)
         ax.grid(which="minor", color="white", linewidth=0.6)
         ax.tick_params(which="minor", length=0)
-        xt = key_tokens[bb] if per_seq else key_tokens
-        _set_ticks(ax, _labels(xt, Lk, "key_tokens"), ylab, show_y=i % ncols == 0)
+        _set_ticks(ax, xlabs[i], ylab, show_y=i % ncols == 0, rotate=60 if _needs_rotation(xlabs[i]) else 0)
         ax.set_xlabel("key", fontsize=9)
         if i % ncols == 0:
             ax.set_ylabel("query", fontsize=9)
         if B > 1:
             ax.set_title(f"sequence {bb}", fontsize=10)
-        used.append(ax)
-    for ax in axs.flat[n:]:
-        ax.remove()
     if is_bool:
-        cbar = fig.colorbar(im, ax=used, ticks=[0.25, 0.75], shrink=0.8, aspect=20)
-        cbar.ax.set_yticklabels(["blocked\n(False)", "may attend\n(True)"], fontsize=8)
-        cbar.set_label("bool mask", fontsize=9)
+        cbar = fig.colorbar(im, cax=cax, ticks=[0.25, 0.75])
+        cbar.ax.set_yticklabels(["blocked\n(False)", "may\nattend\n(True)"], fontsize=8)
     else:
-        cbar = fig.colorbar(im, ax=used, shrink=0.9, aspect=25)
-        cbar.set_label("added to the scores (grey ///: -inf)", fontsize=9)
-    kind = "bool, True = may attend" if is_bool else "float, added to scores"
-    fig.suptitle(title or f"Mask {tuple(np.shape(mask))} ({kind})", fontsize=11)
+        cbar = fig.colorbar(im, cax=cax)
+        cbar.set_label("added to the scores", fontsize=9)
     return fig
 
 
@@ -459,44 +521,41 @@ def plot_step(
     n = len(panels)
     nrows, ncols = _grid(n, None)
     cell = max(0.16, min(0.42, 3.2 / max(rows, cols)))
-    rotated = col_tokens is not None
-    fig = Figure(figsize=_figsize(rows, cols, nrows, ncols, cell, 1.3, rotated), layout="constrained")
-    axs = fig.subplots(nrows, ncols, squeeze=False)
-    used, im = [], None
-    any_blocked = False
-    for i, (p, name) in enumerate(zip(stacked, names)):
-        ax = axs.flat[i]
+    dense_x, dense_y = cols > 24 and col_tokens is None, rows > 24 and row_tokens is None
+    any_blocked = bool(np.isneginf(stacked).any())
+    fig, axes, cax = _panel_grid(
+        n,
+        ncols,
+        rows,
+        cols,
+        cell,
+        [] if dense_x else xlab,
+        [] if dense_y else ylab,
+        title=f"{title}  shape {shape}{where}",
+        panel_titles=any(names),
+        masked_key=any_blocked,
+    )
+    im = None
+    for i, (ax, p, name) in enumerate(zip(axes, stacked, names)):
         shown = np.where(np.isfinite(p), p, np.nan)
         im = ax.imshow(shown, vmin=vmin, vmax=vmax, cmap=cmap, interpolation="nearest", aspect="equal")
         blocked = np.isneginf(p)
         if blocked.any():
             _mark_blocked(ax, blocked)
-            any_blocked = True
         if annotate:
             _annotate(ax, p, blocked, vmin, vmax, ".2f")
-        dense = cols > 24
-        _set_ticks(
-            ax,
-            xlab if not dense else [],
-            ylab,
-            show_y=i % ncols == 0,
-            rotate=60 if rotated else 0,
-        )
-        if dense:
+        _set_ticks(ax, xlab, ylab, show_y=i % ncols == 0, rotate=60 if _needs_rotation(xlab) else 0)
+        if dense_x:
             ax.set_xticks([])
-        if rows > 24 and row_tokens is None:
+        if dense_y:
             ax.set_yticks([])
         if name:
             ax.set_title(name, fontsize=10)
         ax.set_xlabel(xlabel or default_x, fontsize=9)
         if i % ncols == 0:
             ax.set_ylabel(ylabel or default_y, fontsize=9)
-        used.append(ax)
-    for ax in axs.flat[n:]:
-        ax.remove()
-    cbar = fig.colorbar(im, ax=used, shrink=0.9 if nrows > 1 else 1.0, aspect=25)
-    cbar.set_label(colorbar_label + (" (grey ///: -inf)" if any_blocked else ""), fontsize=9)
-    fig.suptitle(f"{title}  shape {shape}{where}", fontsize=11)
+    cbar = fig.colorbar(im, cax=cax)
+    cbar.set_label(colorbar_label, fontsize=9)
     return fig
 
 
