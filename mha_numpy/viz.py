@@ -117,14 +117,15 @@ def _panel_grid(
     ylabels: Sequence[str],
     *,
     title: str,
-    panel_titles: bool = True,
+    title_lines: int = 1,
     masked_key: bool = False,
 ) -> tuple[Figure, list, object]:
     """A figure of ``n`` heatmap panels (rows x cols cells each) in a grid, plus a colorbar axes.
 
     The layout is plain arithmetic in inches (tick-label room estimated from the label lengths):
     about twice as fast to draw as constrained layout, and the same figure for the same content.
-    The grid is at most 12 inches wide (cells shrink to fit). With ``masked_key`` a small hatched
+    The grid is at most 12 inches wide (cells shrink to fit). ``title_lines``: lines of the panel
+    titles (0 = none). With ``masked_key`` a small hatched
     swatch labelled "masked" sits under the colorbar. Returns (fig, axes, colorbar_axes).
     """
     nrows = math.ceil(n / ncols)
@@ -133,7 +134,7 @@ def _panel_grid(
     longest_y = max((len(t) for t in ylabels), default=1)
     left = 0.35 + 0.1 + _CHAR_W * longest_y  # axis label + tick labels
     gap = 0.2  # between columns (only the first column carries tick labels)
-    above = 0.3 if panel_titles else 0.1  # panel title
+    above = 0.12 + 0.19 * title_lines  # panel titles of that many lines
     below = 0.35 + (_CHAR_W * longest_x * 0.87 + 0.1 if rotated else 0.2)  # tick labels + axis label
     suptitle, right = 0.45, 1.15
     cell = min(cell, (12.0 - left - right - gap * (ncols - 1)) / (ncols * cols))
@@ -213,6 +214,7 @@ def plot_attention(
     annotate: bool = False,
     panel_size: float = 2.6,
     cmap: str = WEIGHT_CMAP,
+    panel_titles: Sequence[str] | None = None,
 ) -> Figure:
     """One heatmap per head in a grid, sharing one colorbar from 0 to 1.
 
@@ -224,6 +226,8 @@ def plot_attention(
         broadcastable to (B, H, Lq, Lk). Blocked cells (their weight is exactly 0) are drawn
         grey and hatched, so they never read as "a small weight".
     annotate: write each weight in its cell (for small maps).
+    panel_titles: one title per panel shown instead of "head h" (may have several lines), e.g. to
+        show heads of different layers side by side.
     Rows are queries ("who looks"), columns are keys ("at whom").
     """
     W = _as_bhqk(weights, "weights")
@@ -233,6 +237,9 @@ def plot_attention(
     ylab = _labels(query_tokens, Lq, "query_tokens")
     xlab = _labels(key_tokens, Lk, "key_tokens")
     blocked = None if mask is None else blocked_cells(mask, (B, H, Lq, Lk))[b]
+    names = [f"head {h}" for h in chosen] if panel_titles is None else [str(t) for t in panel_titles]
+    if len(names) != len(chosen):
+        raise ValueError(f"panel_titles has {len(names)} entries but {len(chosen)} heads are shown")
 
     nrows, ncols = _grid(len(chosen), ncols)
     cell = max(0.22, min(0.45, panel_size / max(Lq, Lk)))  # inches per cell, so labels stay readable
@@ -246,6 +253,7 @@ def plot_attention(
         xlab,
         ylab,
         title=title or f"Attention weights ({where}{len(chosen)} of {H} heads)",
+        title_lines=max(t.count("\n") + 1 for t in names),
         masked_key=blocked is not None,
     )
     im = None
@@ -257,7 +265,7 @@ def plot_attention(
             _annotate(ax, W[b, h], None if blocked is None else blocked[h], 0.0, 1.0, ".2f")
         first_col = i % ncols == 0
         _set_ticks(ax, xlab, ylab, show_y=first_col, rotate=60 if _needs_rotation(xlab) else 0)
-        ax.set_title(f"head {h}", fontsize=10)
+        ax.set_title(names[i], fontsize=10)
         ax.set_xlabel("key", fontsize=9)
         if first_col:
             ax.set_ylabel("query", fontsize=9)
@@ -417,7 +425,7 @@ def plot_mask(
         max(xlabs, key=lambda labs: max(len(t) for t in labs)),
         ylab,
         title=title or f"Mask {tuple(np.shape(mask))} ({kind})",
-        panel_titles=B > 1,
+        title_lines=int(B > 1),
         masked_key=any_neginf,
     )
     im = None
@@ -532,7 +540,7 @@ def plot_step(
         [] if dense_x else xlab,
         [] if dense_y else ylab,
         title=f"{title}  shape {shape}{where}",
-        panel_titles=any(names),
+        title_lines=int(any(names)),
         masked_key=any_blocked,
     )
     im = None

@@ -131,6 +131,10 @@ def test_plot_attention_head_subset_and_3d_input():
     np.testing.assert_array_equal(axes[1].images[0].get_array(), w[1, 5])
     assert texts(axes[0].get_xticklabels()) == [str(j) for j in range(LK)]
     assert len(image_axes(viz.plot_attention(w[0]))) == 8  # (H, Lq, Lk)
+    titled = viz.plot_attention(w[0, [1, 3]], panel_titles=["layer 0\nhead 1", "layer 5\nhead 3"])  # (2, Lq, Lk)
+    assert [ax.get_title() for ax in image_axes(titled)] == ["layer 0\nhead 1", "layer 5\nhead 3"]
+    with pytest.raises(ValueError, match="panel_titles"):
+        viz.plot_attention(w, panel_titles=["only one"])
 
 
 def test_plot_attention_bad_input():
