@@ -116,6 +116,19 @@ def test_params_from_state_picks_the_right_rows():
         tc.params_from_state({"in_proj_weight": packed, "out_proj.weight": np.eye(E)}, tc.torch_mha_name_map(E))
 
 
+def test_hf_extended_mask_converters_without_torch():
+    ours = masks.combine_masks(masks.padding_mask(np.array([3, 1])), masks.causal_mask(3))  # (B, 1, 3, 3)
+    for dtype in (np.float32, np.float64):
+        ext = masks.to_hf_extended_mask(ours, dtype)
+        assert ext.dtype == dtype and ext.shape == ours.shape
+        assert set(np.unique(ext)) == {0.0, np.finfo(dtype).min}  # finfo.min, not -inf, as HF does
+        np.testing.assert_array_equal(masks.from_hf_extended_mask(ext), ours)
+    with pytest.raises(ValueError, match="bool mask"):
+        masks.to_hf_extended_mask(np.zeros((1, 3)))
+    with pytest.raises(ValueError, match="floating"):
+        masks.from_hf_extended_mask(np.zeros((1, 3), dtype=int))
+
+
 # --------------------------------------------------------------------------- import / export
 
 
