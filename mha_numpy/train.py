@@ -184,12 +184,12 @@ class TinyAttentionModel:
         B, L = tokens.shape
         positions = np.broadcast_to(np.arange(L), (B, L))  # (B, L): 0, 1, ..., L-1 in every row
 
-        tok, c_tok = embedding_forward(tokens, P["tok_emb"])  # (B, L, E)
-        pos, c_pos = embedding_forward(positions, P["pos_emb"])  # (B, L, E)
-        x, _ = add_forward(tok, pos)  # (B, L, E)
-        a, c_att = self.mha.forward(x, x, x)  # (B, L, E) self-attention: x is query, key and value
-        h, _ = add_forward(x, a)  # (B, L, E) the residual
-        logits, c_out = F.linear_forward(h, P["W_out"], P["b_out"])  # (B, L, V)
+        tok, c_tok = embedding_forward(tokens, P["tok_emb"])  # F1: (B, L, E)
+        pos, c_pos = embedding_forward(positions, P["pos_emb"])  # F2: (B, L, E)
+        x, _ = add_forward(tok, pos)  # F3: (B, L, E)
+        a, c_att = self.mha.forward(x, x, x)  # F4: (B, L, E) self-attention: x is query, key and value
+        h, _ = add_forward(x, a)  # F5: (B, L, E) the residual
+        logits, c_out = F.linear_forward(h, P["W_out"], P["b_out"])  # F6: (B, L, V) the read-out
         return logits, ModelCache(x=x, attention=c_att, _caches=dict(tok=c_tok, pos=c_pos, out=c_out))
 
     __call__ = forward
@@ -198,15 +198,15 @@ class TinyAttentionModel:
         """d_logits (B, L, V) -> one gradient per ``params`` key, with that parameter's shape."""
         c = cache._caches
         g: dict[str, np.ndarray] = {}
-        d_h, g["W_out"], g["b_out"] = F.linear_backward(d_logits, c["out"])  # (B, L, E)
-        d_x_skip, d_a = add_backward(d_h)  # (B, L, E) each: the residual copies the gradient
-        ga = self.mha.backward(d_a, cache.attention)
-        # x fed four paths (the skip, the query, the key and the value); its gradient is their sum
+        d_h, g["W_out"], g["b_out"] = F.linear_backward(d_logits, c["out"])  # ← F6: (B, L, E)
+        d_x_skip, d_a = add_backward(d_h)  # ← F5: (B, L, E) each, the residual copies the gradient
+        ga = self.mha.backward(d_a, cache.attention)  # ← F4: "query", "key", "value" (B, L, E), W_q ...
+        # x fed four paths (F5's skip, F4's query, key and value); its gradient is their sum
         d_x = d_x_skip + ga["query"] + ga["key"] + ga["value"]  # (B, L, E)
         g.update({name: ga[name] for name in self.mha.params})
-        d_tok, d_pos = add_backward(d_x)  # (B, L, E) each
-        g["tok_emb"] = embedding_backward(d_tok, c["tok"])  # (V, E)
-        g["pos_emb"] = embedding_backward(d_pos, c["pos"])  # (L, E); sums over the batch
+        d_tok, d_pos = add_backward(d_x)  # ← F3: (B, L, E) each
+        g["tok_emb"] = embedding_backward(d_tok, c["tok"])  # ← F1: (V, E)
+        g["pos_emb"] = embedding_backward(d_pos, c["pos"])  # ← F2: (L, E), summed over the batch
         return {name: g[name] for name in self.params}  # same order as params
 
     def loss_and_grads(self, tokens: np.ndarray, targets: np.ndarray):
