@@ -4,6 +4,7 @@ and a whole training run against PyTorch, and training that actually learns the 
 from __future__ import annotations
 
 import contextlib
+import re
 
 import numpy as np
 import pytest
@@ -354,3 +355,22 @@ def test_cli_trains_and_writes_figures(tmp_path, capsys):
     assert len(pngs) >= 2, pngs
     for p in tmp_path.glob("*.png"):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- figures (viz)
+
+
+def test_training_figures_have_one_panel_per_head_and_moment(reverse_run):
+    from mha_numpy.viz import plot_attention_over_training, plot_training_history
+
+    snaps = {s: np.repeat(a, 2, axis=0) for s, a in reverse_run.snapshots.items()}  # pretend H = 2
+    fig = plot_attention_over_training(snaps, reverse_run.ideal)
+    images = [ax for ax in fig.axes if ax.images]
+    assert len(images) == 2 * (len(snaps) + 1)  # heads x (moments + the ideal), plus a colorbar axes
+    titles = [ax.get_title() for ax in fig.axes]
+    assert "ideal" in titles and any(re.fullmatch(r"step 300\non ideal: \d+%", t) for t in titles), titles
+    assert len(plot_training_history(reverse_run.history).axes) == 2
+    with pytest.raises(ValueError, match="ideal"):
+        plot_attention_over_training(snaps, np.eye(3))
+    with pytest.raises(ValueError, match="history"):
+        plot_training_history({"step": [1], "loss": [1.0]})
