@@ -85,3 +85,12 @@ def test_executes_top_to_bottom(path: Path, tmp_path: Path):
     assert all(c.execution_count is not None for c in code)
     assert _images(nb) >= 1, f"{path.name} produced no image/png output when executed"
     assert path.read_bytes() == before, "the committed notebook must not be modified by the test"
+
+
+def test_the_budget_covers_the_whole_notebook(tmp_path: Path):
+    """Two cells of 2 s each fit a per-cell limit of 3 s, but not a 3 s budget for the notebook."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import time\ntime.sleep(2)"), nbformat.v4.new_code_cell("time.sleep(2)")]
+    with pytest.raises(TimeoutError):
+        _runner().execute_notebook(nb, tmp_path, timeout=3)
+    assert nb.cells[0].execution_count == 1  # the first cell ran; the second was cut off
