@@ -46,11 +46,10 @@ from . import functional as F
 from ._checks import as_float_array, check_mask
 from .attention import MHACache
 
-# Picked by measurement on the 2-core machine of docs/performance.md (see there): 128 is within a
-# few % of the best everywhere from L = 128 to 8192, in float32 and float64, forward and backward.
-DEFAULT_BLOCK_SIZE = 128
-# Picked by measurement too: a pool of one thread per core beats BLAS's own threading on these
-# small (block × d) products; see docs/performance.md.
+# Both picked by measurement on the 2-core machine of docs/performance.md (block-size sweep there):
+# 256 × 256 tiles amortise the ~15 NumPy calls per tile and still fit in L2 (256 KiB in float32);
+# a pool of one thread per core beats BLAS's own threading on these small (block × d) products.
+DEFAULT_BLOCK_SIZE = 256
 DEFAULT_NUM_THREADS = min(2, os.cpu_count() or 1)
 
 _EMPTY, _FULL, _PARTIAL = 0, 1, 2  # a mask tile: nothing allowed / everything allowed / mixed

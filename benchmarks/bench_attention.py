@@ -1,0 +1,539 @@
+"""Time and memory of multi-head attention: naive vs vectorized vs chunked (NumPy) vs PyTorch.
+
+    python benchmarks/bench_attention.py --quick --out out/bench          # < 1 minute
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \\
+        python benchmarks/bench_attention.py --out out/bench              # the full run (tens of minutes)
+
+Self-attention (query = key = value, no mask), B = 1 over L = 128 ... 8192 plus BERT-base (B = 8, L = 128),
+E = 768 / H = 12 and E = 256 / H = 4, float32 and float64, forward and forward + backward. Variants:
+
+    naive        mha_numpy impl="naive": a Python loop over batch and heads
+    vectorized   mha_numpy impl="vectorized": batched over (B, H), builds the (B, H, L, L) scores
+    chunked-t1   mha_numpy impl="chunked", num_threads=1: tiles in the calling thread, BLAS threads inside
+    chunked-t2   mha_numpy impl="chunked", num_threads=2: a pool of two, BLAS at one thread per worker
+    torch-mha    torch.nn.MultiheadAttention(need_weights=False), same thread count
+    torch-sdpa   torch linear projections + torch.nn.functional.scaled_dot_product_attention
+
+Each time is the median of ``--repeats`` runs after one warm-up. GFLOP/s counts the model FLOPs
+(formula in ``flops``; the chunked backward's recomputation of QKᵀ is not counted), and "% peak" divides
+by the measured float32 / float64 GEMM rate of this machine at the same thread count. Peak memory is
+tracemalloc for NumPy (every NumPy allocation during forward + backward) and, for torch, the growth of
+the process's peak resident set (VmHWM, reset through /proc/self/clear_refs) in a child process.
+Writes results.md, results.csv, time_vs_L.png and memory_vs_L.png into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mha_numpy import MultiHeadAttention  # noqa: E402
+
+VARIANTS = ["naive", "vectorized", "chunked-t1", "chunked-t2", "torch-mha", "torch-sdpa"]
+NUMPY_VARIANTS = VARIANTS[:4]
+MiB = 2**20
+
+
+# --------------------------------------------------------------------------- what is measured
+
+
+def flops(B: int, L: int, E: int, backward: bool) -> float:
+    """Model FLOPs of self-attention: 4 projections 2·B·L·E² each, QKᵀ and PV 2·B·L²·E each.
+
+    forward = 8·B·L·E² + 4·B·L²·E; the backward costs two matmuls per forward matmul, so
+    forward + backward = 3 × forward.
+    """
+    forward = 8.0 * B * L * E * E + 4.0 * B * L * L * E
+    return 3.0 * forward if backward else forward
+
+
+def score_bytes(B: int, H: int, L: int, itemsize: int) -> int:
+    """One (B, H, L, L) score tensor."""
+    return B * H * L * L * itemsize
+
+
+def gemm_peak(dtype, n: int = 2048, repeats: int = 5) -> float:
+    """Measured GFLOP/s of an (n × n) @ (n × n) matmul: the ceiling everything else is compared with."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n)).astype(dtype), rng.standard_normal((n, n)).astype(dtype)
+    return 2.0 * n**3 / median_time(lambda: a @ b, repeats) / 1e9
+
+
+def median_time(fn, repeats: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+# --------------------------------------------------------------------------- the variants
+
+
+def numpy_runner(variant: str, B: int, L: int, E: int, H: int, dtype, block_size=None):
+    """-> (forward(), forward_backward(), x, d_output, mha) for a NumPy variant."""
+    kw = {}
+    if variant.startswith("chunked"):
+        kw = dict(impl="chunked", num_threads=int(variant[-1]), block_size=block_size)
+    elif variant == "naive":
+        kw = dict(impl="naive")
+    mha = MultiHeadAttention(E, H, dtype=dtype, rng=0, **kw)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((B, L, E)).astype(dtype)
+    d_output = rng.standard_normal((B, L, E)).astype(dtype)
+
+    def forward():
+        return mha.forward(x, x, x)
+
+    def forward_backward():
+        out, cache = mha.forward(x, x, x)
+        return out, mha.backward(d_output, cache)
+
+    return forward, forward_backward, x, d_output, mha
+
+
+def torch_runner(variant: str, B: int, L: int, E: int, H: int, dtype):
+    """-> (forward(), forward_backward(), module, x) for torch-mha / torch-sdpa."""
+    import torch
+
+    tdtype = getattr(torch, np.dtype(dtype).name)
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(E, H, batch_first=True, dtype=tdtype)
+    x = torch.randn(B, L, E, dtype=tdtype, requires_grad=True)
+    d_output = torch.randn(B, L, E, dtype=tdtype)
+
+    def call():
+        if variant == "torch-mha":
+            return mha(x, x, x, need_weights=False)[0]
+        q, k, v = torch.nn.functional.linear(x, mha.in_proj_weight, mha.in_proj_bias).chunk(3, dim=-1)
+        heads = [t.reshape(B, L, H, E // H).transpose(1, 2) for t in (q, k, v)]  # (B, H, L, d)
+        ctx = torch.nn.functional.scaled_dot_product_attention(*heads)  # (B, H, L, d)
+        return mha.out_proj(ctx.transpose(1, 2).reshape(B, L, E))
+
+    def forward():
+        with torch.no_grad():
+            return call()
+
+    def forward_backward():
+        x.grad = None
+        mha.zero_grad(set_to_none=True)  # gradients are allocated anew, as in NumPy
+        out = call()
+        out.backward(d_output)
+        return out
+
+    return forward, forward_backward, mha, x
+
+
+def numpy_peak_mib(variant, B, L, E, H, dtype, block_size=None) -> dict:
+    """tracemalloc peak of one forward + backward; also the part beyond its output and gradients."""
+    _, fwd_bwd, x, d_output, mha = numpy_runner(variant, B, L, E, H, dtype, block_size)
+    tracemalloc.start()
+    try:
+        out, grads = fwd_bwd()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    kept = out.nbytes + sum(g.nbytes for g in grads.values())  # output and gradients: returned, not overhead
+    return dict(peak=peak / MiB, beyond=(peak - kept) / MiB)
+
+
+def torch_memory_child(spec: dict) -> dict:
+    """Run in a child process: peak RSS growth (MiB) of torch forward + backward per variant and L."""
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    out = {}
+    for variant in spec["variants"]:
+        for L in spec["lengths"]:
+            _, fwd_bwd, _, _ = torch_runner(variant, spec["B"], L, spec["E"], spec["H"], np.dtype(spec["dtype"]))
+            fwd_bwd()  # warm-up: lazily created buffers
+            Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+            base = _proc_status("VmRSS")
+            fwd_bwd()
+            out[f"{variant}/{L}"] = (_proc_status("VmHWM") - base) / 1024
+    return out
+
+
+def _proc_status(key: str) -> int:
+    return int(re.search(rf"{key}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1))  # kB
+
+
+def torch_peaks_mib(variants, B, lengths, E, H, dtype, threads) -> dict:
+    """Peak RSS growth per (variant, L) from a child with glibc's mmap threshold fixed, so that
+    every large block is mapped on malloc and unmapped on free (RSS then follows the allocations)."""
+    if not Path("/proc/self/clear_refs").exists():
+        return {}
+    spec = dict(variants=variants, B=B, lengths=lengths, E=E, H=H, dtype=np.dtype(dtype).name, threads=threads)
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
+    r = subprocess.run(
+        [sys.executable, __file__, "--torch-memory-child", json.dumps(spec)], env=env, capture_output=True, text=True
+    )
+    if r.returncode != 0:
+        print(f"  (torch memory not measured: {r.stderr.strip().splitlines()[-1:]})", flush=True)
+        return {}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def environment(threads: int) -> dict:
+    from threadpoolctl import threadpool_info
+
+    blas = [f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture')})" for i in threadpool_info()]
+    cpu = platform.processor() or "?"
+    try:
+        cpu = re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text()).group(1)
+    except (OSError, AttributeError):
+        pass
+    try:
+        import torch
+
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = "not installed"
+    return {
+        "cpu": f"{cpu}, {os.cpu_count()} cores",
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "blas": "; ".join(blas),
+        "torch": torch_version,
+        "threads": threads,
+        "OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE": " / ".join(
+            os.environ.get(k, "unset") for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+        ),
+        "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+    }
+
+
+def cases(args):
+    """(label, B, L, E, H) in run order."""
+    out = []
+    for E, H in args.shapes:
+        out += [(f"E={E} H={H}", 1, L, E, H) for L in args.lengths]
+    if args.bert:
+        out.append(("BERT-base B=8", 8, 128, 768, 12))
+    return out
+
+
+def skip_reason(variant, B, L, E, H, dtype, args) -> str | None:
+    itemsize = np.dtype(dtype).itemsize
+    if variant == "naive" and L > args.naive_max_len:
+        why = "--quick" if args.quick else "minutes per run"
+        return f"skipped: naive above L={args.naive_max_len} ({why})"
+    if variant == "vectorized" and 4 * score_bytes(B, H, L, itemsize) > args.max_gib * 2**30:
+        return f"skipped: needs > {4 * score_bytes(B, H, L, itemsize) / 2**30:.0f} GiB (4 score tensors)"
+    if variant == "chunked-t2" and args.threads < 2:
+        return "skipped: needs 2 threads"
+    if variant.startswith("torch") and not args.torch:
+        return "skipped: torch not installed"
+    return None
+
+
+def run(args) -> list[dict]:
+    rows = []
+    for dtype in args.dtypes:
+        peak = gemm_peak(dtype)
+        print(f"{np.dtype(dtype).name}: measured GEMM peak {peak:.1f} GFLOP/s at {args.threads} threads", flush=True)
+        for label, B, L, E, H in cases(args):
+            for variant in args.variants:
+                row = dict(dtype=np.dtype(dtype).name, case=label, B=B, L=L, E=E, H=H, variant=variant, peak=peak)
+                reason = skip_reason(variant, B, L, E, H, dtype, args)
+                if reason is None:
+                    if variant.startswith("torch"):
+                        fwd, fwd_bwd, _, _ = torch_runner(variant, B, L, E, H, dtype)
+                    else:
+                        fwd, fwd_bwd, *_ = numpy_runner(variant, B, L, E, H, dtype)
+                    t0 = time.perf_counter()
+                    fwd_bwd()  # a first run decides how many repeats fit in the time budget
+                    once = time.perf_counter() - t0
+                    reps = max(1, min(args.repeats, int(args.max_seconds / max(once, 1e-9))))
+                    row["fwd_s"] = median_time(fwd, reps)
+                    row["fwd_bwd_s"] = median_time(fwd_bwd, reps, warmup=0)
+                    row["repeats"] = reps
+                    for mode, key in (("fwd", "fwd_s"), ("fwd_bwd", "fwd_bwd_s")):
+                        row[f"{mode}_gflops"] = flops(B, L, E, mode == "fwd_bwd") / row[key] / 1e9
+                        row[f"{mode}_pct_peak"] = 100 * row[f"{mode}_gflops"] / peak
+                    if variant in NUMPY_VARIANTS and args.memory:
+                        mem = numpy_peak_mib(variant, B, L, E, H, dtype)
+                        row["peak_mib"], row["beyond_mib"] = mem["peak"], mem["beyond"]
+                    msg = (
+                        f"fwd {row['fwd_s'] * 1e3:9.1f} ms  fwd+bwd {row['fwd_bwd_s'] * 1e3:9.1f} ms  "
+                        f"{row['fwd_bwd_gflops']:6.1f} GFLOP/s ({row['fwd_bwd_pct_peak']:4.1f}% peak)"
+                    )
+                    if "peak_mib" in row:
+                        msg += f"  peak {row['peak_mib']:8.1f} MiB"
+                else:
+                    row["skipped"] = msg = reason
+                print(f"  {row['dtype']:<8} {label:<14} L={L:<5} {variant:<11} {msg}", flush=True)
+                rows.append(row)
+        if args.torch and args.memory:
+            for E, H in args.shapes:
+                tv = [v for v in args.variants if v.startswith("torch")]
+                peaks = torch_peaks_mib(tv, 1, args.lengths, E, H, dtype, args.threads)
+                for row in rows:
+                    key = f"{row['variant']}/{row['L']}"
+                    if row["dtype"] == np.dtype(dtype).name and row["E"] == E and row["B"] == 1 and key in peaks:
+                        row["peak_mib"] = peaks[key]
+    return rows
+
+
+def block_sweep(args) -> list[dict]:
+    """chunked forward + backward at E=768, H=12, L=2048 (1024 with --quick) over block sizes and threads."""
+    L = 1024 if args.quick else 2048
+    out = []
+    for dtype in args.dtypes:
+        for bs in args.blocks:
+            for nt in (2,) if args.quick and args.threads >= 2 else (1, 2) if args.threads >= 2 else (1,):
+                _, fwd_bwd, *_ = numpy_runner(f"chunked-t{nt}", 1, L, 768, 12, dtype, block_size=bs)
+                t = median_time(fwd_bwd, 1 if args.quick else 3)
+                out.append(dict(dtype=np.dtype(dtype).name, L=L, block_size=bs, num_threads=nt, fwd_bwd_s=t))
+                print(f"  block sweep {np.dtype(dtype).name} L={L} block={bs:<5} threads={nt}: {t * 1e3:8.1f} ms")
+    return out
+
+
+def memory_target(args) -> dict:
+    """chunked forward + backward at B=1, L=16384, E=256, H=4, float32: tracemalloc peak beyond the
+    output and gradients (the inputs and parameters exist before tracing starts)."""
+    L = 4096 if args.quick else 16384
+    mem = numpy_peak_mib("chunked-t2" if args.threads >= 2 else "chunked-t1", 1, L, 256, 4, np.float32)
+    res = dict(L=L, **mem, score_tensor_mib=score_bytes(1, 4, L, 4) / MiB)
+    if args.torch:  # the same measure for torch: RSS growth minus its output and gradients
+        torch_peak = torch_peaks_mib(["torch-mha"], 1, [L], 256, 4, np.float32, args.threads).get(f"torch-mha/{L}")
+        if torch_peak is not None:
+            kept = (2 * L * 256 + 4 * 256 * 256 + 4 * 256) * 4 / MiB  # output, d query, weight and bias gradients
+            res.update(torch_peak=torch_peak, torch_beyond=torch_peak - kept)
+            print(
+                f"  torch-mha at the same shape: peak RSS growth {torch_peak:.1f} MiB, {torch_peak - kept:.1f} beyond"
+            )
+    print(
+        f"memory target: chunked fwd+bwd at L={L}, E=256, H=4, float32: peak {mem['peak']:.1f} MiB, "
+        f"{mem['beyond']:.1f} MiB beyond output and gradients; one score tensor: {res['score_tensor_mib']:.0f} MiB"
+    )
+    return res
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def fmt(x, unit=""):
+    return "" if x is None else f"{x:.1f}{unit}"
+
+
+def write_outputs(out: Path, env: dict, rows: list[dict], sweep: list[dict], mem: dict | None, elapsed: float):
+    out.mkdir(parents=True, exist_ok=True)
+    keys = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("dtype", "case", "L", "variant"), k))
+    with open(out / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    lines = ["# Attention benchmark", "", "| | |", "| --- | --- |"]
+    lines += [f"| {k} | {v} |" for k, v in env.items()]
+    lines += [f"| load average at end | {' '.join(f'{x:.2f}' for x in os.getloadavg())} |"]
+    lines += [f"| wall time of the run | {elapsed / 60:.1f} min |", ""]
+    lines += ["Times in ms (median); GFLOP/s and % of the measured GEMM peak for forward + backward; "
+              "peak MiB: tracemalloc (NumPy) or peak RSS growth (torch) during forward + backward.", ""]  # fmt: skip
+    for dtype in dict.fromkeys(r["dtype"] for r in rows):
+        peak = next(r["peak"] for r in rows if r["dtype"] == dtype)
+        lines += [f"## {dtype} (GEMM peak {peak:.1f} GFLOP/s)", ""]
+        lines += ["| case | L | variant | fwd ms | fwd+bwd ms | GFLOP/s | % peak | fwd % peak | peak MiB |"]
+        lines += ["| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in rows:
+            if r["dtype"] != dtype:
+                continue
+            if "skipped" in r:
+                lines.append(f"| {r['case']} | {r['L']} | {r['variant']} | {r['skipped']} | | | | | |")
+                continue
+            lines.append(
+                f"| {r['case']} | {r['L']} | {r['variant']} | {r['fwd_s'] * 1e3:.1f} | {r['fwd_bwd_s'] * 1e3:.1f} | "
+                f"{r['fwd_bwd_gflops']:.1f} | {r['fwd_bwd_pct_peak']:.0f}% | {r['fwd_pct_peak']:.0f}% | "
+                f"{fmt(r.get('peak_mib'))} |"
+            )
+        lines.append("")
+    if sweep:
+        lines += ["## chunked block size and threads (forward + backward, E=768, H=12)", ""]
+        lines += ["| dtype | L | block_size | num_threads | fwd+bwd ms |", "| --- | ---: | ---: | ---: | ---: |"]
+        lines += [f"| {s['dtype']} | {s['L']} | {s['block_size']} | {s['num_threads']} | {s['fwd_bwd_s'] * 1e3:.1f} |"
+                  for s in sweep]  # fmt: skip
+        lines.append("")
+    lines += targets(rows, mem)
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    plot(out, rows)
+
+
+def find(rows, **kw):
+    for r in rows:
+        if all(r.get(k) == v for k, v in kw.items()) and "skipped" not in r:
+            return r
+    return None
+
+
+def targets(rows, mem) -> list[str]:
+    """The issue's targets, computed from this run (B=1, L=2048, E=768, H=12)."""
+    lines = ["## Targets (B=1, L=2048, E=768, H=12, forward + backward, same thread count)", ""]
+    best = {}
+    for dtype in ("float32", "float64"):
+        ch = [find(rows, dtype=dtype, L=2048, E=768, B=1, variant=v) for v in ("chunked-t1", "chunked-t2")]
+        ch = [c for c in ch if c]
+        best[dtype] = min(ch, key=lambda r: r["fwd_bwd_s"]) if ch else None
+    for dtype, limit in (("float32", 1.5), ("float64", 1.0)):
+        c, t = best[dtype], find(rows, dtype=dtype, L=2048, E=768, B=1, variant="torch-mha")
+        if c and t:
+            ratio = c["fwd_bwd_s"] / t["fwd_bwd_s"]
+            verdict = "met" if ratio <= limit else "missed"
+            lines.append(f"- {dtype}: {c['variant']} / torch-mha = {ratio:.2f}× (target ≤ {limit}×): **{verdict}**")
+    for dtype in ("float32", "float64"):
+        for E in (768, 256):
+            slower = []
+            for r in rows:
+                if (
+                    r["dtype"] == dtype
+                    and r["E"] == E
+                    and r["B"] == 1
+                    and r["L"] >= 512
+                    and r["variant"] == "vectorized"
+                ):
+                    c = [find(rows, dtype=dtype, E=E, B=1, L=r["L"], variant=v) for v in ("chunked-t1", "chunked-t2")]
+                    c = min((x["fwd_bwd_s"] for x in c if x), default=None)
+                    if "skipped" not in r and c is not None and c >= r["fwd_bwd_s"]:
+                        slower.append(r["L"])
+            ok = "met" if not slower else f"missed at L = {slower}"
+            lines.append(f"- chunked faster than vectorized at every L ≥ 512 ({dtype}, E={E}): **{ok}**")
+    c = best["float32"]
+    if c:
+        verdict = "met" if c["fwd_pct_peak"] >= 40 else "missed"
+        lines.append(
+            f"- chunked float32 forward at {c['fwd_pct_peak']:.0f}% of the GEMM peak (target ≥ 40%): **{verdict}**"
+        )
+    if mem:
+        verdict = "met" if mem["beyond"] <= 64 else "missed"
+        lines.append(
+            f"- memory at L={mem['L']}, E=256, H=4, float32: chunked peak {mem['peak']:.1f} MiB, "
+            f"{mem['beyond']:.1f} MiB beyond output and gradients (target ≤ 64 MiB at L=16384): **{verdict}**; "
+            f"one vectorized score tensor: {mem['score_tensor_mib']:.0f} MiB"
+            + (
+                f"; torch-mha: {mem['torch_peak']:.1f} MiB, {mem['torch_beyond']:.1f} beyond"
+                if "torch_peak" in mem
+                else ""
+            )
+        )
+    return lines + [""]
+
+
+def plot(out: Path, rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(r["dtype"], r["E"], r["H"]) for r in rows if r["B"] == 1})
+    for what, key, ylabel, fname in (
+        ("time", "fwd_bwd_s", "forward + backward time (s)", "time_vs_L.png"),
+        ("memory", "peak_mib", "peak memory, forward + backward (MiB)", "memory_vs_L.png"),
+    ):
+        fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.6), squeeze=False, dpi=90)
+        for ax, (dtype, E, H) in zip(axes[0], groups):
+            for variant in VARIANTS:
+                pts = [(r["L"], r[key]) for r in rows if (r["dtype"], r["E"], r["H"], r["B"], r["variant"]) ==
+                       (dtype, E, H, 1, variant) and r.get(key)]  # fmt: skip
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", ms=3, label=variant)
+            if what == "memory":
+                Ls = sorted({r["L"] for r in rows if r["E"] == E})
+                ax.plot(
+                    Ls,
+                    [score_bytes(1, H, L, np.dtype(dtype).itemsize) / MiB for L in Ls],
+                    "k:",
+                    label="one score tensor",
+                )
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"{dtype}, E={E}, H={H}", fontsize=9)
+            ax.set_xlabel("sequence length L")
+            ax.grid(alpha=0.3, which="both")
+        axes[0][0].set_ylabel(ylabel)
+        axes[0][-1].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / fname)
+        plt.close(fig)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="a reduced run that finishes in under a minute")
+    p.add_argument("--out", default="out/bench", help="directory for results.md, results.csv and the plots")
+    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="BLAS and torch threads")
+    p.add_argument("--repeats", type=int, default=None, help="timed runs per measurement (median)")
+    p.add_argument("--lengths", type=int, nargs="+", default=None)
+    p.add_argument("--dtypes", nargs="+", default=None, choices=["float32", "float64"])
+    p.add_argument("--shapes", nargs="+", default=None, help="E:H pairs, e.g. 768:12 256:4")
+    p.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    p.add_argument("--blocks", type=int, nargs="+", default=None, help="block sizes of the chunked sweep")
+    p.add_argument("--naive-max-len", type=int, default=2048, help="skip naive above this L")
+    p.add_argument("--max-gib", type=float, default=4.0, help="skip vectorized when 4 score tensors exceed this")
+    p.add_argument("--max-seconds", type=float, default=20.0, help="fewer repeats when one run is this slow")
+    p.add_argument("--no-memory", dest="memory", action="store_false", help="skip the memory measurements")
+    p.add_argument("--torch-memory-child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    q = args.quick
+    args.repeats = args.repeats or (3 if q else 5)
+    args.lengths = args.lengths or ([128, 512, 1024] if q else [128, 256, 512, 1024, 2048, 4096, 8192])
+    args.dtypes = [np.dtype(d) for d in (args.dtypes or (["float32"] if q else ["float32", "float64"]))]
+    args.shapes = [tuple(map(int, s.split(":"))) for s in (args.shapes or (["256:4"] if q else ["768:12", "256:4"]))]
+    args.blocks = args.blocks or ([128, 256] if q else [64, 128, 256, 512, 1024])
+    args.bert = not q
+    if q:
+        args.naive_max_len, args.max_seconds = min(args.naive_max_len, 512), 2.0
+    try:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        args.torch = True
+    except ImportError:
+        args.torch = False
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.torch_memory_child:
+        print(json.dumps(torch_memory_child(json.loads(args.torch_memory_child))))
+        return 0
+    from threadpoolctl import threadpool_limits
+
+    for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+        if var in os.environ:
+            print(f"warning: {var}={os.environ[var]} is set and can slow OpenBLAS; see docs/performance.md", flush=True)
+    start = time.perf_counter()
+    with threadpool_limits(limits=args.threads, user_api="blas"):
+        env = environment(args.threads)
+        print("\n".join(f"{k}: {v}" for k, v in env.items()), flush=True)
+        rows = run(args)
+        sweep = block_sweep(args)
+        mem = memory_target(args) if args.memory else None
+    write_outputs(Path(args.out), env, rows, sweep, mem, time.perf_counter() - start)
+    print(f"wrote {args.out}/results.md, results.csv, time_vs_L.png, memory_vs_L.png "
+          f"in {time.perf_counter() - start:.0f} s")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
