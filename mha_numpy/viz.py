@@ -4,11 +4,17 @@ Every function returns a ``matplotlib.figure.Figure`` built without pyplot: noth
 nothing stays open in pyplot's figure registry, and everything works headless (Agg). In a notebook
 a returned Figure displays itself; elsewhere call ``fig.savefig("name.png")``.
 
+Functions: ``plot_attention`` (one map per head), ``plot_model_view`` (layers x heads),
+``plot_mask``, ``plot_step`` (any intermediate), ``plot_gradcheck`` (a ``GradcheckReport``),
+``write_tour_figures`` (the PNGs of ``python -m mha_numpy tour --out DIR``), and the training
+figures of ``mha_numpy.train``.
+
 Conventions in every picture:
 - Attention weights use one colour scale from 0 to 1 (a shared colorbar for all heads).
 - Cells a mask blocks are drawn light grey and hatched (``///``), so that a blocked cell (weight
   exactly 0) never looks like a small weight. The hatched cells are one ``PatchCollection`` per
-  panel with gid ``"masked"``, one square per blocked cell.
+  panel with gid ``"masked"``, one square per blocked cell; a hatched swatch labelled "masked"
+  sits under the colorbar.
 - Masks follow mha_numpy's convention: bool ``True`` = may attend, float = added to the scores
   (``-inf`` = blocked). Shapes broadcast to (B, H, Lq, Lk).
 """
@@ -23,7 +29,7 @@ import numpy as np
 from matplotlib.collections import PatchCollection
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch, Rectangle
+from matplotlib.patches import Rectangle
 
 from . import functional as F
 
@@ -76,10 +82,6 @@ def _mark_blocked(ax, blocked: np.ndarray) -> PatchCollection | None:
     coll.set_gid("masked")
     ax.add_collection(coll)
     return coll
-
-
-def _masked_legend_handle() -> Patch:
-    return Patch(facecolor=MASKED_FACE, edgecolor=MASKED_EDGE, hatch=MASKED_HATCH, label="masked (weight 0)")
 
 
 def _set_ticks(ax, xlabels, ylabels, *, show_x=True, show_y=True, fontsize=9, rotate=60) -> None:
