@@ -142,9 +142,10 @@ def torch_runner(variant: str, B: int, L: int, E: int, H: int, dtype):
     return forward, forward_backward, mha, x
 
 
-def numpy_peak_mib(variant, B, L, E, H, dtype, block_size=None) -> dict:
+def numpy_peak_mib(variant, B, L, E, H, dtype, block_size=None, fwd_bwd=None) -> dict:
     """tracemalloc peak of one forward + backward; also the part beyond its output and gradients."""
-    _, fwd_bwd, x, d_output, mha = numpy_runner(variant, B, L, E, H, dtype, block_size)
+    if fwd_bwd is None:
+        _, fwd_bwd, *_ = numpy_runner(variant, B, L, E, H, dtype, block_size)
     tracemalloc.start()
     try:
         out, grads = fwd_bwd()
@@ -250,6 +251,7 @@ def skip_reason(variant, B, L, E, H, dtype, args) -> str | None:
 
 def run(args) -> list[dict]:
     rows = []
+    too_slow: dict = {}  # (dtype, E, H, B, variant) -> reason: skip it at the larger L
     for dtype in args.dtypes:
         peak = gemm_peak(dtype)
         print(f"{np.dtype(dtype).name}: measured GEMM peak {peak:.1f} GFLOP/s at {args.threads} threads", flush=True)
@@ -257,24 +259,27 @@ def run(args) -> list[dict]:
             for variant in args.variants:
                 row = dict(dtype=np.dtype(dtype).name, case=label, B=B, L=L, E=E, H=H, variant=variant, peak=peak)
                 reason = skip_reason(variant, B, L, E, H, dtype, args)
+                reason = reason or too_slow.get((dtype, E, H, B, variant))
                 if reason is None:
                     if variant.startswith("torch"):
                         fwd, fwd_bwd, _, _ = torch_runner(variant, B, L, E, H, dtype)
                     else:
                         fwd, fwd_bwd, *_ = numpy_runner(variant, B, L, E, H, dtype)
                     t0 = time.perf_counter()
-                    fwd_bwd()  # a first run decides how many repeats fit in the time budget
+                    # a first (warm-up) run: under tracemalloc for NumPy; decides how many repeats fit
+                    if variant in NUMPY_VARIANTS and args.memory:
+                        mem = numpy_peak_mib(variant, B, L, E, H, dtype, fwd_bwd=fwd_bwd)
+                        row["peak_mib"], row["beyond_mib"] = mem["peak"], mem["beyond"]
+                    else:
+                        fwd_bwd()
                     once = time.perf_counter() - t0
                     reps = max(1, min(args.repeats, int(args.max_seconds / max(once, 1e-9))))
-                    row["fwd_s"] = median_time(fwd, reps)
+                    row["fwd_s"] = median_time(fwd, reps, warmup=0)
                     row["fwd_bwd_s"] = median_time(fwd_bwd, reps, warmup=0)
                     row["repeats"] = reps
                     for mode, key in (("fwd", "fwd_s"), ("fwd_bwd", "fwd_bwd_s")):
                         row[f"{mode}_gflops"] = flops(B, L, E, mode == "fwd_bwd") / row[key] / 1e9
                         row[f"{mode}_pct_peak"] = 100 * row[f"{mode}_gflops"] / peak
-                    if variant in NUMPY_VARIANTS and args.memory:
-                        mem = numpy_peak_mib(variant, B, L, E, H, dtype)
-                        row["peak_mib"], row["beyond_mib"] = mem["peak"], mem["beyond"]
                     msg = (
                         f"fwd {row['fwd_s'] * 1e3:9.1f} ms  fwd+bwd {row['fwd_bwd_s'] * 1e3:9.1f} ms  "
                         f"{row['fwd_bwd_gflops']:6.1f} GFLOP/s ({row['fwd_bwd_pct_peak']:4.1f}% peak)"
@@ -285,10 +290,17 @@ def run(args) -> list[dict]:
                     row["skipped"] = msg = reason
                 print(f"  {row['dtype']:<8} {label:<14} L={L:<5} {variant:<11} {msg}", flush=True)
                 rows.append(row)
+            done = [r for r in rows if (r["dtype"], r["case"], r["L"]) == (row["dtype"], label, L) and "fwd_bwd_s" in r]
+            best = min((r["fwd_bwd_s"] for r in done), default=None)
+            for r in done:  # a variant this much slower than the best is not run at the larger L
+                if r["fwd_bwd_s"] > args.slow_ratio * best and L >= 512:
+                    ratio = r["fwd_bwd_s"] / best
+                    too_slow[(dtype, E, H, B, r["variant"])] = f"skipped: {ratio:.0f}× the fastest at L={L}"
         if args.torch and args.memory:
             for E, H in args.shapes:
-                tv = [v for v in args.variants if v.startswith("torch")]
-                peaks = torch_peaks_mib(tv, 1, args.lengths, E, H, dtype, args.threads)
+                tv = [v for v in args.variants if v == "torch-mha"]
+                lengths = [L for L in args.lengths if L <= args.torch_memory_max_len]
+                peaks = torch_peaks_mib(tv, 1, lengths, E, H, dtype, args.threads) if tv else {}
                 for row in rows:
                     key = f"{row['variant']}/{row['L']}"
                     if row["dtype"] == np.dtype(dtype).name and row["E"] == E and row["B"] == 1 and key in peaks:
@@ -490,6 +502,8 @@ def parse_args(argv=None):
     p.add_argument("--naive-max-len", type=int, default=2048, help="skip naive above this L")
     p.add_argument("--max-gib", type=float, default=4.0, help="skip vectorized when 4 score tensors exceed this")
     p.add_argument("--max-seconds", type=float, default=20.0, help="fewer repeats when one run is this slow")
+    p.add_argument("--slow-ratio", type=float, default=4.0, help="skip a variant at larger L when this much slower")
+    p.add_argument("--torch-memory-max-len", type=int, default=4096, help="torch-mha memory only up to this L")
     p.add_argument("--no-memory", dest="memory", action="store_false", help="skip the memory measurements")
     p.add_argument("--torch-memory-child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -81,15 +81,23 @@ def check_num_threads(num_threads) -> int:
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 
 
+_CONTROLLER: list = []  # the threadpoolctl controller, made once (finding the BLAS libraries takes ~0.5 ms)
+
+
 @contextlib.contextmanager
 def _blas_single_threaded():
     """Limit BLAS to one thread while our own pool runs (no-op without threadpoolctl)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl is in requirements.txt
+    if not _CONTROLLER:
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:  # pragma: no cover - threadpoolctl is in requirements.txt
+            _CONTROLLER.append(None)
+        else:
+            _CONTROLLER.append(ThreadpoolController())
+    if _CONTROLLER[0] is None:  # pragma: no cover
         yield
         return
-    with threadpool_limits(limits=1, user_api="blas"):
+    with _CONTROLLER[0].limit(limits=1, user_api="blas"):
         yield
 
 
