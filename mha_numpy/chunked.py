@@ -207,36 +207,46 @@ def _backward_head(q, k, v, d_out, lse, D, tiles: _Tiles, bq: int, bk: int, dq, 
 
     q: (Lq, d) scaled   k: (Lk, d)   v: (Lk, dv)   d_out: (Lq, dv)   lse, D: (Lq,)
     writes dq: (Lq, d) (gradient w.r.t. the scaled q), dk: (Lk, d), dv: (Lk, dv); all start at 0.
+    The two row subtractions ride along in the GEMMs as one extra column (two passes saved per tile):
+    S - lse = [q, -lse] [k, 1]ᵀ   and   dP - D = [dO, -D] [v, 1]ᵀ.
     """
-    Lq, Lk, dt = q.shape[0], k.shape[0], q.dtype
+    Lq, Lk, d, dt = q.shape[0], k.shape[0], q.shape[1], q.dtype
+    dropout = tiles.p > 0 or tiles.keep is not None
+    ones = np.ones((Lk, 1), dtype=dt)
+    neg_lse = np.where(np.isinf(lse), 0.0, -lse)  # a fully masked row (lse = +inf) is all -inf by its mask
+    qa = np.concatenate([q, neg_lse[:, None]], axis=1)  # (Lq, d + 1)
+    ka = np.concatenate([k, ones], axis=1)  # (Lk, d + 1)
+    da = np.concatenate([d_out, -D[:, None]], axis=1)  # (Lq, dv + 1)
+    va = np.concatenate([v, ones], axis=1)  # (Lk, dv + 1)
+    if dropout:  # dropout scales dP before D is subtracted: no extra column on that side
+        da, va = d_out, v
     p_buf = np.empty((min(bq, Lq), min(bk, Lk)), dtype=dt)
     dp_buf = np.empty_like(p_buf)
     scale_drop = 1.0 / (1.0 - tiles.p) if tiles.p > 0 else 1.0
     for j0 in range(0, Lk, bk):
         j1 = min(j0 + bk, Lk)
-        kj, vj, dkj, dvj = k[j0:j1], v[j0:j1], dk[j0:j1], dv[j0:j1]
+        kj, dkj, dvj = ka[j0:j1, :d], dk[j0:j1], dv[j0:j1]
         for i0 in range(0, Lq, bq):
             i1 = min(i0 + bq, Lq)
             state, mtile = tiles.mask_tile(i0, i1, j0, j1)
             if state == _EMPTY:
                 continue  # all weights 0 here: no gradient flows through this tile
-            qi, doi = q[i0:i1], d_out[i0:i1]
+            qi, doi = qa[i0:i1, :d], d_out[i0:i1]
             p = p_buf[: i1 - i0, : j1 - j0]
             dp = dp_buf[: i1 - i0, : j1 - j0]
-            np.matmul(qi, kj.T, out=p)  # (bq, d) @ (d, bk) -> (bq, bk) scores again
+            np.matmul(qa[i0:i1], ka[j0:j1].T, out=p)  # (bq, d+1) @ (d+1, bk) -> (bq, bk) S - lse
             _masked_scores(p, state, mtile)
-            np.subtract(p, lse[i0:i1, None], out=p)
             np.exp(p, out=p)  # (bq, bk) P, exactly the forward's normalised weights
-            np.matmul(doi, vj.T, out=dp)  # (bq, dv) @ (dv, bk) -> (bq, bk) dP (after dropout)
-            keep = tiles.keep_tile(i0, i1, j0, j1)
-            if keep is None:
+            np.matmul(da[i0:i1], va[j0:j1].T, out=dp)  # (bq, dv+1) @ (dv+1, bk) -> (bq, bk) dP - D
+            if not dropout:
                 dvj += p.T @ doi  # (bk, bq) @ (bq, dv) -> (bk, dv)
             else:
+                keep = tiles.keep_tile(i0, i1, j0, j1)
                 dvj += (p * keep * scale_drop).T @ doi  # dV uses the dropped weights
                 dp *= keep  # back through dropout: dP = dP_dropped ∘ keep / (1 - p)
                 dp *= scale_drop
-            np.subtract(dp, D[i0:i1, None], out=dp)  # softmax VJP: P ∘ (dP - Σⱼ P dP)
-            np.multiply(dp, p, out=dp)  # (bq, bk) dS
+                np.subtract(dp, D[i0:i1, None], out=dp)
+            np.multiply(dp, p, out=dp)  # (bq, bk) dS = P ∘ (dP - D), the softmax VJP
             dq[i0:i1] += dp @ kj  # (bq, bk) @ (bk, d) -> (bq, d)
             dkj += dp.T @ qi  # (bk, bq) @ (bq, d) -> (bk, d)
 
