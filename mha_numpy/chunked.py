@@ -47,9 +47,10 @@ from ._checks import as_float_array, check_mask
 from .attention import MHACache
 
 # Both picked by measurement on the 2-core machine of docs/performance.md (block-size sweep there):
-# 256 × 256 tiles amortise the ~15 NumPy calls per tile and still fit in L2 (256 KiB in float32);
-# a pool of one thread per core beats BLAS's own threading on these small (block × d) products.
-DEFAULT_BLOCK_SIZE = 256
+# 512 × 512 tiles amortise the ~15 NumPy calls (and their moments holding the GIL) per tile; a tile
+# is 1 MiB in float32. A pool of one thread per core beats BLAS's own threading on these small
+# (block × d) products, which BLAS cannot split well.
+DEFAULT_BLOCK_SIZE = 512
 DEFAULT_NUM_THREADS = min(2, os.cpu_count() or 1)
 
 _EMPTY, _FULL, _PARTIAL = 0, 1, 2  # a mask tile: nothing allowed / everything allowed / mixed
