@@ -296,6 +296,10 @@ def run(args) -> list[dict]:
                 if r["fwd_bwd_s"] > args.slow_ratio * best and L >= 512:
                     ratio = r["fwd_bwd_s"] / best
                     too_slow[(dtype, E, H, B, r["variant"])] = f"skipped: {ratio:.0f}× the fastest at L={L}"
+                elif 4 * r["fwd_bwd_s"] > args.max_projected_seconds:  # L² work: 4× per doubling of L
+                    too_slow[(dtype, E, H, B, r["variant"])] = (
+                        f"skipped: ~{4 * r['fwd_bwd_s']:.0f} s per run projected from L={L} (time budget)"
+                    )
         if args.torch and args.memory:
             for E, H in args.shapes:
                 tv = [v for v in args.variants if v == "torch-mha"]
@@ -503,6 +507,7 @@ def parse_args(argv=None):
     p.add_argument("--naive-max-len", type=int, default=2048, help="skip naive above this L")
     p.add_argument("--max-gib", type=float, default=4.0, help="skip vectorized when 4 score tensors exceed this")
     p.add_argument("--max-seconds", type=float, default=20.0, help="fewer repeats when one run is this slow")
+    p.add_argument("--max-projected-seconds", type=float, default=60.0, help="skip when 4× the last L is slower")
     p.add_argument("--slow-ratio", type=float, default=4.0, help="skip a variant at larger L when this much slower")
     p.add_argument("--torch-memory-max-len", type=int, default=4096, help="torch-mha memory only up to this L")
     p.add_argument("--no-memory", dest="memory", action="store_false", help="skip the memory measurements")
