@@ -48,10 +48,10 @@ from .attention import MHACache
 
 # Both picked by measurement on the 2-core machine of docs/performance.md (block-size sweep there):
 # 512 × 512 tiles amortise the ~15 NumPy calls (and their moments holding the GIL) per tile; a tile
-# is 1 MiB in float32. A pool of one thread per core beats BLAS's own threading on these small
-# (block × d) products, which BLAS cannot split well.
+# is 1 MiB in float32. A pool of one thread per available core beats BLAS's own threading on these
+# small (block × d) products, which BLAS cannot split well.
 DEFAULT_BLOCK_SIZE = 512
-DEFAULT_NUM_THREADS = min(2, os.cpu_count() or 1)
+DEFAULT_NUM_THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 _EMPTY, _FULL, _PARTIAL = 0, 1, 2  # a mask tile: nothing allowed / everything allowed / mixed
 
