@@ -111,8 +111,14 @@ def _run(work, items, num_threads: int) -> None:
     pool = _POOLS.get(num_threads)
     if pool is None:
         pool = _POOLS[num_threads] = ThreadPoolExecutor(num_threads, thread_name_prefix="mha_numpy")
+    n_groups = min(len(items), 4 * num_threads)  # a few groups per thread: balance, little hand-off cost
+
+    def work_group(g: int) -> None:
+        for item in items[g::n_groups]:  # interleaved, so a causal mask's light and heavy blocks mix
+            work(item)
+
     with _blas_single_threaded():
-        for _ in pool.map(work, items):  # re-raises the first exception of a worker
+        for _ in pool.map(work_group, range(n_groups)):  # re-raises the first exception of a worker
             pass
 
 
