@@ -297,3 +297,26 @@ def test_memory_grows_with_L_times_block_not_L_squared():
     vectorized_4096 = run("vectorized", 4096)
     assert chunked_4096 < 8.0 < 64.0 < vectorized_4096, (chunked_4096, vectorized_4096)
     assert chunked_4096 < 6 * chunked_1024  # ~linear in L (4×), where L² would give 16×
+
+
+def test_module_matches_torch_mha_in_float64():
+    torch = require_torch()
+    rng = np.random.default_rng(10)
+    mha, (x, _, _) = mha_case(rng, True, True, impl="chunked", block_size=2)
+    P, E = mha.params, mha.embed_dim
+    out, cache = mha.forward(x, x, x, masks.causal_mask(5))
+    d_output = rng.standard_normal(out.shape)
+    grads = mha.backward(d_output, cache)
+    t = {n: torch.tensor(p, requires_grad=True) for n, p in P.items()}
+    tx = torch.tensor(x.transpose(1, 0, 2).copy(), requires_grad=True)  # (L, B, E), torch's default layout
+    t_out, _ = torch.nn.functional.multi_head_attention_forward(
+        tx, tx, tx, E, 2, torch.cat([t["W_q"], t["W_k"], t["W_v"]]), torch.cat([t["b_q"], t["b_k"], t["b_v"]]),
+        None, None, False, 0.0, t["W_o"], t["b_o"],
+        attn_mask=torch.tensor(masks.to_torch_attn_mask(masks.causal_mask(5))), need_weights=False,
+    )  # fmt: skip
+    t_out.backward(torch.tensor(d_output.transpose(1, 0, 2).copy()))
+    assert rel_err(out, t_out.detach().numpy().transpose(1, 0, 2)) <= 1e-10
+    d_x = grads["query"] + grads["key"] + grads["value"]
+    assert rel_err(d_x, tx.grad.numpy().transpose(1, 0, 2)) <= 1e-10
+    for name in P:
+        assert close(grads[name], t[name].grad.numpy(), 1e-10), name
