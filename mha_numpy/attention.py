@@ -202,7 +202,7 @@ class MultiHeadAttention:
         """
         c = cache._caches
         d_output = as_float_array(d_output, "d_output", ndim=3)
-        expected = (cache.Q.shape[0], cache.Q.shape[2], self.embed_dim)
+        expected = (cache.context.shape[0], cache.context.shape[2], self.embed_dim)  # (B, Lq, E)
         if d_output.shape != expected:
             raise ValueError(f"d_output has shape {d_output.shape}, expected {expected} like the output")
         if cache.impl != "vectorized":
