@@ -47,10 +47,10 @@ from ._checks import as_float_array, check_mask
 from .attention import MHACache
 
 # Both picked by measurement on the 2-core machine of docs/performance.md (block-size sweep there):
-# 512 × 512 tiles amortise the ~15 NumPy calls (and their moments holding the GIL) per tile; a tile
-# is 1 MiB in float32. A pool of one thread per available core beats BLAS's own threading on these
-# small (block × d) products, which BLAS cannot split well.
-DEFAULT_BLOCK_SIZE = 512
+# big tiles amortise the ~15 NumPy calls (and their moments holding the GIL) per tile; the best was
+# 512 × 512 in float32 and 256 × 256 in float64 (1 MiB and 512 KiB a tile). A pool of one thread per
+# available core beats BLAS's own threading on these small (block × d) products.
+DEFAULT_BLOCK_SIZE = {4: 512, 8: 256}  # by itemsize; other dtypes use 256
 DEFAULT_NUM_THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 _EMPTY, _FULL, _PARTIAL = 0, 1, 2  # a mask tile: nothing allowed / everything allowed / mixed
@@ -59,10 +59,10 @@ _EMPTY, _FULL, _PARTIAL = 0, 1, 2  # a mask tile: nothing allowed / everything a
 # --------------------------------------------------------------------------- arguments
 
 
-def check_block_size(block_size) -> int:
-    """None -> DEFAULT_BLOCK_SIZE; otherwise a positive int, or ValueError naming block_size."""
+def check_block_size(block_size, dtype=np.float64) -> int:
+    """None -> DEFAULT_BLOCK_SIZE for dtype; otherwise a positive int, or ValueError naming block_size."""
     if block_size is None:
-        return DEFAULT_BLOCK_SIZE
+        return DEFAULT_BLOCK_SIZE.get(np.dtype(dtype).itemsize, 256)
     if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size <= 0:
         raise ValueError(f"block_size must be a positive int or None, got {block_size!r}")
     return int(block_size)
@@ -413,10 +413,10 @@ def attention_forward(
     q, k, v = F._check_qkv(q, k, v)  # the same checks as the vectorized path
     B, H, Lq, d = q.shape
     mask = check_mask(mask, (B, H, Lq, k.shape[2]))
-    block_size, num_threads = check_block_size(block_size), check_num_threads(num_threads)
+    dt = np.result_type(q, k, v)
+    block_size, num_threads = check_block_size(block_size, dt), check_num_threads(num_threads)
     p, seed, keep = _dropout_setup((B, H, Lq, k.shape[2]), dropout_p, rng, dropout_mask)
     scale = 1.0 / float(np.sqrt(d)) if scale is None else float(scale)  # a Python float keeps float32
-    dt = np.result_type(q, k, v)
     q_scaled = np.multiply(q, scale, dtype=dt, out=np.empty(q.shape, dtype=dt))  # (B, H, Lq, d) contiguous
     k = _heads_contiguous(k.astype(dt, copy=False))  # (B, H, Lk, d)
     v = _heads_contiguous(v.astype(dt, copy=False))  # (B, H, Lk, dv)
@@ -476,7 +476,7 @@ def mha_forward(mha, query, key, value, mask, dropout_p: float, dropout_mask):
     P, H, E = mha.params, mha.num_heads, mha.embed_dim
     B, Lq, Lk = query.shape[0], query.shape[1], key.shape[1]
     scale = 1.0 / float(np.sqrt(mha.head_dim))  # a Python float keeps float32
-    block_size, num_threads = check_block_size(mha.block_size), check_num_threads(mha.num_threads)
+    block_size, num_threads = check_block_size(mha.block_size, mha.dtype), check_num_threads(mha.num_threads)
     p, seed, keep = _dropout_setup((B, H, Lq, Lk), dropout_p, mha.rng, dropout_mask)
     b_q, b_k, b_v = (P.get(n) for n in ("b_q", "b_k", "b_v"))
     fused = query is key and key is value
