@@ -207,10 +207,16 @@ def torch_peaks_mib(variants, B, lengths, E, H, dtype, threads) -> dict:
 def environment(threads: int) -> dict:
     from threadpoolctl import threadpool_info
 
-    blas = [f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture')})" for i in threadpool_info()]
+    blas = [
+        f"{i.get('internal_api')} {i.get('version')} (kernel {i.get('architecture')}, {i.get('num_threads')} threads)"
+        for i in threadpool_info()
+        if i.get("user_api") == "blas"
+    ]
     cpu = platform.processor() or "?"
     try:
-        cpu = re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text()).group(1)
+        info = Path("/proc/cpuinfo").read_text()
+        fields = [re.search(rf"{k}\s*:\s*(.*)", info).group(1) for k in ("model name", "cpu family", "model")]
+        cpu = f"{fields[0]} (family {fields[1]}, model {fields[2]})"
     except (OSError, AttributeError):
         pass
     try:
@@ -482,8 +488,10 @@ def plot(out: Path, rows: list[dict]) -> None:
         ("time", "fwd_bwd_s", "forward + backward time (s)", "time_vs_L.png"),
         ("memory", "peak_mib", "peak memory, forward + backward (MiB)", "memory_vs_L.png"),
     ):
-        fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.6), squeeze=False, dpi=90)
-        for ax, (dtype, E, H) in zip(axes[0], groups):
+        ncols = min(2, len(groups))
+        nrows = -(-len(groups) // ncols)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.6 * nrows), squeeze=False, dpi=90)
+        for ax, (dtype, E, H) in zip(axes.flat, groups):
             for variant in VARIANTS:
                 pts = [(r["L"], r[key]) for r in rows if (r["dtype"], r["E"], r["H"], r["B"], r["variant"]) ==
                        (dtype, E, H, 1, variant) and r.get(key)]  # fmt: skip
@@ -502,7 +510,8 @@ def plot(out: Path, rows: list[dict]) -> None:
             ax.set_title(f"{dtype}, E={E}, H={H}", fontsize=9)
             ax.set_xlabel("sequence length L")
             ax.grid(alpha=0.3, which="both")
-        axes[0][0].set_ylabel(ylabel)
+        for row in axes:
+            row[0].set_ylabel(ylabel)
         axes[0][-1].legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out / fname)
