@@ -530,16 +530,16 @@ def parse_args(argv=None):
     p.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
     p.add_argument("--blocks", type=int, nargs="+", default=None, help="block sizes of the chunked sweep")
     p.add_argument("--naive-max-len", type=int, default=2048, help="skip naive above this L")
-    p.add_argument("--max-gib", type=float, default=4.0, help="skip vectorized when 4 score tensors exceed this")
-    p.add_argument("--max-seconds", type=float, default=20.0, help="fewer repeats when one run is this slow")
-    p.add_argument("--max-projected-seconds", type=float, default=60.0, help="skip when 4× the last L is slower")
-    p.add_argument("--slow-ratio", type=float, default=4.0, help="skip a variant at larger L when this much slower")
+    p.add_argument("--max-gib", type=float, default=3.0, help="skip vectorized when 4 score tensors exceed this")
+    p.add_argument("--max-seconds", type=float, default=10.0, help="fewer repeats when one run is this slow")
+    p.add_argument("--max-projected-seconds", type=float, default=40.0, help="skip when 4× the last L is slower")
+    p.add_argument("--slow-ratio", type=float, default=2.5, help="skip a variant at larger L when this much slower")
     p.add_argument("--torch-memory-max-len", type=int, default=4096, help="torch-mha memory only up to this L")
     p.add_argument("--no-memory", dest="memory", action="store_false", help="skip the memory measurements")
     p.add_argument("--torch-memory-child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     q = args.quick
-    args.repeats = args.repeats or (3 if q else 5)
+    args.repeats = args.repeats or 3
     args.lengths = args.lengths or ([128, 512, 1024] if q else [128, 256, 512, 1024, 2048, 4096, 8192])
     args.dtypes = [np.dtype(d) for d in (args.dtypes or (["float32"] if q else ["float32", "float64"]))]
     args.shapes = [tuple(map(int, s.split(":"))) for s in (args.shapes or (["256:4"] if q else ["768:12", "256:4"]))]
