@@ -49,3 +49,21 @@ def check_mask(mask, scores_shape: tuple[int, ...], name: str = "mask") -> np.nd
             f"(B, H, Lq, Lk) = {tuple(scores_shape)}"
         )
     return m
+
+
+def check_dropout(shape: tuple[int, ...], dropout_p: float, rng, dropout_mask) -> np.ndarray | None:
+    """Validate the dropout arguments of an attention forward; return the given keep-mask or None.
+
+    dropout_p must lie in [0, 1); a given ``dropout_mask`` must be boolean with the scores' shape;
+    dropout_p > 0 without a mask needs ``rng`` to draw one (which the caller then does).
+    """
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if dropout_mask is not None:
+        keep = np.asarray(dropout_mask)
+        if keep.shape != tuple(shape) or keep.dtype != np.bool_:
+            raise ValueError(f"dropout_mask must be boolean with shape {tuple(shape)}, got {keep.dtype} {keep.shape}")
+        return keep
+    if dropout_p > 0.0 and rng is None:
+        raise ValueError("dropout with p > 0 needs rng (a numpy.random.Generator) or dropout_mask")
+    return None

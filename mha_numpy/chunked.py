@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from . import functional as F
-from ._checks import as_float_array, check_mask
+from ._checks import as_float_array, check_dropout, check_mask
 from .attention import MHACache
 
 # Both picked by measurement on the 2-core machine of docs/performance.md (block-size sweep there):
@@ -378,17 +378,11 @@ def attention_backward_scaled(d_context, cache: ChunkedAttentionCache, dq=None, 
 
 def _dropout_setup(shape, dropout_p: float, rng, dropout_mask):
     """-> (p, seed, keep) for the tiles; validates like functional.dropout_forward."""
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    if dropout_mask is not None:
-        keep = np.asarray(dropout_mask)
-        if keep.shape != tuple(shape) or keep.dtype != np.bool_:
-            raise ValueError(f"dropout_mask must be boolean with shape {tuple(shape)}, got {keep.dtype} {keep.shape}")
+    keep = check_dropout(shape, dropout_p, rng, dropout_mask)
+    if keep is not None:
         return dropout_p, None, keep
     if dropout_p == 0.0:
         return 0.0, None, None
-    if rng is None:
-        raise ValueError("dropout with p > 0 needs rng (a numpy.random.Generator) or dropout_mask")
     return dropout_p, int(rng.integers(2**63)), None
 
 

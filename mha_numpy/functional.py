@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, check_mask
+from ._checks import as_float_array, check_dropout, check_mask
 
 # --------------------------------------------------------------------------- linear
 
@@ -314,8 +314,7 @@ def scaled_dot_product_attention_forward(
     q, k, v = _check_qkv(q, k, v)
     B, H, Lq, d = q.shape
     mask = check_mask(mask, (B, H, Lq, k.shape[2]))
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    dropout_mask = check_dropout((B, H, Lq, k.shape[2]), dropout_p, rng, dropout_mask)
     scale = 1.0 / float(np.sqrt(d)) if scale is None else float(scale)  # a Python float keeps float32
 
     scores, c_scores = attention_scores_forward(q, k, scale)  # (B, H, Lq, Lk)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import functional as F
-from ._checks import as_float_array, check_mask
+from ._checks import as_float_array, check_dropout, check_mask
 from .attention import MHACache
 
 # --------------------------------------------------------------------------- one head
@@ -52,17 +52,9 @@ def head_backward(d_context, cache):
 
 def _keep_mask(shape, dropout_p: float, rng, dropout_mask):
     """The (B, H, Lq, Lk) keep-mask drawn exactly as ``functional.dropout_forward`` draws it, or None."""
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    if dropout_mask is not None:
-        keep = np.asarray(dropout_mask)
-        if keep.shape != tuple(shape) or keep.dtype != np.bool_:
-            raise ValueError(f"dropout_mask must be boolean with shape {tuple(shape)}, got {keep.dtype} {keep.shape}")
+    keep = check_dropout(shape, dropout_p, rng, dropout_mask)
+    if keep is not None or dropout_p == 0.0:
         return keep
-    if dropout_p == 0.0:
-        return None
-    if rng is None:
-        raise ValueError("dropout with p > 0 needs rng (a numpy.random.Generator) or dropout_mask")
     return rng.random(shape) >= dropout_p  # (B, H, Lq, Lk) True = keep
 
 

@@ -72,7 +72,7 @@ def test_backward_and_dropout_arguments_are_checked():
         MHA.backward(np.zeros((2, 3, 7)), cache)
     with pytest.raises(ValueError, match="dropout_mask is only used with training=True"):
         MHA.forward(Q, K, V, dropout_mask=np.ones((2, 2, 3, 4), bool))
-    with pytest.raises(ValueError, match=r"keep_mask must be boolean with shape \(2, 2, 3, 4\)"):
+    with pytest.raises(ValueError, match=r"dropout_mask must be boolean with shape \(2, 2, 3, 4\)"):
         MultiHeadAttention(8, 2, kdim=6, vdim=5, dropout=0.5).forward(
             Q, K, V, training=True, dropout_mask=np.ones((2, 3, 4), bool)
         )
