@@ -3,6 +3,7 @@ and CI runs exactly the README's test command."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -53,3 +54,17 @@ def test_ci_runs_the_readme_test_command():
     assert "pip install -r requirements-dev.txt && python -m pytest" in readme
     assert "README.md" in ci and "requirements-dev" in ci
     assert "torch==2.13.0" in (ROOT / "requirements-dev.txt").read_text()
+
+
+def test_ci_turns_a_skip_into_a_failure(tmp_path):
+    """Under CI=true a skipped test (e.g. torch missing) must fail the run, not pass silently."""
+    shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_skips.py").write_text(
+        "import pytest\n\ndef test_x():\n    pytest.skip('torch is not installed')\n"
+    )
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)]
+    base = {k: v for k, v in os.environ.items() if k not in ("CI", "MHA_NUMPY_NO_SKIP")}
+    strict = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env={**base, "CI": "true"})
+    assert strict.returncode == 1 and "skipped under CI" in strict.stdout, strict.stdout
+    local = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=base)
+    assert local.returncode == 0 and "1 skipped" in local.stdout, local.stdout
