@@ -18,8 +18,9 @@ import pytest
 from helpers import rel_err, require_torch
 
 from mha_numpy import bert
-from mha_numpy._erf import erf
 from mha_numpy.bert import BertModel, default_model_dir
+from mha_numpy.models import layers as LY
+from mha_numpy.models._erf import erf
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is first imported (lazily, in the fixtures below)
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -80,8 +81,8 @@ def test_gelu_is_the_exact_erf_gelu_of_torch():
     torch = require_torch()
     x = np.linspace(-12, 12, 20_001)
     ref = torch.nn.functional.gelu(torch.from_numpy(x)).numpy()  # approximate="none": the erf form
-    assert rel_err(bert.gelu(x), ref) <= 1e-15
-    assert bert.gelu(x.astype(np.float32)).dtype == np.float32
+    assert rel_err(LY.gelu(x), ref) <= 1e-15
+    assert LY.gelu(x.astype(np.float32)).dtype == np.float32
 
 
 # --------------------------------------------------------------------------- tokenizer

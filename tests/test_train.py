@@ -12,6 +12,8 @@ from helpers import rel_err, require_torch
 
 from mha_numpy import train as T
 from mha_numpy.gradcheck import GradcheckReport, check_function, numerical_gradient
+from mha_numpy.models import layers as LY
+from mha_numpy.models.tiny import TinyAttentionModel
 
 RTOL_TARGET = 1e-7  # the project's target for the max relative error of a float64 gradient
 
@@ -25,7 +27,7 @@ def assert_tight(report):
 def small_model(seed=0, num_heads=2, dtype=np.float64):
     """V=5, L=4, E=8: every parameter nonzero (zero biases would hide bias bugs)."""
     rng = np.random.default_rng(seed)
-    model = T.TinyAttentionModel(5, 4, embed_dim=8, num_heads=num_heads, dtype=dtype, rng=rng)
+    model = TinyAttentionModel(5, 4, embed_dim=8, num_heads=num_heads, dtype=dtype, rng=rng)
     for name, p in model.params.items():
         if name.startswith("b_"):
             p[...] = rng.normal(0, 0.3, p.shape)
@@ -39,15 +41,15 @@ def test_embedding_forward_is_a_row_lookup_and_backward_accumulates_repeats():
     rng = np.random.default_rng(0)
     table = rng.standard_normal((6, 3))
     ids = np.array([[1, 4, 1, 1], [0, 4, 5, 1]])  # id 1 four times, id 4 twice, ids 2 and 3 never
-    out, cache = T.embedding_forward(ids, table)
+    out, cache = LY.embedding_forward(ids, table)
     assert out.shape == (2, 4, 3)
     np.testing.assert_array_equal(out[0, 1], table[4])
     d_out = rng.standard_normal(out.shape)
-    d_table = T.embedding_backward(d_out, cache)
+    d_table = LY.embedding_backward(d_out, cache)
     np.testing.assert_allclose(d_table[1], d_out[0, 0] + d_out[0, 2] + d_out[0, 3] + d_out[1, 3], rtol=1e-14)
     np.testing.assert_array_equal(d_table[[2, 3]], 0.0)
     report = check_function(
-        lambda table: T.embedding_forward(ids, table)[0], {"table": d_table}, {"table": table}, d_out
+        lambda table: LY.embedding_forward(ids, table)[0], {"table": d_table}, {"table": table}, d_out
     )
     assert_tight(report)
 
@@ -55,20 +57,20 @@ def test_embedding_forward_is_a_row_lookup_and_backward_accumulates_repeats():
 def test_add_pair_passes_the_gradient_to_both_terms():
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 3, 4))
-    out, cache = T.add_forward(a, b)
+    out, cache = LY.add_forward(a, b)
     d_out = rng.standard_normal(out.shape)
-    da, db = T.add_backward(d_out, cache)
-    assert_tight(check_function(lambda a, b: T.add_forward(a, b)[0], {"a": da, "b": db}, {"a": a, "b": b}, d_out))
+    da, db = LY.add_backward(d_out, cache)
+    assert_tight(check_function(lambda a, b: LY.add_forward(a, b)[0], {"a": da, "b": db}, {"a": a, "b": b}, d_out))
 
 
 def test_cross_entropy_matches_the_formula_and_is_stable():
     rng = np.random.default_rng(2)
     logits, targets = rng.standard_normal((3, 4, 7)), rng.integers(0, 7, (3, 4))
-    loss, _ = T.softmax_cross_entropy_forward(logits, targets)
+    loss, _ = LY.softmax_cross_entropy_forward(logits, targets)
     p = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
     expected = -np.mean(np.log(p[np.arange(3)[:, None], np.arange(4), targets]))
     assert loss == pytest.approx(expected, rel=1e-13)
-    big, _ = T.softmax_cross_entropy_forward(logits + 1000.0, targets)  # exp(1000) overflows without the shift
+    big, _ = LY.softmax_cross_entropy_forward(logits + 1000.0, targets)  # exp(1000) overflows without the shift
     assert big == pytest.approx(expected, rel=1e-12)
 
 
@@ -76,14 +78,14 @@ def test_cross_entropy_backward_against_central_differences():
     rng = np.random.default_rng(3)
     logits, targets = rng.standard_normal((3, 4, 7)), rng.integers(0, 7, (3, 4))
     d_loss = float(rng.standard_normal())  # a random upstream scalar, not 1
-    _, cache = T.softmax_cross_entropy_forward(logits, targets)
-    d_logits = T.softmax_cross_entropy_backward(d_loss, cache)
+    _, cache = LY.softmax_cross_entropy_forward(logits, targets)
+    d_logits = LY.softmax_cross_entropy_backward(d_loss, cache)
     p = cache[0]
     onehot = np.eye(7)[targets]
     np.testing.assert_allclose(d_logits, d_loss * (p - onehot) / targets.size, rtol=1e-12, atol=1e-15)
 
     def f(logits):
-        return np.array(T.softmax_cross_entropy_forward(logits, targets)[0])
+        return np.array(LY.softmax_cross_entropy_forward(logits, targets)[0])
 
     assert_tight(check_function(f, {"logits": d_logits}, {"logits": logits}, np.array(d_loss)))
 
@@ -112,7 +114,7 @@ def test_model_loss_gradients_against_central_differences():
     loss, _, grads, _ = model.loss_and_grads(tokens, targets)
 
     def loss_of(_p):
-        return np.array(T.softmax_cross_entropy_forward(model.forward(tokens)[0], targets)[0])
+        return np.array(LY.softmax_cross_entropy_forward(model.forward(tokens)[0], targets)[0])
 
     for name in ("tok_emb", "pos_emb", "W_q", "W_k", "W_v", "b_o", "W_out"):
         num = numerical_gradient(loss_of, model.params[name], np.array(1.0))
@@ -137,7 +139,7 @@ def test_bad_inputs_raise_value_errors_naming_the_argument():
     with pytest.raises(ValueError, match="tokens"):
         model.forward(np.zeros((2, 6), dtype=int))  # longer than max_length = 4
     with pytest.raises(ValueError, match="targets"):
-        T.softmax_cross_entropy_forward(np.zeros((2, 3)), np.array([0, 3]))
+        LY.softmax_cross_entropy_forward(np.zeros((2, 3)), np.array([0, 3]))
     with pytest.raises(ValueError, match="task"):
         T.make_batch("sort", np.random.default_rng(0), 2, 4, 5)
 
@@ -249,7 +251,7 @@ def test_training_history_matches_torch():
     torch = require_torch()
     F = torch.nn.functional
     steps, lr, max_norm = 40, 1e-2, 0.5
-    model = T.TinyAttentionModel(10, 8, embed_dim=16, num_heads=2, rng=np.random.default_rng(8))
+    model = TinyAttentionModel(10, 8, embed_dim=16, num_heads=2, rng=np.random.default_rng(8))
     tm = torch_copy(torch, model)
     data = np.random.default_rng(9)
     batches = [T.make_batch("reverse", data, 16, 8, 10) for _ in range(steps)]

@@ -31,7 +31,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from . import functional as F
+from .. import functional as F
 
 MASKED_FACE = "#d0d0d0"
 MASKED_EDGE = "#707070"

