@@ -133,16 +133,17 @@ def attention_scores_forward(q: np.ndarray, k: np.ndarray, scale: float):
     q: (B, H, Lq, d)   k: (B, H, Lk, d)   ->   scores: (B, H, Lq, Lk)
     """
     scores = q @ k.swapaxes(-1, -2)  # F1: (B, H, Lq, d) @ (B, H, d, Lk) -> (B, H, Lq, Lk)
-    scores = scores * scale  # F2
+    scores *= scale  # F2, in place on the fresh product
     return scores, (q, k, scale)
 
 
 def attention_scores_backward(d_scores: np.ndarray, cache):
     """d_scores: (B, H, Lq, Lk)  ->  dq: (B, H, Lq, d), dk: (B, H, Lk, d)."""
     q, k, scale = cache
-    d_raw = d_scores * scale  # ← F2
-    dq = d_raw @ k  # ← F1: (B, H, Lq, Lk) @ (B, H, Lk, d) -> (B, H, Lq, d)
-    dk = d_raw.swapaxes(-1, -2) @ q  # ← F1: (B, H, Lk, Lq) @ (B, H, Lq, d) -> (B, H, Lk, d)
+    dq = d_scores @ k  # ← F1: (B, H, Lq, Lk) @ (B, H, Lk, d) -> (B, H, Lq, d)
+    dk = d_scores.swapaxes(-1, -2) @ q  # ← F1: (B, H, Lk, Lq) @ (B, H, Lq, d) -> (B, H, Lk, d)
+    dq *= scale  # ← F2: the scale, applied to the (L, d) results rather than to the (Lq, Lk) d_scores
+    dk *= scale  # ← F2
     return dq, dk
 
 
@@ -190,9 +191,10 @@ def softmax_forward(x: np.ndarray):
         return x.copy(), x.copy()  # no key at all: nothing to weigh
     row_max = x.max(axis=-1, keepdims=True)  # (..., 1); NaN if the row holds a NaN
     row_max = np.where(np.isneginf(row_max), 0.0, row_max)  # fully masked row: shift by 0, exp(-inf) = 0
-    e = np.exp(x - row_max)  # F1: (..., Lk), every entry in [0, 1] (or NaN)
-    total = e.sum(axis=-1, keepdims=True)  # F2: (..., 1), 0 only for a fully masked row
-    p = e / np.where(total == 0, 1.0, total)  # F3: (..., Lk); a fully masked row stays 0, NaN stays NaN
+    p = x - row_max  # (..., Lk), a new array: the steps below work in place on it
+    np.exp(p, out=p)  # F1: (..., Lk), every entry in [0, 1] (or NaN)
+    total = p.sum(axis=-1, keepdims=True)  # F2: (..., 1), 0 only for a fully masked row
+    p /= np.where(total == 0, 1.0, total)  # F3: (..., Lk); a fully masked row stays 0, NaN stays NaN
     return p, p
 
 
@@ -203,8 +205,10 @@ def softmax_backward(dp: np.ndarray, cache):
     dp: (..., Lk) -> dx: (..., Lk)
     """
     p = cache
-    row_dot = (p * dp).sum(axis=-1, keepdims=True)  # ← F3, F2: (..., 1)
-    return p * (dp - row_dot)  # ← F1: (..., Lk)
+    row_dot = np.einsum("...k,...k->...", p, dp)[..., None]  # ← F3, F2: (..., 1) Σ_j p_j dp_j
+    dx = dp - row_dot  # ← F1: (..., Lk), a new array
+    dx *= p  # ← F1: p ∘ (dp - Σ p dp), in place
+    return dx
 
 
 # --------------------------------------------------------------------------- dropout

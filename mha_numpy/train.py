@@ -1,13 +1,6 @@
-"""Learn by training: a tiny attention model trained end to end with the hand-written backward.
-
-The model, every piece a forward/backward pair (the attention is ``MultiHeadAttention``):
-
-    tokens (B, L) ──embedding tok_emb──► tok (B, L, E) ─┐
-    positions (B, L) ─embedding pos_emb─► pos (B, L, E) ─┴─ add ──► x (B, L, E)
-    x ──MultiHeadAttention(x, x, x)──► a (B, L, E)                  self-attention
-    x, a ──add──► h (B, L, E)                                        the residual
-    h ──linear W_out, b_out──► logits (B, L, V)                      a read-out at every position
-    logits, targets ──softmax cross-entropy──► loss (mean over the B·L tokens)
+"""Learn by training: the tiny attention model (``models.tiny.TinyAttentionModel``: embeddings, one
+self-attention layer with a residual, a read-out; every piece a forward/backward pair) trained end
+to end with the hand-written backward.
 
 The toy tasks have a known answer: to ``reverse`` a sequence, output i must read input L-1-i (an
 anti-diagonal attention map); to ``shift`` it by k, output i reads input i-k (a shifted diagonal,

@@ -11,6 +11,7 @@ import argparse
 import numpy as np
 
 from .. import functional as F
+from .._checks import default_scale
 from ..gradcheck import check_mha
 from ._config import add_config_args, make_example
 
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     _show("2 split heads (B,L,E)->(B,H,L,d)", "Q", Q)
     raw, _ = F.attention_scores_forward(Q, K, 1.0)
     _show("3 scores  Q Kᵀ", "Q Kᵀ", raw)
-    scale = 1 / np.sqrt(mha.head_dim)
+    scale = default_scale(mha.head_dim)  # 1/sqrt(d), the module's default
     scores = raw * scale
     _show(f"4 scale  · 1/sqrt(d) = {scale:.4f}", "scores", scores)
     masked, _ = F.apply_mask_forward(scores, mask)
