@@ -114,3 +114,24 @@ def test_a_quick_benchmark_run_never_targets_the_committed_results(capsys):
             bench.parse_args(argv)
     assert "--write-results" in capsys.readouterr().err
     assert "out/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_the_edge_cases_doc_shows_what_the_script_measures(capsys):
+    """docs/edge-cases.md pastes the output of scripts/measure_edge_cases.py; it must be the current output."""
+    from helpers import require_torch
+
+    require_torch()
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("measure_edge_cases", ROOT / "scripts" / "measure_edge_cases.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main([]) == 0
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    doc = (ROOT / "docs" / "edge-cases.md").read_text().splitlines()
+    assert len(table) == len(script.CASES) + 2
+    missing = [line for line in table if line not in doc]
+    assert not missing, (
+        f"docs/edge-cases.md is out of date; re-run the script and paste. First stale row:\n{missing[0]}"
+    )
+    assert "docs/edge-cases.md" in (ROOT / "README.md").read_text()
