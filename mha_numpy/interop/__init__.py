@@ -28,7 +28,6 @@ random upstream gradient with respect to every input and every parameter. See do
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -37,6 +36,7 @@ import numpy as np
 
 from .. import functional as F
 from .. import masks as M
+from .._optional import require
 from ..attention import MultiHeadAttention
 
 if TYPE_CHECKING:  # for the annotations only: never imported at run time here
@@ -47,15 +47,8 @@ if TYPE_CHECKING:  # for the annotations only: never imported at run time here
 
 
 def _require(package: str):
-    """Import ``package`` (torch or transformers) or raise an ImportError that names it."""
-    try:
-        return importlib.import_module(package)
-    except ImportError as exc:
-        top = package.split(".")[0]
-        raise ImportError(
-            f"this function of mha_numpy.torch_compat needs the '{top}' package, which is not installed; "
-            f"install it with `pip install {top}` (or `pip install -r requirements-dev.txt`)"
-        ) from exc
+    """Import ``package`` (torch or transformers) or raise MissingDependency (an ImportError) naming the extra."""
+    return require(package, "this function of mha_numpy.torch_compat")
 
 
 def _to_numpy(x) -> np.ndarray | None:
