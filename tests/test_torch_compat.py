@@ -75,9 +75,9 @@ def test_import_does_not_import_torch():
 
 def test_missing_torch_gives_import_error_naming_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` raise ImportError
-    with pytest.raises(ImportError, match="'torch' package"):
+    with pytest.raises(ImportError, match=r"package 'torch'.*mha_numpy\[torch\]"):
         tc.to_torch_mha(MultiHeadAttention(E, H, rng=0))
-    with pytest.raises(ImportError, match="'torch' package"):
+    with pytest.raises(ImportError, match=r"package 'torch'.*mha_numpy\[torch\]"):
         tc.crosscheck_sdpa(np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 2, 2)))
 
 
@@ -551,3 +551,44 @@ def test_cli_crosscheck_fully_masked_row_explains_the_skipped_path(torch, transf
     out = capsys.readouterr().out
     assert "need_weights=True): not compared" in out and "gives NaN there" in out
     assert "PASS  torch.nn.MultiheadAttention (need_weights=False" in out
+
+
+MASK_SHAPES = [(4,), (1, 4), (3, 1), (3, 4), (1, 1, 3, 4), (2, 1, 1, 4), (1, 1, 1, 4), (H, 3, 4), (1, H, 1, 4),
+               (2, 1, 3, 1), (2, H, 3, 4)]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["bool", "float32"])
+@pytest.mark.parametrize("shape", MASK_SHAPES, ids=str)
+def test_mask_to_torch_mha_emits_masks_torch_accepts_and_obeys(torch, shape, kind):
+    """Issue 11, defect 9: broadcastable shapes, and float masks of another dtype, used to reach torch as is."""
+    B, Lq, Lk = 2, 3, 4
+    rng = np.random.default_rng(1)
+    if kind == "bool":
+        mask = rng.random(shape) < 0.6
+        mask[..., :1] = True  # no fully masked row: torch's need_weights path gives NaN there
+    else:
+        mask = rng.normal(0, 1, shape).astype(np.float32)  # a float32 bias for a float64 module
+    mha = MultiHeadAttention(E, H, rng=0)
+    q, kv = rng.standard_normal((B, Lq, E)), rng.standard_normal((B, Lk, E))
+    kpm, am = tc.mask_to_torch_mha(mask, B, H, query_len=Lq, key_len=Lk, dtype=np.float64)
+    module = tc.to_torch_mha(mha)
+    _, theirs = module(torch.from_numpy(q), torch.from_numpy(kv), torch.from_numpy(kv), key_padding_mask=kpm,
+                       attn_mask=am, average_attn_weights=False)  # fmt: skip
+    _, cache = mha.forward(q, kv, kv, mask=mask.astype(np.float64) if kind != "bool" else mask)
+    np.testing.assert_allclose(theirs.detach().numpy(), cache.attn_weights, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "mask, kwargs, match",
+    [
+        (np.ones((3, 4), dtype=np.int64), {}, "int64"),
+        (np.ones((3, 4), dtype=object), {}, "object"),
+        (np.ones((3, 5), bool), dict(key_len=4), r"does not broadcast"),
+        (np.ones((3, 2, 3, 4), bool), {}, r"does not broadcast"),  # batch 3 for batch_size 2
+        (np.ones((1, 2, 1, 3, 4), bool), {}, "1 to 4 dimensions"),
+        (np.ones((3, 4), bool), dict(query_len=0), "query_len"),
+    ],
+)
+def test_mask_to_torch_mha_refuses_what_torch_would(torch, mask, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        tc.mask_to_torch_mha(mask, 2, H, **kwargs)

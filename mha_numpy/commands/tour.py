@@ -12,7 +12,9 @@ import numpy as np
 
 from .. import functional as F
 from .._checks import default_scale
+from .._optional import require
 from ..gradcheck import check_mha
+from ._args import make_dir, output_dir, writing
 from ._config import add_config_args, make_example
 
 
@@ -26,7 +28,11 @@ def add_parser(sub) -> None:
     )
     add_config_args(p, batch=2, lq=4, lk=4, embed_dim=8, heads=2)
     p.add_argument(
-        "--out", metavar="DIR", default=None, help="also write the step figures and attention maps as PNG into DIR"
+        "--out",
+        metavar="DIR",
+        type=output_dir,
+        default=None,
+        help="also write the step figures and attention maps as PNG into DIR (created when missing)",
     )
     p.set_defaults(run=run)
 
@@ -39,6 +45,9 @@ def _show(step: str, name: str, x: np.ndarray) -> None:
 
 def run(args: argparse.Namespace) -> int:
     mha, query, key, value, mask = make_example(args)
+    if args.out:
+        require("matplotlib", "tour --out (it draws the figures)")  # say so before the tour, not after
+        make_dir("--out", args.out)
     P, H = mha.params, mha.num_heads
     print(f"{mha}\nmask: {args.mask} (True = may attend)\n")
     print("FORWARD")
@@ -93,7 +102,9 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         from ..viz import write_tour_figures  # matplotlib only when figures are asked for
 
-        for path in write_tour_figures(args.out, mha, query, key, value, mask, cache):
+        with writing("--out", args.out):
+            paths = write_tour_figures(args.out, mha, query, key, value, mask, cache)
+        for path in paths:
             print(f"wrote {path}")
     print("\nRESULT:", "all gradients PASS" if report.passed else "FAIL")
     return 0 if report.passed else 1

@@ -28,7 +28,6 @@ random upstream gradient with respect to every input and every parameter. See do
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -37,6 +36,7 @@ import numpy as np
 
 from .. import functional as F
 from .. import masks as M
+from .._optional import require
 from ..attention import MultiHeadAttention
 
 if TYPE_CHECKING:  # for the annotations only: never imported at run time here
@@ -47,15 +47,8 @@ if TYPE_CHECKING:  # for the annotations only: never imported at run time here
 
 
 def _require(package: str):
-    """Import ``package`` (torch or transformers) or raise an ImportError that names it."""
-    try:
-        return importlib.import_module(package)
-    except ImportError as exc:
-        top = package.split(".")[0]
-        raise ImportError(
-            f"this function of mha_numpy.torch_compat needs the '{top}' package, which is not installed; "
-            f"install it with `pip install {top}` (or `pip install -r requirements-dev.txt`)"
-        ) from exc
+    """Import ``package`` (torch or transformers) or raise MissingDependency (an ImportError) naming the extra."""
+    return require(package, "this function of mha_numpy.torch_compat")
 
 
 def _to_numpy(x) -> np.ndarray | None:
@@ -235,28 +228,58 @@ def mask_from_torch_mha(key_padding_mask=None, attn_mask=None, num_heads: int | 
     return M.combine_masks(*parts)
 
 
-def mask_to_torch_mha(mask, batch_size: int, num_heads: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Our mask -> ``(key_padding_mask, attn_mask)`` torch tensors for ``torch.nn.MultiheadAttention``.
+def mask_to_torch_mha(
+    mask, batch_size: int, num_heads: int, query_len: int | None = None, key_len: int | None = None, dtype=None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Our mask -> ``(key_padding_mask, attn_mask)`` torch tensors that ``torch.nn.MultiheadAttention`` accepts.
 
-    A key padding mask (B, 1, 1, Lk) becomes ``key_padding_mask`` (B, Lk); a mask shared by the batch
-    ((Lq, Lk) or (1, 1, Lq, Lk)) becomes a 2-D ``attn_mask``; anything else a (B*H, Lq, Lk) ``attn_mask``.
-    Bool True = may attend becomes True = ignore; float masks are kept.
+    ``mask``: bool (True = may attend) or float (added), any shape that broadcasts to (B, H, Lq, Lk).
+    A key padding mask (..., 1, 1, Lk) becomes ``key_padding_mask`` (B, Lk); a mask shared by the batch and
+    the heads becomes a 2-D ``attn_mask`` (Lq, Lk); anything else a (B*H, Lq, Lk) ``attn_mask``. Size-1
+    dimensions are expanded to the exact shapes torch requires: pass ``query_len`` / ``key_len`` when the
+    mask broadcasts along them (default: the mask's own size). Bool True = may attend becomes True = ignore;
+    float masks are kept, cast to ``dtype`` when given (torch wants the query's dtype). Integer masks are
+    refused (torch refuses them too; convert 0/1 masks with ``mha_numpy.masks``).
     """
     torch = _require("torch")
     if mask is None:
         return None, None
     m = np.asarray(mask)
-    if m.ndim == 4 and m.shape[1:3] == (1, 1):
-        kpm = M.to_torch_key_padding_mask(np.broadcast_to(m, (batch_size, 1, 1, m.shape[3])))  # (B, Lk)
-        return torch.from_numpy(np.ascontiguousarray(kpm)), None
-    if m.ndim == 4 and m.shape[:2] == (1, 1):
-        m = m[0, 0]  # (Lq, Lk)
-    if m.ndim == 2:
-        return None, torch.from_numpy(np.ascontiguousarray(M.to_torch_attn_mask(m)))  # (Lq, Lk)
-    if m.ndim != 4:
-        raise ValueError(f"mask must be (Lq, Lk) or 4-D broadcastable to (B, H, Lq, Lk), got shape {m.shape}")
-    attn = M.to_torch_attn_mask(m, batch_size, num_heads)  # (B*H, Lq, Lk)
-    return None, torch.from_numpy(np.ascontiguousarray(attn))
+    if m.dtype != np.bool_ and not np.issubdtype(m.dtype, np.floating):
+        raise ValueError(
+            f"mask must be bool (True = may attend) or floating (added), got dtype {m.dtype} with shape {m.shape}; "
+            "convert 0/1 masks with mha_numpy.masks (e.g. padding_mask(attention_mask=...))"
+        )
+    if not 1 <= m.ndim <= 4:
+        raise ValueError(f"mask must have 1 to 4 dimensions (broadcast to (B, H, Lq, Lk)), got shape {m.shape}")
+    for name, n in (
+        ("batch_size", batch_size),
+        ("num_heads", num_heads),
+        ("query_len", query_len),
+        ("key_len", key_len),
+    ):
+        if n is not None and (not isinstance(n, (int, np.integer)) or n <= 0):
+            raise ValueError(f"{name} must be a positive int, got {n!r}")
+    m = m.reshape((1,) * (4 - m.ndim) + m.shape)  # (b, h, lq, lk), each 1 or the full size
+    full = (batch_size, num_heads, query_len or m.shape[2], key_len or m.shape[3])
+    try:
+        ok = np.broadcast_shapes(m.shape, full) == full
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"mask with shape {np.shape(mask)} does not broadcast to (batch_size, num_heads, Lq, Lk) = {full}"
+        )
+    if dtype is not None and m.dtype != np.bool_:
+        m = m.astype(dtype)
+    if m.shape[1:3] == (1, 1):  # a key padding mask
+        kpm = M.to_torch_key_padding_mask(np.broadcast_to(m[:, 0, 0, :], (full[0], full[3])))  # (B, Lk)
+        return torch.from_numpy(np.array(kpm)), None  # np.array: a writeable, contiguous copy
+    if m.shape[:2] == (1, 1):  # shared by the batch and the heads
+        attn = M.to_torch_attn_mask(np.broadcast_to(m[0, 0], full[2:]))  # (Lq, Lk)
+        return None, torch.from_numpy(np.array(attn))
+    attn = M.to_torch_attn_mask(np.broadcast_to(m, full), batch_size, num_heads)  # (B*H, Lq, Lk)
+    return None, torch.from_numpy(np.array(attn))
 
 
 def mask_from_sdpa(attn_mask) -> np.ndarray | None:

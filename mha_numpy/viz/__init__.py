@@ -26,12 +26,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from matplotlib.collections import PatchCollection
-from matplotlib.colors import ListedColormap
-from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 
-from .. import functional as F
+from .._optional import require
+
+require("matplotlib", "mha_numpy.viz (figures)")  # missing: one message naming the extra, mha_numpy[viz]
+from matplotlib.collections import PatchCollection  # noqa: E402
+from matplotlib.colors import ListedColormap  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
+
+from .. import functional as F  # noqa: E402
 
 MASKED_FACE = "#d0d0d0"
 MASKED_EDGE = "#707070"
