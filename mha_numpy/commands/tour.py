@@ -1,12 +1,14 @@
 """``python -m mha_numpy tour``: one small example through every step, forward then backward.
 
 It prints each step's name, shape and a few numbers, then the backward in reverse order, then the
-gradient-check table. With ``--out DIR`` it also writes figures (see ``mha_numpy.viz``).
+gradient-check table. With ``--out DIR`` it also writes figures (``write_tour_figures``, drawn by
+``mha_numpy.viz``).
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 
@@ -91,9 +93,58 @@ def run(args: argparse.Namespace) -> int:
     report = check_mha(mha, query, key, value, mask=mask, d_output=d_output)
     print(report)
     if args.out:
-        from ..viz import write_tour_figures  # matplotlib only when figures are asked for
-
         for path in write_tour_figures(args.out, mha, query, key, value, mask, cache):
             print(f"wrote {path}")
     print("\nRESULT:", "all gradients PASS" if report.passed else "FAIL")
     return 0 if report.passed else 1
+
+
+def write_tour_figures(out_dir, mha, query, key, value, mask, cache) -> list[Path]:
+    """Write the step figures and the attention maps of one forward pass as PNG files.
+
+    mha: the ``MultiHeadAttention``; query / key / value / mask: what was passed to ``forward``;
+    cache: the ``MHACache`` it returned. ``out_dir`` is created when missing.
+    Returns the written paths, in the order of the forward pass.
+    """
+    from ..viz import plot_attention, plot_mask, plot_step  # matplotlib only when figures are asked for
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    P = mha.params
+    merged, _ = F.merge_heads_forward(cache.context)  # (B, Lq, E)
+    output, _ = F.linear_forward(merged, P["W_o"], P.get("b_o"))  # (B, Lq, E)
+    B, H, Lq, Lk = cache.attn_weights.shape
+    qt = [f"q{i}" for i in range(Lq)]
+    kt = [f"k{j}" for j in range(Lk)]
+    sc = dict(row_tokens=qt, col_tokens=kt, xlabel="key", ylabel="query")
+
+    figures = [
+        ("01_query.png", plot_step(query, "input query", row_tokens=qt, xlabel="feature (E)")),
+        ("02_Q_heads.png", plot_step(cache.Q, "Q after projection and head split", row_tokens=qt)),
+        ("03_K_heads.png", plot_step(cache.K, "K after projection and head split", row_tokens=kt)),
+        ("04_V_heads.png", plot_step(cache.V, "V after projection and head split", row_tokens=kt)),
+        ("05_scores.png", plot_step(cache.scores, "scores Q Kᵀ / sqrt(d)", **sc)),
+    ]
+    if mask is not None:
+        figures.append(("06_mask.png", plot_mask(mask, qt, kt, Lq=Lq)))
+        masked = cache.attention.masked_scores  # (B, H, Lq, Lk), -inf where blocked
+        b_most = int(np.isneginf(masked).reshape(B, -1).sum(axis=1).argmax())  # the sequence the mask hits most
+        figures.append(("07_masked_scores.png", plot_step(masked, "masked scores", batch=b_most, **sc)))
+    for b in range(B):
+        figures.append(
+            (
+                f"08_attention_batch{b}.png",
+                plot_attention(cache.attn_weights, qt, kt, batch=b, mask=mask, annotate=Lk <= 8),
+            )
+        )
+    figures += [
+        ("09_context.png", plot_step(cache.context, "context = weights · V (per head)", row_tokens=qt)),
+        ("10_merged.png", plot_step(merged, "heads merged", row_tokens=qt, xlabel="feature (E)")),
+        ("11_output.png", plot_step(output, "output after W_o", row_tokens=qt, xlabel="feature (E)")),
+    ]
+    paths = []
+    for name, fig in figures:
+        path = out / name
+        fig.savefig(path, dpi=100)
+        paths.append(path)
+    return paths
