@@ -8,6 +8,7 @@ gradient-check table. With ``--out DIR`` it also writes figures (``write_tour_fi
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ import numpy as np
 from .. import functional as F
 from ..gradcheck import check_mha
 from ._config import add_config_args, make_example
+from ._html import add_html_arg, html_path_error, write_page
 
 
 def add_parser(sub) -> None:
@@ -29,6 +31,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--out", metavar="DIR", default=None, help="also write the step figures and attention maps as PNG into DIR"
     )
+    add_html_arg(p, "this example (the sequence the mask hits most)")
     p.set_defaults(run=run)
 
 
@@ -39,6 +42,10 @@ def _show(step: str, name: str, x: np.ndarray) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    problem = html_path_error(args.html)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     mha, query, key, value, mask = make_example(args)
     P, H = mha.params, mha.num_heads
     print(f"{mha}\nmask: {args.mask} (True = may attend)\n")
@@ -95,8 +102,22 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         for path in write_tour_figures(args.out, mha, query, key, value, mask, cache):
             print(f"wrote {path}")
+    if args.html:
+        from ..viz import explore_attention
+
+        b = _most_masked(mask, cache.attn_weights.shape)
+        if write_page(args.html, explore_attention(mha, cache, mask=mask, batch=b)):
+            return 2
     print("\nRESULT:", "all gradients PASS" if report.passed else "FAIL")
     return 0 if report.passed else 1
+
+
+def _most_masked(mask, shape) -> int:
+    """The sequence of the batch that the mask blocks most (0 without a mask)."""
+    if mask is None:
+        return 0
+    allowed = mask if mask.dtype == np.bool_ else ~np.isneginf(mask)
+    return int((~np.broadcast_to(allowed, shape)).reshape(shape[0], -1).sum(axis=1).argmax())
 
 
 def write_tour_figures(out_dir, mha, query, key, value, mask, cache) -> list[Path]:
@@ -128,7 +149,7 @@ def write_tour_figures(out_dir, mha, query, key, value, mask, cache) -> list[Pat
     if mask is not None:
         figures.append(("06_mask.png", plot_mask(mask, qt, kt, Lq=Lq)))
         masked = cache.attention.masked_scores  # (B, H, Lq, Lk), -inf where blocked
-        b_most = int(np.isneginf(masked).reshape(B, -1).sum(axis=1).argmax())  # the sequence the mask hits most
+        b_most = _most_masked(mask, masked.shape)  # the sequence the mask hits most
         figures.append(("07_masked_scores.png", plot_step(masked, "masked scores", batch=b_most, **sc)))
     for b in range(B):
         figures.append(

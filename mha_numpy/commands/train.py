@@ -8,10 +8,14 @@ next to the ideal pattern, and at a few moments during training) as PNG, and end
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
-from ..train import TASKS, attention_share, train
+import numpy as np
+
+from ..train import TASKS, attention_share, make_batch, train
+from ._html import add_html_arg, html_path_error, write_page
 
 
 def add_parser(sub) -> None:
@@ -27,6 +31,7 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=int, default=300, help="training steps (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and batches (default %(default)s)")
     p.add_argument("--out", metavar="DIR", default=".", help="directory for the PNG files (default: current)")
+    add_html_arg(p, "the trained model on one held-out sequence")
     g = p.add_argument_group("model and data")
     g.add_argument("--length", type=int, default=8, help="sequence length L (default %(default)s)")
     g.add_argument("--vocab", type=int, default=10, help="vocabulary size V (default %(default)s)")
@@ -46,6 +51,10 @@ def run(args: argparse.Namespace) -> int:
     for name in ("steps", "length", "vocab", "embed_dim", "heads", "batch", "log_every"):
         if getattr(args, name) <= 0:
             raise SystemExit(f"error: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    problem = html_path_error(args.html)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     lr = args.lr if args.lr is not None else (3e-3 if args.optimizer == "adam" else 0.1)
     print(
         f"task {args.task}: length {args.length}, vocabulary {args.vocab}, E={args.embed_dim}, H={args.heads}, "
@@ -89,5 +98,13 @@ def run(args: argparse.Namespace) -> int:
     for name, fig in figures.items():
         fig.savefig(out / name, dpi=100)
         print(f"wrote {out / name}")
+    if args.html:
+        from ..viz import explore_tiny
+
+        rng = np.random.default_rng(args.seed + 12345)  # a sequence the training batches did not fix
+        tokens, _ = make_batch(args.task, rng, 1, args.length, args.vocab, args.shift)
+        page = explore_tiny(result.model, tokens[0], title=f"{what}: the trained model on one sequence (position:id)")
+        if write_page(args.html, page):
+            return 2
     print(f"RESULT: task={args.task} accuracy={result.accuracy:.4f} (token accuracy on held-out sequences)")
     return 0
