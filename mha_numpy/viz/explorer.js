@@ -105,7 +105,7 @@ for (const [id, on] of [["all-heads", true], ["no-heads", false]]) {
 }
 el("p", { class: "hint" }, views.head,
    "Lines go from each query (left) to the keys it attends to (right); opacity = weight. Hover a token to see " +
-   "only its lines, click to pin it. Hatched tokens are masked; ⊘ marks a fully masked query (zero weights).");
+   "only its lines, click to pin it. Grey struck-through keys are masked; ⊘ marks a fully masked query (zero weights).");
 const ROW = 20;
 const svg = el("svg", { id: "head-svg", width: 560, height: Math.max(LQ, LK) * ROW + 40 }, views.head);
 
