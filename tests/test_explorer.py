@@ -92,6 +92,7 @@ def test_notebook_display_and_save(tmp_path):
     assert isinstance(page, ExplorerPage)
     inline = page._repr_html_()
     assert inline.startswith("<iframe srcdoc=") and "&lt;script" in inline and "<script" not in inline
+    assert repr(page) == f"<ExplorerPage: {len(page)} characters of HTML; .save(path) writes it>"
     path = page.save(tmp_path / "p.html")
     assert path.read_text(encoding="utf-8") == page
     assert write_explorer(tmp_path / "q.html", random_attention(1, 1, 2, 2), ["a", "b"]).is_file()

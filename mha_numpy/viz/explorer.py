@@ -38,6 +38,9 @@ ROW_SUM_ATOL = 2e-3  # float32 softmax rows sum to 1 within ~1e-6; this only cat
 class ExplorerPage(str):
     """The explorer's HTML (a ``str``). In a notebook it displays inline; ``.save(path)`` writes it."""
 
+    def __repr__(self) -> str:  # short: a notebook stores it next to the HTML
+        return f"<ExplorerPage: {len(self)} characters of HTML; .save(path) writes it>"
+
     def _repr_html_(self) -> str:
         return (
             f'<iframe srcdoc="{html.escape(self, quote=True)}" style="width:100%;height:760px;border:0" '
