@@ -21,12 +21,12 @@ the model trains to the same numbers (tests/test_train.py, notebooks/07).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .kernels._threads import blas_single_threaded
 from .models.layers import softmax_cross_entropy_forward
 from .models.tiny import TinyAttentionModel
 
@@ -180,16 +180,12 @@ def evaluate(model: TinyAttentionModel, tokens: np.ndarray, targets: np.ndarray)
 
 
 def one_blas_thread():
-    """A context that runs NumPy's BLAS on one thread (when threadpoolctl is installed).
+    """A context that runs NumPy's BLAS on one thread (shared with the chunked kernel's own limit).
 
     The matrices here are tiny (B·L × E); several BLAS threads only add synchronisation, which on a
     busy machine makes training 10x slower or worse.
     """
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl is in requirements.txt
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
+    return blas_single_threaded()
 
 
 def train_step(
