@@ -146,20 +146,22 @@ function drawLines() {
   const f = state.focus;
   const minInt = Math.round(state.threshold * 1000);
   let count = 0;
-  for (const h of heads) {
+  const spread = Math.min(1.5, 12 / Math.max(1, heads.length));  // px between heads, so that lines do not hide
+  heads.forEach((h, rank) => {
+    const off = (rank - (heads.length - 1) / 2) * spread;
     for (let i = 0; i < LQ; i++) {
       if (f && f.side === "q" && f.index !== i) continue;
       for (let j = 0; j < LK; j++) {
         if (f && f.side === "k" && f.index !== j) continue;
         const w = D.attn[l][h][i * LK + j];
         if (w === 0 || w < minInt) continue;
-        el("line", { x1: 158, y1: 26 + i * ROW, x2: 402, y2: 26 + j * ROW, stroke: headColor(h),
+        el("line", { x1: 158, y1: 26 + i * ROW + off, x2: 402, y2: 26 + j * ROW + off, stroke: headColor(h),
                      "stroke-opacity": Math.min(1, 0.1 + w / 1000).toFixed(3), "stroke-width": 2, class: "attn",
                      "data-q": i, "data-k": j, "data-h": h, "data-w": (w / 1000).toFixed(3) }, g);
         count++;
       }
     }
-  }
+  });
   svg.setAttribute("data-lines", count);
   markTokens(heads);
 }
