@@ -258,7 +258,7 @@ def test_swapped_name_map_is_detected(torch, monkeypatch):
         nm["W_q"], nm["W_k"] = nm["W_k"], nm["W_q"]
         return nm
 
-    monkeypatch.setattr(tc, "torch_mha_name_map", swapped)
+    monkeypatch.setattr(tc.names, "torch_mha_name_map", swapped)
     report = tc.crosscheck_torch_mha(m, x, x + 1, x - 1)
     assert not report.passed
     for name in ("output", "attn_weights per head", "Q", "K", "dL/dquery", "dL/dW_q", "dL/dW_k"):
@@ -276,7 +276,7 @@ def test_wrong_b_k_is_caught_only_by_the_intermediates(torch, monkeypatch):
         mha.params["b_k"] = np.zeros_like(mha.params["b_k"])
         return mha
 
-    monkeypatch.setattr(tc, "from_torch_mha", loses_b_k)
+    monkeypatch.setattr(tc.convert, "from_torch_mha", loses_b_k)
     x = np.random.default_rng(0).standard_normal((2, 4, E))
     report = tc.crosscheck_torch_mha(m, x, x + 1, x - 1)
     failed = {r.name for r in report.rows if not r.passed}
@@ -289,7 +289,7 @@ def test_swapped_hf_name_map_is_detected(transformers, monkeypatch):
     assert tc.crosscheck_hf_bert_attention(module, x).passed
     swapped = dict(tc.HF_BERT_NAME_MAP)
     swapped["W_v"], swapped["W_o"] = swapped["W_o"], swapped["W_v"]  # value.weight vs output.dense.weight
-    monkeypatch.setattr(tc, "HF_BERT_NAME_MAP", swapped)
+    monkeypatch.setattr(tc.names, "HF_BERT_NAME_MAP", swapped)
     report = tc.crosscheck_hf_bert_attention(module, x)
     assert not report["output"].passed and not report["V"].passed and not report["dL/dW_o"].passed
 
@@ -538,7 +538,7 @@ def test_cli_crosscheck_exits_1_on_a_mismatch(torch, transformers, monkeypatch, 
         nm["W_k"], nm["W_v"] = nm["W_v"], nm["W_k"]
         return nm
 
-    monkeypatch.setattr(tc, "torch_mha_name_map", swapped)
+    monkeypatch.setattr(tc.names, "torch_mha_name_map", swapped)
     assert main(["crosscheck", "--dtype", "float64"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "RESULT: MISMATCH" in out
