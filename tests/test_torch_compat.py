@@ -75,10 +75,24 @@ def test_import_does_not_import_torch():
 
 def test_missing_torch_gives_import_error_naming_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` raise ImportError
-    with pytest.raises(ImportError, match="'torch' package"):
+    with pytest.raises(ImportError, match="mha_numpy.interop needs the 'torch' package"):
         tc.to_torch_mha(MultiHeadAttention(E, H, rng=0))
     with pytest.raises(ImportError, match="'torch' package"):
         tc.crosscheck_sdpa(np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 2, 2)))
+
+
+def test_old_and_new_module_names_export_the_same_public_names():
+    """torch_compat is the old name of interop (one module); the names other code uses are re-exported there."""
+    import mha_numpy.interop
+
+    assert tc is mha_numpy.interop
+    for name in tc.__all__:
+        assert getattr(tc, name) is not None, name
+    used = ["CrosscheckReport", "DEFAULT_RTOL", "HF_BERT_NAME_MAP", "crosscheck_hf_bert_attention", "crosscheck_sdpa"]
+    used += ["crosscheck_torch_mha", "describe", "from_hf_bert_attention", "from_torch_mha", "mask_from_hf"]
+    used += ["mask_from_sdpa", "mask_from_torch_mha", "mask_to_hf", "mask_to_sdpa", "mask_to_torch_mha"]
+    used += ["params_from_state", "to_torch_mha", "torch_mha_name_map"]
+    assert set(used) <= set(tc.__all__)
 
 
 def test_name_map_packed_is_torch_documented_layout():
