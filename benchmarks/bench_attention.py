@@ -3,14 +3,21 @@
     python benchmarks/bench_attention.py --quick                          # < 1 minute, into out/bench/
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \\
         python benchmarks/bench_attention.py --write-results              # the full run (~20 min on 2 cores)
+    python benchmarks/bench_attention.py --compare ../main . --case 1:2048:768:12:float32   # a change's ratio
+    python benchmarks/bench_attention.py --compare impl=vectorized impl=chunked            # two settings
 
-Self-attention (query = key = value, no mask), B = 1 over L = 128 ... 8192 plus BERT-base (B = 8, L = 128),
-E = 768 / H = 12 and E = 256 / H = 4, float32 and float64, forward and forward + backward. Variants:
+Self-attention (query = key = value, no mask), B = 1 over L = 128 ... 8192 plus BERT-base (B = 8, L = 128) and
+MiniLM (B = 32, L = 64, E = 384, H = 12), E = 768 / H = 12 and E = 256 / H = 4, float32 and float64, forward and
+forward + backward; then the causal rows (L = 4096, causal over unmasked), the memory row (L = 16384, E = 256,
+H = 4, float32), the peers (``bench_peers.py``: HIPS autograd, JAX jit and op by op, float64) and the NumPy BERT
+against transformers (``bench_bert.py``); the ratios there come from interleaved rounds with their spread.
+``--compare`` (``bench_compare.py``) times two checkouts or two settings in alternating subprocesses. Variants:
 
     naive        mha_numpy impl="naive": a Python loop over batch and heads
     vectorized   mha_numpy impl="vectorized": batched over (B, H), builds the (B, H, L, L) scores
     chunked-t1   mha_numpy impl="chunked", num_threads=1: tiles in the calling thread, BLAS threads inside
     chunked-t2   mha_numpy impl="chunked", num_threads=2: a pool of two, BLAS at one thread per worker
+    auto         mha_numpy impl="auto": the kernel picked by the rule in kernels/auto.py (rows with B > 1)
     torch-mha    torch.nn.MultiheadAttention(need_weights=False), same thread count
     torch-sdpa   torch linear projections + torch.nn.functional.scaled_dot_product_attention
 
@@ -43,11 +50,15 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # bench_compare, bench_peers, bench_bert, also when loaded by path
+
+from bench_compare import interleaved, ratio_spread  # noqa: E402
 
 from mha_numpy import MultiHeadAttention  # noqa: E402
+from mha_numpy.masks import causal_mask  # noqa: E402
 
-VARIANTS = ["naive", "vectorized", "chunked-t1", "chunked-t2", "torch-mha", "torch-sdpa"]
-NUMPY_VARIANTS = VARIANTS[:4]
+VARIANTS = ["naive", "vectorized", "chunked-t1", "chunked-t2", "auto", "torch-mha", "torch-sdpa"]
+NUMPY_VARIANTS = VARIANTS[:5]
 MiB = 2**20
 COMMITTED = ROOT / "benchmarks"  # results.md / results.csv of the run in docs/performance.md: --write-results only
 SCRATCH = ROOT / "out" / "bench"  # every other run (git ignores out/)
@@ -100,30 +111,31 @@ def median_time(fn, repeats: int, warmup: int = 1) -> float:
 # --------------------------------------------------------------------------- the variants
 
 
-def numpy_runner(variant: str, B: int, L: int, E: int, H: int, dtype, block_size=None):
-    """-> (forward(), forward_backward(), x, d_output, mha) for a NumPy variant."""
+def numpy_runner(variant: str, B: int, L: int, E: int, H: int, dtype, block_size=None, causal=False):
+    """-> (forward(), forward_backward(), x, d_output, mha) for a NumPy variant (``causal``: a causal mask)."""
     kw = {}
     if variant.startswith("chunked"):
         kw = dict(impl="chunked", num_threads=int(variant[-1]), block_size=block_size)
-    elif variant == "naive":
-        kw = dict(impl="naive")
+    elif variant in ("naive", "auto"):
+        kw = dict(impl=variant)
     mha = MultiHeadAttention(E, H, dtype=dtype, rng=0, **kw)
+    mask = causal_mask(L) if causal else None
     rng = np.random.default_rng(1)
     x = rng.standard_normal((B, L, E)).astype(dtype)
     d_output = rng.standard_normal((B, L, E)).astype(dtype)
 
     def forward():
-        return mha.forward(x, x, x)
+        return mha.forward(x, x, x, mask=mask)
 
     def forward_backward():
-        out, cache = mha.forward(x, x, x)
+        out, cache = mha.forward(x, x, x, mask=mask)
         return out, mha.backward(d_output, cache)
 
     return forward, forward_backward, x, d_output, mha
 
 
-def torch_runner(variant: str, B: int, L: int, E: int, H: int, dtype):
-    """-> (forward(), forward_backward(), module, x) for torch-mha / torch-sdpa."""
+def torch_runner(variant: str, B: int, L: int, E: int, H: int, dtype, causal=False):
+    """-> (forward(), forward_backward(), module, x) for torch-mha / torch-sdpa (``causal``: a causal mask)."""
     import torch
 
     tdtype = getattr(torch, np.dtype(dtype).name)
@@ -131,13 +143,14 @@ def torch_runner(variant: str, B: int, L: int, E: int, H: int, dtype):
     mha = torch.nn.MultiheadAttention(E, H, batch_first=True, dtype=tdtype)
     x = torch.randn(B, L, E, dtype=tdtype, requires_grad=True)
     d_output = torch.randn(B, L, E, dtype=tdtype)
+    ignore = torch.ones(L, L, dtype=torch.bool).triu(1) if causal else None  # torch MHA: True = ignore
 
     def call():
         if variant == "torch-mha":
-            return mha(x, x, x, need_weights=False)[0]
+            return mha(x, x, x, attn_mask=ignore, need_weights=False, is_causal=causal)[0]
         q, k, v = torch.nn.functional.linear(x, mha.in_proj_weight, mha.in_proj_bias).chunk(3, dim=-1)
         heads = [t.reshape(B, L, H, E // H).transpose(1, 2) for t in (q, k, v)]  # (B, H, L, d)
-        ctx = torch.nn.functional.scaled_dot_product_attention(*heads)  # (B, H, L, d)
+        ctx = torch.nn.functional.scaled_dot_product_attention(*heads, is_causal=causal)  # (B, H, L, d)
         return mha.out_proj(ctx.transpose(1, 2).reshape(B, L, E))
 
     def forward():
@@ -248,8 +261,8 @@ def cases(args):
     out = []
     for E, H in args.shapes:
         out += [(f"E={E} H={H}", 1, L, E, H) for L in args.lengths]
-    if args.bert:
-        out.append(("BERT-base B=8", 8, 128, 768, 12))
+    if args.small_batches:
+        out += [("BERT-base B=8", 8, 128, 768, 12), ("MiniLM B=32", 32, 64, 384, 12)]
     return out
 
 
@@ -260,6 +273,8 @@ def skip_reason(variant, B, L, E, H, dtype, args) -> str | None:
         return f"skipped: naive above L={args.naive_max_len} ({why})"
     if variant == "vectorized" and 4 * score_bytes(B, H, L, itemsize) > args.max_gib * 2**30:
         return f"skipped: needs > {4 * score_bytes(B, H, L, itemsize) / 2**30:.0f} GiB (4 score tensors)"
+    if variant == "auto" and B == 1:
+        return "skipped: at B = 1 auto is the vectorized or the chunked row (the rule in kernels/auto.py)"
     if variant == "chunked-t2" and args.threads < 2:
         return "skipped: needs 2 threads"
     if variant.startswith("torch") and not args.torch:
@@ -345,6 +360,32 @@ def block_sweep(args) -> list[dict]:
     return out
 
 
+def causal_rows(args) -> list[dict]:
+    """Forward + backward with a causal mask over the unmasked time, interleaved rounds, float32, L = 4096
+    (1024 with --quick): the chunked kernel skips the tiles above the diagonal; torch-mha for reference."""
+    L = 1024 if args.quick else 4096
+    out = []
+    for E, H in args.shapes:
+        for variant in ["chunked-t2" if args.threads >= 2 else "chunked-t1"] + (["torch-mha"] if args.torch else []):
+            run_ = torch_runner if variant.startswith("torch") else numpy_runner
+            fns = {c: run_(variant, 1, L, E, H, np.float32, causal=c)[1] for c in (False, True)}
+            t = interleaved(fns, rounds=2 if args.quick else 3)
+            ratio, lo, hi = ratio_spread(t[True], t[False])
+            out.append(dict(L=L, E=E, H=H, variant=variant, full_ms=1e3 * min(t[False]), causal_ms=1e3 * min(t[True]),
+                            ratio=ratio, lo=lo, hi=hi))  # fmt: skip
+            print(f"  causal L={L} E={E} H={H} {variant}: {out[-1]['causal_ms']:.0f} ms causal vs "
+                  f"{out[-1]['full_ms']:.0f} ms unmasked: {ratio:.2f}× [{lo:.2f}..{hi:.2f}]", flush=True)  # fmt: skip
+    return out
+
+
+def causal_table(rows: list[dict]) -> list[str]:
+    lines = ["| L | E | H | variant | unmasked ms | causal ms | causal / unmasked | spread |",
+             "| ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |"]  # fmt: skip
+    lines += [f"| {r['L']} | {r['E']} | {r['H']} | {r['variant']} | {r['full_ms']:.0f} | {r['causal_ms']:.0f} | "
+              f"{r['ratio']:.2f}× | {r['lo']:.2f}..{r['hi']:.2f} |" for r in rows]  # fmt: skip
+    return lines
+
+
 def memory_target(args) -> dict:
     """chunked forward + backward at B=1, L=16384, E=256, H=4, float32: tracemalloc peak beyond the
     output and gradients (the inputs and parameters exist before tracing starts)."""
@@ -373,7 +414,7 @@ def fmt(x, unit=""):
     return "" if x is None else f"{x:.1f}{unit}"
 
 
-def write_outputs(out: Path, env: dict, rows: list[dict], sweep: list[dict], mem: dict | None, elapsed: float):
+def write_outputs(out: Path, env: dict, rows, sweep, mem: dict | None, extra: dict, elapsed: float):
     out.mkdir(parents=True, exist_ok=True)
     keys = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("dtype", "case", "L", "variant"), k))
     with open(out / "results.csv", "w", newline="") as f:
@@ -409,7 +450,19 @@ def write_outputs(out: Path, env: dict, rows: list[dict], sweep: list[dict], mem
         lines += [f"| {s['dtype']} | {s['L']} | {s['block_size']} | {s['num_threads']} | {s['fwd_bwd_s'] * 1e3:.1f} |"
                   for s in sweep]  # fmt: skip
         lines.append("")
-    lines += targets(rows, mem)
+    sections = (
+        ("causal", "Causal mask: forward + backward, float32 (interleaved rounds)", causal_table),
+        ("peers", "Peers: HIPS autograd and JAX on CPU, forward + backward (verified, then interleaved)", None),
+        ("bert", "The NumPy BERT (all-MiniLM-L6-v2, float32) against transformers.BertModel", None),
+    )
+    for key, title, fn in sections:
+        if extra.get(key):
+            import bench_bert
+            import bench_peers
+
+            fn = fn or {"peers": bench_peers.table, "bert": bench_bert.table}[key]
+            lines += [f"## {title}", "", *fn(extra[key]), ""]
+    lines += targets(rows, mem, extra)
     (out / "results.md").write_text("\n".join(lines) + "\n")
     plot(out, rows)
 
@@ -421,63 +474,54 @@ def find(rows, **kw):
     return None
 
 
-def targets(rows, mem) -> list[str]:
-    """The issue's targets, computed from this run (B=1, L=2048, E=768, H=12)."""
-    lines = ["## Targets (B=1, L=2048, E=768, H=12, forward + backward, same thread count)", ""]
-    best = {}
-    for dtype in ("float32", "float64"):
-        ch = [find(rows, dtype=dtype, L=2048, E=768, B=1, variant=v) for v in ("chunked-t1", "chunked-t2")]
-        ch = [c for c in ch if c]
-        best[dtype] = min(ch, key=lambda r: r["fwd_bwd_s"]) if ch else None
-    for dtype, limit in (("float32", 1.5), ("float64", 1.0)):
-        c, t = best[dtype], find(rows, dtype=dtype, L=2048, E=768, B=1, variant="torch-mha")
-        if c and t:
-            ratio = c["fwd_bwd_s"] / t["fwd_bwd_s"]
-            verdict = "met" if ratio <= limit else "missed"
-            lines.append(f"- {dtype}: {c['variant']} / torch-mha = {ratio:.2f}× (target ≤ {limit}×): **{verdict}**")
-    for dtype in ("float32", "float64"):
+def best_chunked(rows, **kw):
+    c = [find(rows, variant=v, **kw) for v in ("chunked-t1", "chunked-t2")]
+    return min((x for x in c if x), key=lambda r: r["fwd_bwd_s"], default=None)
+
+
+def targets(rows, mem, extra: dict) -> list[str]:
+    """The targets of issue 16, judged on this run (forward + backward, same thread count)."""
+    lines = ["## Targets (forward + backward, same thread count)", ""]
+    for dtype, limit in (("float32", 1.0), ("float64", 0.8)):
         for E in (768, 256):
-            slower, compared = [], []
-            for r in rows:
-                if (
-                    r["dtype"] == dtype
-                    and r["E"] == E
-                    and r["B"] == 1
-                    and r["L"] >= 512
-                    and r["variant"] == "vectorized"
-                ):
-                    c = [find(rows, dtype=dtype, E=E, B=1, L=r["L"], variant=v) for v in ("chunked-t1", "chunked-t2")]
-                    c = min((x["fwd_bwd_s"] for x in c if x), default=None)
-                    if "skipped" not in r and c is not None:
-                        compared.append(r["L"])
-                        if c >= r["fwd_bwd_s"]:
-                            slower.append(r["L"])
-            if compared:
-                ok = "met" if not slower else f"missed at L = {slower}"
-                lines.append(
-                    f"- chunked faster than vectorized at every L ≥ 512 ({dtype}, E={E}; measured at L = {compared}): "
-                    f"**{ok}**"
-                )
-    c = best["float32"]
-    if c:
-        verdict = "met" if c["fwd_pct_peak"] >= 40 else "missed"
-        lines.append(
-            f"- chunked float32 forward at {c['fwd_pct_peak']:.0f}% of the GEMM peak (target ≥ 40%): **{verdict}**"
-        )
+            worst = []
+            for t in (r for r in rows if (r["dtype"], r["E"], r["B"], r["variant"]) == (dtype, E, 1, "torch-mha")):
+                c = best_chunked(rows, dtype=dtype, E=E, B=1, L=t["L"])
+                if t["L"] >= 1024 and "skipped" not in t and c:
+                    worst.append((c["fwd_bwd_s"] / t["fwd_bwd_s"], t["L"]))
+            if worst:
+                ratio, L = max(worst)
+                verdict = "met" if ratio <= limit else f"missed (worst {ratio:.2f}× at L = {L})"
+                lines.append(f"- chunked / torch-mha, {dtype}, E={E}, every L ≥ 1024 (≤ {limit}×): "
+                             f"{', '.join(f'{x:.2f}' for x, _ in worst)}: **{verdict}**")  # fmt: skip
+    for case in ("BERT-base B=8", "MiniLM B=32"):
+        a, t = find(rows, dtype="float32", case=case, variant="auto"), find(rows, dtype="float32", case=case,
+                                                                              variant="torch-mha")  # fmt: skip
+        if a and t:
+            ratio = a["fwd_bwd_s"] / t["fwd_bwd_s"]
+            lines.append(f"- {case}, float32, impl='auto' / torch-mha (≤ 1.0×): {ratio:.2f}×: "
+                         f"**{'met' if ratio <= 1.0 else 'missed'}**")  # fmt: skip
+    for r in extra.get("causal", []):
+        if r["variant"].startswith("chunked"):
+            lines.append(f"- causal / unmasked at L={r['L']}, E={r['E']}, float32 (≤ 0.6×): {r['ratio']:.2f}× "
+                         f"[{r['lo']:.2f}..{r['hi']:.2f}]: **{'met' if r['ratio'] <= 0.6 else 'missed'}**")  # fmt: skip
     if mem:
-        verdict = (
-            ("met" if mem["beyond"] <= 64 else "missed") if mem["L"] == 16384 else "not judged at this L (--quick)"
-        )
+        verdict = ("met" if mem["beyond"] <= 64 else "missed") if mem["L"] == 16384 else "not judged (--quick)"
         lines.append(
             f"- memory at L={mem['L']}, E=256, H=4, float32: chunked peak {mem['peak']:.1f} MiB, "
-            f"{mem['beyond']:.1f} MiB beyond output and gradients (target ≤ 64 MiB at L=16384): **{verdict}**; "
+            f"{mem['beyond']:.1f} MiB beyond output and gradients (≤ 64 MiB at L=16384): **{verdict}**; "
             f"one vectorized score tensor: {mem['score_tensor_mib']:.0f} MiB"
-            + (
-                f"; torch-mha: {mem['torch_peak']:.1f} MiB, {mem['torch_beyond']:.1f} beyond"
-                if "torch_peak" in mem
-                else ""
-            )
+            + (f"; torch-mha: {mem['torch_beyond']:.1f} MiB beyond" if "torch_beyond" in mem else "")
         )
+    for r in extra.get("bert", []):
+        limit = 1.5 if r["mode"] == "inference" else 2.0
+        lines.append(f"- NumPy BERT {r['batch']} × {r['tokens']} {r['mode']} / transformers {r['vs']} (≤ {limit}×): "
+                     f"{r['ratio']:.2f}× [{r['lo']:.2f}..{r['hi']:.2f}]: "
+                     f"**{'met' if r['ratio'] <= limit else 'missed'}**")  # fmt: skip
+    for r in extra.get("peers", []):
+        if r["variant"] not in ("vectorized", "chunked"):
+            lines.append(f"- peer {r['variant']} at {r['shape']}, {r['dtype']}: {r['ratio']:.2f}× our time "
+                         f"({r['vs']}) [{r['lo']:.2f}..{r['hi']:.2f}]")  # fmt: skip
     return lines + [""]
 
 
@@ -543,6 +587,13 @@ def parse_args(argv=None):
     p.add_argument("--slow-ratio", type=float, default=2.5, help="skip a variant at larger L when this much slower")
     p.add_argument("--torch-memory-max-len", type=int, default=4096, help="torch-mha memory only up to this L")
     p.add_argument("--no-memory", dest="memory", action="store_false", help="skip the memory measurements")
+    p.add_argument("--no-peers", dest="peers", action="store_false", help="skip autograd and JAX")
+    p.add_argument("--no-bert", dest="bert", action="store_false", help="skip the NumPy BERT against transformers")
+    p.add_argument("--compare", nargs=2, metavar=("A", "B"), default=None,
+                   help="time two checkouts or settings interleaved and print B / A (see bench_compare.py); "
+                   "sides: 'impl=chunked,block_size=256', 'DIR', 'DIR@impl=auto', 'torch'")  # fmt: skip
+    p.add_argument("--case", nargs="+", default=None, help="--compare cases B:L:E:H:dtype[:causal]")
+    p.add_argument("--rounds", type=int, default=5, help="--compare rounds (sides alternate)")
     p.add_argument("--torch-memory-child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     q = args.quick
@@ -554,7 +605,7 @@ def parse_args(argv=None):
     args.dtypes = [np.dtype(d) for d in (args.dtypes or (["float32"] if q else ["float32", "float64"]))]
     args.shapes = [tuple(map(int, s.split(":"))) for s in (args.shapes or (["256:4"] if q else ["768:12", "256:4"]))]
     args.blocks = args.blocks or ([256, 512] if q else [128, 256, 512, 1024])
-    args.bert = not q
+    args.small_batches = not q
     if q:
         args.naive_max_len, args.max_seconds = min(args.naive_max_len, 512), 2.0
     try:
@@ -572,6 +623,12 @@ def main(argv=None) -> int:
     if args.torch_memory_child:
         print(json.dumps(torch_memory_child(json.loads(args.torch_memory_child))))
         return 0
+    if args.compare:
+        import bench_compare
+
+        cases = args.case or bench_compare.DEFAULT_CASES
+        bench_compare.compare(*args.compare, cases, args.rounds, args.repeats, args.threads)
+        return 0
     from threadpoolctl import threadpool_limits
 
     for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
@@ -583,8 +640,19 @@ def main(argv=None) -> int:
         print("\n".join(f"{k}: {v}" for k, v in env.items()), flush=True)
         rows = run(args)
         sweep = block_sweep(args)
+        extra = {"causal": causal_rows(args)}
         mem = memory_target(args) if args.memory else None
-    write_outputs(args.out, env, rows, sweep, mem, time.perf_counter() - start)
+        if args.peers and not args.quick:
+            import bench_peers
+
+            print("peers (float64):", flush=True)
+            extra["peers"] = bench_peers.run()
+        if args.bert and args.torch and not args.quick:
+            import bench_bert
+
+            print("the NumPy BERT against transformers:", flush=True)
+            extra["bert"] = bench_bert.run(threads=args.threads)
+    write_outputs(args.out, env, rows, sweep, mem, extra, time.perf_counter() - start)
     print(f"wrote {args.out}/results.md, results.csv, time_vs_L.png, memory_vs_L.png "
           f"in {time.perf_counter() - start:.0f} s")  # fmt: skip
     return 0

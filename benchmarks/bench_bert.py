@@ -1,0 +1,116 @@
+"""The NumPy BERT against transformers.BertModel: sentences per second, all-MiniLM-L6-v2, float32, same threads.
+
+    python benchmarks/bench_bert.py            # batch 32 × ~20 tokens and 4 × ~256 tokens
+
+Inference (``mha_numpy.bert.BertModel(ids, mask, types)`` against ``transformers.BertModel`` under
+``torch.no_grad``, eager and sdpa attention), and forward + backward when ``BertModel.backward`` exists
+(``model.forward(...) -> (output, cache)``, ``model.backward(d_last_hidden_state, cache)``; torch: backward of
+the last hidden state into every parameter). Before timing, the last hidden states must agree (float32: 1e-4
+relative to the largest). The three run in interleaved rounds; the table gives sentences per second and our time
+over each transformers variant's, with the spread over rounds.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench_compare import interleaved, ratio_spread  # noqa: E402
+
+from mha_numpy.bert import BertModel, default_model_dir  # noqa: E402
+
+WORDS = ("the attention layer weighs every token against every other token and sums the values it finds "
+         "useful while the feed forward block transforms each position on its own").split()  # fmt: skip
+BATCHES = [(32, 20), (4, 256)]  # (sentences, about this many tokens each)
+
+
+def sentences(n: int, tokens: int) -> list[str]:
+    """n different sentences of about ``tokens`` word pieces ([CLS] and [SEP] included)."""
+    rng = np.random.default_rng(n * 1000 + tokens)
+    return [" ".join(rng.choice(WORDS, size=tokens - 2 - int(rng.integers(0, 3)))) for _ in range(n)]
+
+
+def run(batches=BATCHES, rounds: int = 3, threads: int = 2) -> list[dict]:
+    import torch
+    import transformers
+
+    torch.set_num_threads(threads)
+    ours = BertModel.from_pretrained()
+    theirs = {
+        impl: transformers.BertModel.from_pretrained(
+            str(default_model_dir()), attn_implementation=impl, dtype=torch.float32
+        ).eval()
+        for impl in ("eager", "sdpa")
+    }
+    modes = ["inference"] + (["forward+backward"] if hasattr(BertModel, "backward") else [])
+    rows = []
+    for n, tokens in batches:
+        inputs = ours.tokenize(sentences(n, tokens))
+        feed = {k: torch.from_numpy(v) for k, v in inputs.as_dict().items()}
+        ids, mask, types = inputs.input_ids, inputs.attention_mask, inputs.token_type_ids
+        ref = ours(ids, mask, types).last_hidden_state  # (B, L, E)
+        for impl, model in theirs.items():
+            with torch.no_grad():
+                err = np.abs(model(**feed).last_hidden_state.numpy() - ref).max() / np.abs(ref).max()
+            print(f"  BERT {n} × {ids.shape[1]} tokens: transformers {impl} agrees with ours to {err:.1e}", flush=True)
+            if err > 1e-4:
+                raise SystemExit(f"transformers {impl} disagrees with the NumPy BERT ({err:.1e}): not timed")
+        d = np.random.default_rng(0).standard_normal(ref.shape).astype(np.float32)
+        for mode in modes:
+            fns = {"numpy": _ours(ours, ids, mask, types, d, mode)}
+            fns.update({f"torch-{impl}": _theirs(torch, m, feed, d, mode) for impl, m in theirs.items()})
+            t = interleaved(fns, rounds)
+            for impl in theirs:
+                ratio, lo, hi = ratio_spread(t["numpy"], t[f"torch-{impl}"])
+                rows.append(dict(batch=n, tokens=ids.shape[1], mode=mode, vs=impl, ratio=ratio, lo=lo, hi=hi,
+                                 ours_sps=n / min(t["numpy"]), theirs_sps=n / min(t[f"torch-{impl}"])))  # fmt: skip
+                r = rows[-1]
+                print(f"  BERT {n} × {r['tokens']} {mode}: numpy {r['ours_sps']:.1f} sentences/s, torch-{impl} "
+                      f"{r['theirs_sps']:.1f}; time ratio {ratio:.2f}× [{lo:.2f}..{hi:.2f}]", flush=True)  # fmt: skip
+    return rows
+
+
+def _ours(model, ids, mask, types, d, mode):
+    if mode == "inference":
+        return lambda: model(ids, mask, types)
+
+    def fwd_bwd():
+        out, cache = model.forward(ids, mask, types)
+        return model.backward(d, cache)
+
+    return fwd_bwd
+
+
+def _theirs(torch, model, feed, d, mode):
+    if mode == "inference":
+
+        def infer():
+            with torch.no_grad():
+                return model(**feed)
+
+        return infer
+    td = torch.from_numpy(d)
+
+    def fwd_bwd():
+        model.zero_grad(set_to_none=True)
+        model(**feed).last_hidden_state.backward(td)
+
+    return fwd_bwd
+
+
+def table(rows: list[dict]) -> list[str]:
+    lines = ["| batch × tokens | mode | numpy sentences/s | transformers | its sentences/s | numpy / its time "
+             "| spread |",
+             "| --- | --- | ---: | --- | ---: | ---: | --- |"]  # fmt: skip
+    lines += [f"| {r['batch']} × {r['tokens']} | {r['mode']} | {r['ours_sps']:.1f} | {r['vs']} | "
+              f"{r['theirs_sps']:.1f} | {r['ratio']:.2f}× | {r['lo']:.2f}..{r['hi']:.2f} |" for r in rows]  # fmt: skip
+    return lines
+
+
+if __name__ == "__main__":
+    print("\n".join(table(run())))
