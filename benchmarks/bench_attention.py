@@ -594,6 +594,7 @@ def parse_args(argv=None):
                    "sides: 'impl=chunked,block_size=256', 'DIR', 'DIR@impl=auto', 'torch'")  # fmt: skip
     p.add_argument("--case", nargs="+", default=None, help="--compare cases B:L:E:H:dtype[:causal]")
     p.add_argument("--rounds", type=int, default=5, help="--compare rounds (sides alternate)")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="--compare: wall time or CPU time")
     p.add_argument("--torch-memory-child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     q = args.quick
@@ -627,7 +628,7 @@ def main(argv=None) -> int:
         import bench_compare
 
         cases = args.case or bench_compare.DEFAULT_CASES
-        bench_compare.compare(*args.compare, cases, args.rounds, args.repeats, args.threads)
+        bench_compare.compare(*args.compare, cases, args.rounds, args.repeats, args.threads, args.clock)
         return 0
     from threadpoolctl import threadpool_limits
 

@@ -55,11 +55,12 @@ else:
         out, cache = mha.forward(x, x, x, mask=mask)
         mha.backward(d, cache)
 once()
+clock = time.process_time if spec["clock"] == "cpu" else time.perf_counter
 times = []
 for _ in range(spec["repeats"]):
-    t0 = time.perf_counter()
+    t0 = clock()
     once()
-    times.append(time.perf_counter() - t0)
+    times.append(clock() - t0)
 print(json.dumps(min(times)))
 """
 
@@ -88,9 +89,11 @@ def parse_case(text: str) -> dict:
     return dict(B=B, L=L, E=E, H=H, dtype=parts[4], causal=len(parts) == 6)
 
 
-def measure(side: dict, case: dict, repeats: int, threads: int) -> float:
-    """Seconds of one forward + backward (best of ``repeats`` after a warm-up) in a fresh subprocess."""
-    spec = dict(case, kwargs=side["kwargs"], torch=side["torch"], repeats=repeats, threads=threads)
+def measure(side: dict, case: dict, repeats: int, threads: int, clock: str = "wall") -> float:
+    """Seconds of one forward + backward (best of ``repeats`` after a warm-up) in a fresh subprocess;
+    ``clock="cpu"``: the process's CPU time (all its threads), steadier than wall time on a loaded machine
+    but blind to how well the threads overlap."""
+    spec = dict(case, kwargs=side["kwargs"], torch=side["torch"], repeats=repeats, threads=threads, clock=clock)
     env = dict(os.environ, PYTHONPATH=str(side["path"]))
     r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], env=env, capture_output=True, text=True)
     if r.returncode != 0:
@@ -98,10 +101,11 @@ def measure(side: dict, case: dict, repeats: int, threads: int) -> float:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def compare(a: str, b: str, cases: list[str], rounds: int, repeats: int, threads: int) -> list[dict]:
+def compare(a: str, b: str, cases: list[str], rounds: int, repeats: int, threads: int, clock="wall") -> list[dict]:
     """Interleaved rounds per case; prints progress and a markdown table; -> one dict per case."""
     sides = [parse_side(a), parse_side(b)]
     print(f"A = {sides[0]['label']} {sides[0]['kwargs']}\nB = {sides[1]['label']} {sides[1]['kwargs']}")
+    print(f"clock: {'CPU time of the process' if clock == 'cpu' else 'wall time'}")
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     results = []
     for text in cases:
@@ -109,7 +113,7 @@ def compare(a: str, b: str, cases: list[str], rounds: int, repeats: int, threads
         for r in range(rounds):
             order = (0, 1) if r % 2 == 0 else (1, 0)
             for i in order:
-                times[i].append(measure(sides[i], case, repeats, threads))
+                times[i].append(measure(sides[i], case, repeats, threads, clock))
             print(f"  {text} round {r + 1}/{rounds}: A {times[0][-1] * 1e3:8.1f} ms  B {times[1][-1] * 1e3:8.1f} ms  "
                   f"B/A {times[1][-1] / times[0][-1]:.3f}", flush=True)  # fmt: skip
         ratios = [tb / ta for ta, tb in zip(*times)]

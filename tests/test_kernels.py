@@ -38,9 +38,11 @@ class ToyKernel(kernels.Kernel):
 
 kernels.register("toy", ToyKernel)
 
-# (registered name, options): every registered kernel, the chunked one with tiles smaller than L
+# (registered name, options): every registered kernel, the chunked one with tiles smaller than L, and with
+# tiles larger than a head's scores (then several heads share a work item: one batched product over heads)
 KERNEL_CASES = [(name, {}) for name in kernels.KERNELS if name not in ("chunked", "auto")]
 KERNEL_CASES += [("chunked", dict(block_size=3, num_threads=1)), ("chunked", dict(block_size=2, num_threads=2))]
+KERNEL_CASES += [("chunked", dict(block_size=64, num_threads=1))]
 KERNEL_CASES += [("auto", dict(min_chunked_scores=12))]  # tiny threshold: the suite's shapes reach both kernels
 IDS = [n + "".join(f"-{k[0]}{v}" for k, v in o.items()) for n, o in KERNEL_CASES]
 
@@ -56,6 +58,19 @@ def test_auto_picks_vectorized_for_small_scores_and_chunked_for_large():
 
 
 B, H, LQ, LK, D = 2, 2, 5, 4, 3
+
+
+def test_heads_are_grouped_when_a_head_fits_in_one_tile():
+    """The case block_size=64 above must really run grouped heads; a per-head mask keeps them apart."""
+    from mha_numpy.kernels.base import check_args
+
+    kernel = kernels.ChunkedKernel(block_size=64, num_threads=1)
+    args = check_args((B, H, LQ, LK), D)
+    assert [hs for _, hs in kernel.groups(args, np.float64)] == [slice(0, H)] * B
+    per_head = check_args((B, H, LQ, LK), D, mask=np.ones((H, LQ, LK), bool))
+    assert all(hs.stop - hs.start == 1 for _, hs in kernel.groups(per_head, np.float64))
+    long = check_args((1, 4, 4096, 4096), 64)  # block × block tiles: one head per item
+    assert all(hs.stop - hs.start == 1 for _, hs in kernels.ChunkedKernel(block_size=512).groups(long, np.float32))
 
 
 def test_every_registered_kernel_is_in_the_suite():

@@ -73,29 +73,34 @@ def _positive_int_or_none(value, name: str) -> int | None:
 
 
 class _Tiles:
-    """The mask, bias and dropout of one head (b, h), cut into (query block × key block) tiles."""
+    """The mask, bias and dropout of a group of heads (b, hs), cut into (query block × key block) tiles.
 
-    def __init__(self, args: AttentionArgs, b: int, h: int, seed):
-        self.mask = None if args.mask is None else np.broadcast_to(args.mask, args.shape)[b, h]  # (Lq, Lk) view
-        self.bias = None if args.bias is None else np.broadcast_to(args.bias, args.shape)[b, h]  # (Lq, Lk) view
-        self.keep = None if args.keep is None else args.keep[b, h]  # (Lq, Lk)
-        self.p, self.seed, self.b, self.h = args.dropout_p, seed, b, h
+    ``hs`` is a slice of heads that share their mask (``_group_size``), so a tile is skipped for all of them
+    or for none; every array here has the group's heads as its first axis.
+    """
+
+    def __init__(self, args: AttentionArgs, b: int, hs: slice, seed):
+        def view(a):
+            return None if a is None else np.broadcast_to(a, args.shape)[b, hs]  # (g, Lq, Lk) view
+
+        self.mask, self.bias, self.keep = view(args.mask), view(args.bias), view(args.keep)
+        self.p, self.seed, self.b, self.hs = args.dropout_p, seed, b, hs
 
     def scores(self, s: np.ndarray, i0: int, j0: int) -> bool:
-        """Add the bias and apply the mask to the score tile s = S[i0:, j0:] in place.
+        """Add the bias and apply the mask to the score tile s = S[:, i0:, j0:] (g, n, bk) in place.
 
         -> False when the mask allows nothing in the tile (then s is left as it is and must be skipped).
         """
-        i1, j1 = i0 + s.shape[0], j0 + s.shape[1]
+        i1, j1 = i0 + s.shape[-2], j0 + s.shape[-1]
         state, m = _FULL, None
         if self.mask is not None:
-            m = self.mask[i0:i1, j0:j1]
+            m = self.mask[:, i0:i1, j0:j1]
             blocked = ~m if m.dtype == np.bool_ else np.isneginf(m)
             state = _EMPTY if blocked.all() else (_FULL if m.dtype == np.bool_ and not blocked.any() else _PARTIAL)
         if state == _EMPTY:
             return False  # e.g. above the causal diagonal: no work at all
         if self.bias is not None:
-            np.add(s, self.bias[i0:i1, j0:j1], out=s, casting="unsafe")  # the same order as the vectorized path
+            np.add(s, self.bias[:, i0:i1, j0:j1], out=s, casting="unsafe")  # the same order as the vectorized path
         if state == _PARTIAL:
             if m.dtype == np.bool_:
                 np.copyto(s, -np.inf, where=~m)
@@ -104,54 +109,58 @@ class _Tiles:
         return True
 
     def keep_tile(self, i0: int, i1: int, j0: int, j1: int):
-        """Dropout keep-mask of the tile (bool, (i1 - i0, j1 - j0)), or None without dropout."""
+        """Dropout keep-mask of the tile (bool, (g, i1 - i0, j1 - j0)), or None without dropout.
+
+        A sampled tile comes from its own generator seeded by (seed, b, h, i0, j0), head by head, so it does
+        not depend on how heads are grouped."""
         if self.keep is not None:
-            return self.keep[i0:i1, j0:j1]
+            return self.keep[:, i0:i1, j0:j1]
         if self.seed is None:
             return None
-        tile_rng = np.random.default_rng((self.seed, self.b, self.h, i0, j0))
-        return tile_rng.random((i1 - i0, j1 - j0)) >= self.p
+        heads = range(*self.hs.indices(1 << 62))
+        draws = [np.random.default_rng((self.seed, self.b, h, i0, j0)).random((i1 - i0, j1 - j0)) for h in heads]
+        return np.stack(draws) >= self.p
 
 
 # --------------------------------------------------------------------------- one query block, forward
 
 
 def _forward_rows(q, k, v, scale: float, tiles: _Tiles, i0: int, bk: int, out, m_out, inv_ell_out) -> None:
-    """Online softmax of one query block against all key blocks.
+    """Online softmax of one query block against all key blocks, for a group of g heads at once.
 
-    q: (n, d) queries, rows i0 ... i0 + n - 1   k: (Lk, d)   v: (Lk, dv)   (any row strides)
-    writes out: (n, dv) the context rows, m_out: (n,) the row max and inv_ell_out: (n,) 1 / row sum
+    q: (g, n, d) queries, rows i0 ... i0 + n - 1   k: (g, Lk, d)   v: (g, Lk, dv)   (any strides)
+    writes out: (g, n, dv) the context rows, m_out: (g, n) the row max and inv_ell_out: (g, n) 1 / row sum
     (0 for a row where nothing is allowed).
     """
-    n, Lk, dt = q.shape[0], k.shape[0], q.dtype
-    q = q * scale  # (n, d) the block's scaled queries: no tile is rescaled
-    m = np.full(n, -np.inf, dtype=dt)  # running row max
-    ell = np.zeros(n, dtype=dt)  # running row sum of exp(s - m)
-    acc = np.zeros((n, v.shape[1]), dtype=dt)  # running unnormalised context, Σ exp(s - m) v
-    buf = np.empty((n, min(bk, Lk)), dtype=dt)  # the score tile, reused
+    (g, n, _), Lk, dt = q.shape, k.shape[1], q.dtype
+    q = q * scale  # (g, n, d) the block's scaled queries: no tile is rescaled
+    m = np.full((g, n), -np.inf, dtype=dt)  # running row max
+    ell = np.zeros((g, n), dtype=dt)  # running row sum of exp(s - m)
+    acc = np.zeros((g, n, v.shape[2]), dtype=dt)  # running unnormalised context, Σ exp(s - m) v
+    buf = np.empty((g, n, min(bk, Lk)), dtype=dt)  # the score tile, reused
     scale_drop = 1.0 / (1.0 - tiles.p) if tiles.p > 0 else 1.0
     for j0 in range(0, Lk, bk):
         j1 = min(j0 + bk, Lk)
-        s = buf[:, : j1 - j0]
-        np.matmul(q, k[j0:j1].T, out=s)  # (n, d) @ (d, bk) -> (n, bk) scores, scale already in q
+        s = buf[..., : j1 - j0]
+        np.matmul(q, k[:, j0:j1].swapaxes(1, 2), out=s)  # (g, n, d) @ (g, d, bk) -> (g, n, bk), scale in q
         if not tiles.scores(s, i0, j0):
             continue
-        m_new = np.maximum(m, s.max(axis=1))  # (n,)
+        m_new = np.maximum(m, s.max(axis=2))  # (g, n)
         m_new[np.isneginf(m_new)] = 0.0  # row with nothing allowed yet: shift by 0, exp(-inf) = 0
-        alpha = np.exp(m - m_new)  # (n,) rescales what was summed with the old max
-        np.subtract(s, m_new[:, None], out=s)
-        np.exp(s, out=s)  # (n, bk) P tile, not yet normalised
+        alpha = np.exp(m - m_new)  # (g, n) rescales what was summed with the old max
+        np.subtract(s, m_new[..., None], out=s)
+        np.exp(s, out=s)  # (g, n, bk) P tile, not yet normalised
         ell *= alpha
-        ell += s.sum(axis=1)
-        acc *= alpha[:, None]
+        ell += s.sum(axis=2)
+        acc *= alpha[..., None]
         keep = tiles.keep_tile(i0, i0 + n, j0, j1)
         if keep is not None:
             s *= keep  # dropout acts on the weights after the softmax, not on ℓ
             s *= scale_drop
-        acc += s @ v[j0:j1]  # (n, bk) @ (bk, dv) -> (n, dv)
+        acc += s @ v[:, j0:j1]  # (g, n, bk) @ (g, bk, dv) -> (g, n, dv)
         m = m_new
-    inv_ell = np.divide(1.0, ell, out=np.zeros_like(ell), where=ell != 0)  # (n,); rows with nothing allowed: 0
-    np.multiply(acc, inv_ell[:, None], out=out)  # (n, dv); rows with nothing allowed stay 0
+    inv_ell = np.divide(1.0, ell, out=np.zeros_like(ell), where=ell != 0)  # (g, n); rows with nothing allowed: 0
+    np.multiply(acc, inv_ell[..., None], out=out)  # (g, n, dv); rows with nothing allowed stay 0
     m_out[...] = np.where(np.isneginf(m), 0.0, m)
     inv_ell_out[...] = np.where(np.isnan(ell), np.nan, inv_ell)  # a NaN row stays NaN
 
@@ -159,54 +168,72 @@ def _forward_rows(q, k, v, scale: float, tiles: _Tiles, i0: int, bk: int, out, m
 # --------------------------------------------------------------------------- one head, backward
 
 
-def _backward_head(q, k, v, scale, d_out, m, inv_ell, D, tiles: _Tiles, bq, bk, dq, dk, dv, d_bias) -> None:
-    """Backward of one head, tile by tile, recomputing P = exp(S - m) / ℓ (FlashAttention-2 order).
+def _backward_heads(q, k, v, scale, d_out, m, inv_ell, D, tiles: _Tiles, bq, bk, dq, dk, dv, d_bias) -> None:
+    """Backward of a group of g heads, tile by tile, recomputing P = exp(S - m) / ℓ (FlashAttention-2 order).
 
-    q: (Lq, d) queries (scaled here, once per head)   k: (Lk, d)   v: (Lk, dv)   d_out: (Lq, dv)   m, inv_ell, D: (Lq,)
-    writes dq: (Lq, d) (gradient w.r.t. the scaled q), dk: (Lk, d), dv: (Lk, dv); all start at 0;
-    d_bias: None or the (Lq, Lk) gradient of this head's bias tile by tile (start at 0).
+    q: (g, Lq, d) queries (scaled here)   k: (g, Lk, d)   v: (g, Lk, dv)   d_out: (g, Lq, dv)   m, inv_ell, D: (g, Lq)
+    writes dq: (g, Lq, d) (gradient w.r.t. the scaled q), dk: (g, Lk, d), dv: (g, Lk, dv); all start at 0;
+    d_bias: None or the (g, Lq, Lk) gradient of the group's bias, tile by tile (starts at 0).
     The 1/ℓ of each row rides along in the rows of dO and q (dV = Eᵀ (dO/ℓ), dK = dS'ᵀ (q/ℓ)) and is
     applied to dQ once at the end, with E = exp(S - m) and dS' = E ∘ (dP - D) = ℓ dS. dP - D is one GEMM
     with an extra column: [dO, -D] [v, 1]ᵀ.
     """
-    Lq, Lk, dt = q.shape[0], k.shape[0], q.dtype
+    (g, Lq, _), Lk, dt = q.shape, k.shape[1], q.dtype
     dropout = tiles.keep is not None or tiles.seed is not None
     scale_drop = 1.0 / (1.0 - tiles.p) if tiles.p > 0 else 1.0
-    q = q * scale  # (Lq, d) this head's scaled queries, as the forward's tiles saw them
-    do_l = d_out * inv_ell[:, None]  # (Lq, dv) dO / ℓ
-    q_l = q * inv_ell[:, None]  # (Lq, d) q / ℓ
-    da = np.concatenate([d_out, -D[:, None]], axis=1)  # (Lq, dv + 1)
-    va = np.concatenate([v, np.ones((Lk, 1), dtype=dt)], axis=1)  # (Lk, dv + 1)
+    q = q * scale  # (g, Lq, d) these heads' scaled queries, as the forward's tiles saw them
+    do_l = d_out * inv_ell[..., None]  # (g, Lq, dv) dO / ℓ
+    q_l = q * inv_ell[..., None]  # (g, Lq, d) q / ℓ
+    da = np.concatenate([d_out, -D[..., None]], axis=2)  # (g, Lq, dv + 1)
+    va = np.concatenate([v, np.ones((g, Lk, 1), dtype=dt)], axis=2)  # (g, Lk, dv + 1)
     if dropout:  # dropout scales dP before D is subtracted: no extra column on that side
         da, va = d_out, v
-    e_buf = np.empty((min(bq, Lq), min(bk, Lk)), dtype=dt)
+    e_buf = np.empty((g, min(bq, Lq), min(bk, Lk)), dtype=dt)
     dp_buf = np.empty_like(e_buf)
     for j0 in range(0, Lk, bk):
         j1 = min(j0 + bk, Lk)
+        kj, vj = k[:, j0:j1], va[:, j0:j1]  # (g, bk, d), (g, bk, dv [+ 1])
         for i0 in range(0, Lq, bq):
             i1 = min(i0 + bq, Lq)
-            e = e_buf[: i1 - i0, : j1 - j0]
-            dp = dp_buf[: i1 - i0, : j1 - j0]
-            np.matmul(q[i0:i1], k[j0:j1].T, out=e)  # (bq, d) @ (d, bk) -> (bq, bk) S
+            e = e_buf[:, : i1 - i0, : j1 - j0]
+            dp = dp_buf[:, : i1 - i0, : j1 - j0]
+            np.matmul(q[:, i0:i1], kj.swapaxes(1, 2), out=e)  # (g, bq, d) @ (g, d, bk) -> (g, bq, bk) S
             if not tiles.scores(e, i0, j0):
                 continue  # all weights 0 here: no gradient flows through this tile
-            np.subtract(e, m[i0:i1, None], out=e)
-            np.exp(e, out=e)  # (bq, bk) E = exp(S - m); the forward's weights are E / ℓ
-            np.matmul(da[i0:i1], va[j0:j1].T, out=dp)  # (bq, dv+1) @ (dv+1, bk) -> (bq, bk) dP - D
+            np.subtract(e, m[:, i0:i1, None], out=e)
+            np.exp(e, out=e)  # (g, bq, bk) E = exp(S - m); the forward's weights are E / ℓ
+            np.matmul(da[:, i0:i1], vj.swapaxes(1, 2), out=dp)  # (g, bq, dv+1) @ (g, dv+1, bk) -> dP - D
             if not dropout:
-                dv[j0:j1] += e.T @ do_l[i0:i1]  # (bk, bq) @ (bq, dv) -> (bk, dv)
+                dv[:, j0:j1] += e.swapaxes(1, 2) @ do_l[:, i0:i1]  # (g, bk, bq) @ (g, bq, dv) -> (g, bk, dv)
             else:
                 keep = tiles.keep_tile(i0, i1, j0, j1)
-                dv[j0:j1] += (e * keep * scale_drop).T @ do_l[i0:i1]  # dV uses the dropped weights
+                dv[:, j0:j1] += (e * keep * scale_drop).swapaxes(1, 2) @ do_l[:, i0:i1]  # the dropped weights
                 dp *= keep  # back through dropout: dP = dP_dropped ∘ keep / (1 - p)
                 dp *= scale_drop
-                np.subtract(dp, D[i0:i1, None], out=dp)
-            np.multiply(dp, e, out=dp)  # (bq, bk) dS' = E ∘ (dP - D) = ℓ · dS, the softmax VJP
-            dq[i0:i1] += dp @ k[j0:j1]  # (bq, bk) @ (bk, d) -> (bq, d), divided by ℓ below
-            dk[j0:j1] += dp.T @ q_l[i0:i1]  # (bk, bq) @ (bq, d) -> (bk, d)
+                np.subtract(dp, D[:, i0:i1, None], out=dp)
+            np.multiply(dp, e, out=dp)  # (g, bq, bk) dS' = E ∘ (dP - D) = ℓ · dS, the softmax VJP
+            dq[:, i0:i1] += dp @ kj  # (g, bq, bk) @ (g, bk, d) -> (g, bq, d), divided by ℓ below
+            dk[:, j0:j1] += dp.swapaxes(1, 2) @ q_l[:, i0:i1]  # (g, bk, bq) @ (g, bq, d) -> (g, bk, d)
             if d_bias is not None:
-                d_bias[i0:i1, j0:j1] += dp * inv_ell[i0:i1, None]  # dS = dS' / ℓ
-    dq *= inv_ell[:, None]
+                d_bias[:, i0:i1, j0:j1] += dp * inv_ell[:, i0:i1, None]  # dS = dS' / ℓ
+    dq *= inv_ell[..., None]
+
+
+def _group_size(args: AttentionArgs, block: int, threads: int) -> int:
+    """How many heads one work item takes: 1 when tiles are block × block, more when a head's whole score
+    matrix is smaller than a tile (short sequences), so that the tiny per-head products become one batched
+    product over heads and the ~15 NumPy calls per tile are paid once per group, not once per head.
+
+    Heads are grouped only when they share the mask (a tile is then skipped for all of them or for none),
+    and never so much that the pool runs out of items."""
+    B, H, Lq, Lk = args.shape
+    if args.mask is not None and np.ndim(args.mask) >= 3 and np.shape(args.mask)[-3] > 1:
+        return 1  # a mask per head: tiles are skipped head by head
+    g = max(1, min(H, block * block // max(1, min(block, Lq) * min(block, Lk))))
+    items_per_head_row = B * -(-Lq // block)
+    while g > 1 and items_per_head_row * -(-H // g) < 2 * threads:  # a few items per thread
+        g = -(-g // 2)
+    return g
 
 
 # --------------------------------------------------------------------------- the kernel
@@ -230,8 +257,8 @@ class ChunkedCache:
     seed: int | None
     kernel: ChunkedKernel
 
-    def _tiles(self, b: int, h: int) -> _Tiles:
-        return _Tiles(self.args, b, h, self.seed)
+    def _tiles(self, b: int, hs: slice) -> _Tiles:
+        return _Tiles(self.args, b, hs, self.seed)
 
     @property
     def scores(self) -> np.ndarray:
@@ -264,11 +291,11 @@ class ChunkedCache:
         out = np.empty((B, H, Lq, Lk), dtype=bool)
         for b in range(B):
             for h in range(H):
-                tiles = self._tiles(b, h)
+                tiles = self._tiles(b, slice(h, h + 1))
                 for i0 in range(0, Lq, bs):
                     for j0 in range(0, Lk, bs):
                         i1, j1 = min(i0 + bs, Lq), min(j0 + bs, Lk)
-                        out[b, h, i0:i1, j0:j1] = tiles.keep_tile(i0, i1, j0, j1)
+                        out[b, h, i0:i1, j0:j1] = tiles.keep_tile(i0, i1, j0, j1)[0]
         return out
 
 
@@ -299,6 +326,12 @@ class ChunkedKernel(Kernel):
     def threads(self) -> int:
         return self.num_threads or DEFAULT_NUM_THREADS
 
+    def groups(self, args: AttentionArgs, dtype) -> list[tuple[int, slice]]:
+        """The work items' (b, heads): one head each, or several when a head's scores are smaller than a tile."""
+        B, H = args.shape[:2]
+        g = _group_size(args, self.block(dtype), self.threads())
+        return [(b, slice(h, min(h + g, H))) for b in range(B) for h in range(0, H, g)]
+
     def run(self, q, k, v, args: AttentionArgs):
         B, H, Lq, Lk = args.shape
         bs, dt = self.block(q.dtype), q.dtype
@@ -307,14 +340,15 @@ class ChunkedKernel(Kernel):
         cache = ChunkedCache(q, k, v, context, m, inv_ell, args, args.seed(), self)  # q, k, v kept as views
 
         def work(item):
-            b, h, i0 = item
+            b, hs, i0 = item
             rows = slice(i0, min(i0 + bs, Lq))
             _forward_rows(
-                q[b, h, rows], k[b, h], v[b, h], args.scale, cache._tiles(b, h), i0, bs,
-                context[b, h, rows], m[b, h, rows], inv_ell[b, h, rows],
+                q[b, hs, rows], k[b, hs], v[b, hs], args.scale, cache._tiles(b, hs), i0, bs,
+                context[b, hs, rows], m[b, hs, rows], inv_ell[b, hs, rows],
             )  # fmt: skip
 
-        run_items(work, [(b, h, i0) for b in range(B) for h in range(H) for i0 in range(0, Lq, bs)], self.threads())
+        items = [(b, hs, i0) for b, hs in self.groups(args, dt) for i0 in range(0, Lq, bs)]
+        run_items(work, items, self.threads())
         return context, cache
 
     def backward(self, d_context, cache: ChunkedCache):
@@ -328,18 +362,20 @@ class ChunkedKernel(Kernel):
         bs = cache.kernel.block(q.dtype)
 
         def work(item):
-            b, h = item
-            db = None if bias is None else np.zeros((Lq, Lk), dtype=q.dtype)  # this head's dS
-            rows = (cache.m[b, h], cache.inv_ell[b, h], D[b, h])  # (Lq,) each
-            _backward_head(
-                q[b, h], k[b, h], v[b, h], cache.args.scale, d_context[b, h], *rows,
-                cache._tiles(b, h), bs, bs, dq[b, h], dk[b, h], dv[b, h], db,
+            b, hs = item
+            g = len(range(H)[hs])
+            db = None if bias is None else np.zeros((g, Lq, Lk), dtype=q.dtype)  # these heads' dS
+            rows = (cache.m[b, hs], cache.inv_ell[b, hs], D[b, hs])  # (g, Lq) each
+            _backward_heads(
+                q[b, hs], k[b, hs], v[b, hs], cache.args.scale, d_context[b, hs], *rows,
+                cache._tiles(b, hs), bs, bs, dq[b, hs], dk[b, hs], dv[b, hs], db,
             )  # fmt: skip
             if db is not None:
                 with self._bias_lock:  # heads that share a bias entry add into it one at a time
-                    _add_reduced(d_bias, b, h, db)
+                    for h, d_head in zip(range(H)[hs], db):
+                        _add_reduced(d_bias, b, h, d_head)
 
-        run_items(work, [(b, h) for b in range(B) for h in range(H)], cache.kernel.threads())
+        run_items(work, cache.kernel.groups(cache.args, q.dtype), cache.kernel.threads())
         dq *= cache.args.scale  # the tiles saw q · scale  ->  dq = dq_scaled · scale
         return dq, dk, dv, d_bias
 
