@@ -131,18 +131,17 @@ def attention_scores_forward(q: np.ndarray, k: np.ndarray, scale: float):
 
     q: (B, H, Lq, d)   k: (B, H, Lk, d)   ->   scores: (B, H, Lq, Lk)
     """
-    scores = q @ k.swapaxes(-1, -2)  # F1: (B, H, Lq, d) @ (B, H, d, Lk) -> (B, H, Lq, Lk)
-    scores *= scale  # F2, in place on the fresh product
-    return scores, (q, k, scale)
+    q_scaled = q * scale  # F1: (B, H, Lq, d), the scale on q rather than on the (Lq, Lk) product
+    scores = q_scaled @ k.swapaxes(-1, -2)  # F2: (B, H, Lq, d) @ (B, H, d, Lk) -> (B, H, Lq, Lk)
+    return scores, (q_scaled, k, scale)
 
 
 def attention_scores_backward(d_scores: np.ndarray, cache):
     """d_scores: (B, H, Lq, Lk)  ->  dq: (B, H, Lq, d), dk: (B, H, Lk, d)."""
-    q, k, scale = cache
-    dq = d_scores @ k  # ← F1: (B, H, Lq, Lk) @ (B, H, Lk, d) -> (B, H, Lq, d)
-    dk = d_scores.swapaxes(-1, -2) @ q  # ← F1: (B, H, Lk, Lq) @ (B, H, Lq, d) -> (B, H, Lk, d)
-    dq *= scale  # ← F2: the scale, applied to the (L, d) results rather than to the (Lq, Lk) d_scores
-    dk *= scale  # ← F2
+    q_scaled, k, scale = cache
+    dq = d_scores @ k  # ← F2: (B, H, Lq, Lk) @ (B, H, Lk, d) -> (B, H, Lq, d)
+    dq *= scale  # ← F1: the scale, applied to the (Lq, d) result rather than to the (Lq, Lk) d_scores
+    dk = d_scores.swapaxes(-1, -2) @ q_scaled  # ← F2: (B, H, Lk, Lq) @ (B, H, Lq, d) -> (B, H, Lk, d)
     return dq, dk
 
 
@@ -193,7 +192,7 @@ def softmax_forward(x: np.ndarray):
     p = x - row_max  # (..., Lk), a new array: the steps below work in place on it
     np.exp(p, out=p)  # F1: (..., Lk), every entry in [0, 1] (or NaN)
     total = p.sum(axis=-1, keepdims=True)  # F2: (..., 1), 0 only for a fully masked row
-    p /= np.where(total == 0, 1.0, total)  # F3: (..., Lk); a fully masked row stays 0, NaN stays NaN
+    p *= 1.0 / np.where(total == 0, 1.0, total)  # F3: (..., Lk), one division per row; masked rows stay 0
     return p, p
 
 

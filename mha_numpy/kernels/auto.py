@@ -1,9 +1,12 @@
 """``impl="auto"``: pick the kernel per call from the shape, so a user need not know which is faster.
 
-The rule, from the measurements in docs/performance.md (2 cores, float32 and float64, E = 256 and 768):
-the vectorized kernel wins while a head's score matrix is small (Python overhead per tile dominates the
-chunked kernel), the chunked kernel from about 512 × 512 scores per head on (fewer passes over memory,
-two threads, tiles skipped under a causal mask), and it is the only one that fits at long sequences.
+The rule, from the interleaved measurements in docs/performance.md (2 cores, float32 and float64): the
+vectorized kernel wins while the whole call is small (B·H·Lq·Lk below about 2¹⁸ scores: the chunked kernel's
+thread hand-off and per-tile NumPy calls cost more than they save), the chunked kernel from there on: at long
+sequences (fewer passes over memory, two threads, tiles skipped under a causal mask; the only one that fits)
+and also at short sequences in a batch (B = 8, L = 128 or B = 32, L = 64), where it groups the heads of one
+batch item into one work item and runs the items on two threads, while the vectorized kernel's batched
+products over (B, H) run on one core (NumPy calls BLAS once per small matrix, and BLAS does not thread those).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from .base import AttentionArgs, Kernel
 from .chunked import ChunkedKernel
 from .vectorized import VectorizedKernel
 
-MIN_CHUNKED_SCORES = 512 * 512  # Lq · Lk per head from which the chunked kernel is used
+MIN_CHUNKED_SCORES = 2**18  # B · H · Lq · Lk (scores of the whole call) from which the chunked kernel is used
 
 
 class AutoKernel(Kernel):
@@ -26,8 +29,8 @@ class AutoKernel(Kernel):
 
     def choose(self, shape) -> Kernel:
         """The kernel for scores of ``shape`` = (B, H, Lq, Lk)."""
-        Lq, Lk = shape[2], shape[3]
-        return self.chunked if Lq * Lk >= self.min_chunked_scores else self.vectorized
+        B, H, Lq, Lk = shape
+        return self.chunked if B * H * Lq * Lk >= self.min_chunked_scores else self.vectorized
 
     def run(self, q, k, v, args: AttentionArgs):
         return self.choose(args.shape).run(q, k, v, args)  # its cache names the chosen kernel
