@@ -132,11 +132,15 @@ def _forward_rows(q, k, v, scale: float, tiles: _Tiles, i0: int, bk: int, out, m
     writes out: (g, n, dv) the context rows, m_out: (g, n) the row max and inv_ell_out: (g, n) 1 / row sum
     (0 for a row where nothing is allowed).
     """
-    (g, n, _), Lk, dt = q.shape, k.shape[1], q.dtype
+    (g, n, _), Lk, dv, dt = q.shape, k.shape[1], v.shape[2], q.dtype
+    dropout = tiles.keep is not None or tiles.seed is not None
     q = q * scale  # (g, n, d) the block's scaled queries: no tile is rescaled
+    # Without dropout ℓ rides along as an extra column of V: [A, ℓ] += P [V, 1] (no separate row-sum pass).
+    # With dropout the product uses the dropped weights while ℓ sums the undropped ones: ℓ is summed apart.
+    va = v if dropout else np.concatenate([v, np.ones((g, Lk, 1), dtype=dt)], axis=2)  # (g, Lk, dv [+ 1])
     m = np.full((g, n), -np.inf, dtype=dt)  # running row max
-    ell = np.zeros((g, n), dtype=dt)  # running row sum of exp(s - m)
-    acc = np.zeros((g, n, v.shape[2]), dtype=dt)  # running unnormalised context, Σ exp(s - m) v
+    acc = np.zeros((g, n, va.shape[2]), dtype=dt)  # running unnormalised context Σ exp(s - m) v [and ℓ]
+    ell = np.zeros((g, n), dtype=dt) if dropout else acc[..., dv]  # running row sum of exp(s - m)
     buf = np.empty((g, n, min(bk, Lk)), dtype=dt)  # the score tile, reused
     scale_drop = 1.0 / (1.0 - tiles.p) if tiles.p > 0 else 1.0
     for j0 in range(0, Lk, bk):
@@ -150,17 +154,16 @@ def _forward_rows(q, k, v, scale: float, tiles: _Tiles, i0: int, bk: int, out, m
         alpha = np.exp(m - m_new)  # (g, n) rescales what was summed with the old max
         np.subtract(s, m_new[..., None], out=s)
         np.exp(s, out=s)  # (g, n, bk) P tile, not yet normalised
-        ell *= alpha
-        ell += s.sum(axis=2)
-        acc *= alpha[..., None]
-        keep = tiles.keep_tile(i0, i0 + n, j0, j1)
-        if keep is not None:
-            s *= keep  # dropout acts on the weights after the softmax, not on ℓ
+        acc *= alpha[..., None]  # (g, n, dv [+ 1]); without dropout this rescales ℓ too
+        if dropout:
+            ell *= alpha
+            ell += s.sum(axis=2)
+            s *= tiles.keep_tile(i0, i0 + n, j0, j1)  # dropout acts on the weights after the softmax, not on ℓ
             s *= scale_drop
-        acc += s @ v[:, j0:j1]  # (g, n, bk) @ (g, bk, dv) -> (g, n, dv)
+        acc += s @ va[:, j0:j1]  # (g, n, bk) @ (g, bk, dv [+ 1]) -> (g, n, dv [+ 1])
         m = m_new
     inv_ell = np.divide(1.0, ell, out=np.zeros_like(ell), where=ell != 0)  # (g, n); rows with nothing allowed: 0
-    np.multiply(acc, inv_ell[..., None], out=out)  # (g, n, dv); rows with nothing allowed stay 0
+    np.multiply(acc[..., :dv], inv_ell[..., None], out=out)  # (g, n, dv); rows with nothing allowed stay 0
     m_out[...] = np.where(np.isneginf(m), 0.0, m)
     inv_ell_out[...] = np.where(np.isnan(ell), np.nan, inv_ell)  # a NaN row stays NaN
 
