@@ -359,3 +359,53 @@ def find(key: str, function: str | None = None) -> Bug:
 
 def for_function(function: str) -> list[Bug]:
     return [b for b in BUGS if b.function == function]
+
+
+MODULE_BUGS = {  # key -> {the pair function it replaces: the buggy function}, for self_attention_pair
+    "bias_batch_only": {"linear_backward": linear_backward_bias_batch_only},
+    "split_heads_reshape": {
+        "split_heads_forward": split_heads_forward_reshape,
+        "split_heads_backward": split_heads_backward_reshape,
+    },
+    "merge_heads_reshape": {
+        "merge_heads_forward": merge_heads_forward_reshape,
+        "merge_heads_backward": merge_heads_backward_reshape,
+    },
+}
+
+
+def self_attention_pair(*keys: str):
+    """(forward, backward) of self-attention composed from the pairs, with the steps ``keys`` name buggy.
+
+    forward(x, params, num_heads, mask=None, dropout_p=0.0, keep_mask=None) -> (out, cache), x (B, L, E);
+    backward(d_out, cache) -> {"x", "W_q", ..., "b_o"}. Keys: those of STEP_BUGS and MODULE_BUGS, and
+    "self_attention_paths" (dx keeps the query path only).
+    """
+    step = {"linear_backward": F.linear_backward, "split_heads_forward": F.split_heads_forward}
+    step.update(split_heads_backward=F.split_heads_backward, merge_heads_forward=F.merge_heads_forward)
+    step.update(merge_heads_backward=F.merge_heads_backward)
+    for key in keys:
+        step.update(MODULE_BUGS.get(key, {}))
+    attend, attend_back = sdpa_pair(*(k for k in keys if k in STEP_BUGS))
+    paths = ("query",) if "self_attention_paths" in keys else ("query", "key", "value")
+
+    def forward(x, params, num_heads, mask=None, dropout_p=0.0, keep_mask=None):
+        proj = {n: F.linear_forward(x, params[f"W_{n[0]}"], params[f"b_{n[0]}"]) for n in ("query", "key", "value")}
+        heads = {n: step["split_heads_forward"](y, num_heads) for n, (y, _) in proj.items()}  # (B, H, L, d) each
+        ctx, c_att = attend(*(h for h, _ in heads.values()), mask, None, dropout_p, keep_mask)  # (B, H, L, d)
+        merged, c_merge = step["merge_heads_forward"](ctx)  # (B, L, E)
+        out, c_out = F.linear_forward(merged, params["W_o"], params["b_o"])
+        return out, (proj, heads, c_att, c_merge, c_out)
+
+    def backward(d_out, cache):
+        proj, heads, c_att, c_merge, c_out = cache
+        grads = {}
+        d_merged, grads["W_o"], grads["b_o"] = step["linear_backward"](d_out, c_out)
+        d_heads = attend_back(step["merge_heads_backward"](d_merged, c_merge), c_att)  # dq, dk, dv
+        dx = {}
+        for (n, (_, c_proj)), d_h in zip(proj.items(), d_heads):
+            d_y = step["split_heads_backward"](d_h, heads[n][1])  # (B, L, E)
+            dx[n], grads[f"W_{n[0]}"], grads[f"b_{n[0]}"] = step["linear_backward"](d_y, c_proj)
+        return {"x": sum(dx[p] for p in paths), **grads}
+
+    return forward, backward
