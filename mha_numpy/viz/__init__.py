@@ -32,6 +32,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from .. import functional as F
+from .style import enlarge_fonts, export_figure, presentation  # noqa: F401 - the presentation style
 
 MASKED_FACE = "#d0d0d0"
 MASKED_EDGE = "#707070"
