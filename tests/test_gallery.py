@@ -38,6 +38,12 @@ def test_swapped_transpose_hides_from_a_unit_check_with_all_ones_only(table):
         assert m.errors["unit · ones"] <= 1e-15 and m.caught("unit · random") and m.caught("module · ones")
 
 
+def test_unweighted_mean_softmax_hides_from_all_ones_in_a_unit_check_only(table):
+    m = table["softmax_mean", "softmax_backward"]
+    assert not m.caught("unit · ones") and m.caught("unit · random") and m.caught("module · ones")
+    assert table["softmax_diagonal", "softmax_backward"].caught("unit · ones")
+
+
 def test_reshape_only_split_passes_finite_differences_but_not_the_reference(table):
     for key, fn in [("split_heads_reshape", "split_heads_forward"), ("merge_heads_reshape", "merge_heads_forward")]:
         m = table[key, fn]

@@ -46,6 +46,11 @@ def softmax_backward_diagonal(dp, cache):
     return p * (1 - p) * dp  # BUG: only the diagonal of the Jacobian; the -p_i p_j terms are missing
 
 
+def softmax_backward_mean(dp, cache):
+    p = cache
+    return p * (dp - dp.mean(axis=-1, keepdims=True))  # BUG: an unweighted mean where sum(p * dp) belongs
+
+
 def softmax_forward_nan(x):
     e = np.exp(x - x.max(axis=-1, keepdims=True))  # BUG: a row of -inf gives -inf - (-inf) = NaN
     p = e / e.sum(axis=-1, keepdims=True)
@@ -139,6 +144,7 @@ def online_update_nan(m, l_sum, acc, s, v):
 
 STEP_BUGS = {  # key -> (the functional pair's function it replaces, the buggy function)
     "softmax_diagonal": ("softmax_backward", softmax_backward_diagonal),
+    "softmax_mean": ("softmax_backward", softmax_backward_mean),
     "softmax_nan": ("softmax_forward", softmax_forward_nan),
     "scores_swapped_dq": ("attention_scores_backward", scores_backward_swapped_dq),
     "scores_swapped_dk": ("attention_scores_backward", scores_backward_swapped_dk),
@@ -200,6 +206,15 @@ _STEP_LIST = [
         "softmax couples a row: dp_i/dx_j = p_i(δ_ij - p_j). Use dx = p * (dp - sum(p * dp, axis=-1, keepdims=True)); "
         "a test: each row of dx sums to 0 in the correct backward, not in yours",
         softmax_backward_diagonal,
+    ),
+    Bug(
+        "softmax_mean",
+        "softmax_backward",
+        "The softmax backward with an unweighted mean",
+        "`p * (dp - dp.mean(-1))`, the mean of dp where the p-weighted sum Σ_j p_j dp_j belongs",
+        "the subtracted term is E_p[dp], the average of dp under the weights p, not its plain mean. An all-ones dp "
+        "cannot show it (both give 0 there); a random dp does",
+        softmax_backward_mean,
     ),
     Bug(
         "softmax_nan",
@@ -311,6 +326,7 @@ _STEP_BUG = {b.key: b for b in _STEP_LIST if b.key in STEP_BUGS}
 BUGS: list[Bug] = [
     *_STEP_LIST,
     _sdpa_bug("softmax_diagonal", "backward", "check softmax_backward on its own (it sums to 0 over each row)"),
+    _sdpa_bug("softmax_mean", "backward", "check softmax_backward on its own with a random upstream gradient"),
     _sdpa_bug("softmax_nan", "forward", "mask every key of one query and look at that row of the context"),
     _sdpa_bug("scores_swapped_dq", "backward", "check attention_scores_backward on its own with Lq ≠ Lk"),
     _sdpa_bug("scores_swapped_dk", "backward", "check attention_scores_backward on its own with Lq ≠ Lk"),

@@ -55,10 +55,12 @@ class Measurement:
 
 
 def rel_error(got: dict, expected: dict):
-    """max over names of max |got - expected| / the largest entry of either side (so 1 means unrelated, and a
-    gradient that is zero in theory is not judged against its own rounding); "shape" or "NaN" for a mismatch."""
+    """max over names of max |got - expected| / the largest entry of either side (so 1 means unrelated); the
+    absolute error when both sides are zero in theory (below 1e-10: rounding only, no scale to judge against);
+    "shape" or "NaN" for a mismatch."""
     arrays = [np.asarray(a, dtype=np.float64) for a in [*expected.values(), *got.values()]]
-    scale = max((np.abs(a[np.isfinite(a)]).max() for a in arrays if np.isfinite(a).any()), default=0.0) or 1.0
+    scale = max((np.abs(a[np.isfinite(a)]).max() for a in arrays if np.isfinite(a).any()), default=0.0)
+    scale = scale if scale > 1e-10 else 1.0  # both sides zero in theory (rounding only): judge the absolute error
     worst = 0.0
     for name, e in expected.items():
         g, e = np.asarray(got[name], dtype=np.float64), np.asarray(e, dtype=np.float64)
