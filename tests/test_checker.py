@@ -159,3 +159,10 @@ def test_check_file_from_python_returns_a_printable_report():
     report = check_file(BUGGY)
     assert not report.passed and "softmax_backward" in str(report)
     assert report["softmax_backward"].bug.key == "softmax_diagonal"
+
+
+def test_functions_of_unknown_pairs_are_listed_not_failed():
+    ns = {"softmax_forward": correct_namespace()["softmax_forward"], "my_helper_forward": lambda x: (x, None)}
+    report = check_namespace(ns)
+    assert report.passed and report.ignored == ["my_helper_forward"]
+    assert "my_helper_forward" in str(report)

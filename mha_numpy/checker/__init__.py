@@ -37,6 +37,7 @@ class CheckReport:
 
     rows: list[Row] = field(default_factory=list)
     source: str = ""
+    ignored: list[str] = field(default_factory=list)  # NAME_forward/_backward of no pair the checker knows
 
     @property
     def passed(self) -> bool:
@@ -62,12 +63,20 @@ class CheckReport:
                 lines.append(f"{'':<{width}}  diagnosis: {r.diagnosis}")
         done = sum(r.status == "PASS" for r in self.rows)
         lines.append(f"{done} of {len(self.rows)} functions pass")
+        if self.ignored:
+            lines.append(f"not checked (no pair of that name is known): {', '.join(self.ignored)}")
         return "\n".join(lines)
 
 
 def check_namespace(namespace: dict, only=None, source: str = "") -> CheckReport:
     """Check the functions a dict (``globals()``, a module's ``vars``) defines; ``only``: pair names to look at."""
-    return CheckReport(_check_rows(namespace, only), source)
+    known = {f"{p.name}_{side}" for p in cases.PAIRS for side in ("forward", "backward")}
+    ignored = [
+        name
+        for name, value in namespace.items()
+        if callable(value) and name.endswith(("_forward", "_backward")) and name not in known and only is None
+    ]
+    return CheckReport(_check_rows(namespace, only), source, ignored)
 
 
 def load_student(path) -> dict:

@@ -83,6 +83,14 @@ def _array(case: cases.Case, name: str):
     raise KeyError(name)
 
 
+def _numerical(pair: cases.Pair, fwd, case: cases.Case, d_out) -> dict:
+    """Central differences of sum(fwd(*case) * d_out) with respect to each input that gets a gradient."""
+    return {
+        name: numerical_gradient(lambda _x: _finite(fwd(*case.values())[0]), _array(case, name), d_out)
+        for name in pair.grads
+    }
+
+
 def run_cases(function: str, case_list, run_case) -> Row:
     """Row for ``function``: PASS if ``run_case(case)`` passes on every case; else the first failure, diagnosed."""
     first, bug = None, None
@@ -135,9 +143,8 @@ def check_backward(pair: cases.Pair, student_bwd, student_fwd, rng, forward_fail
 
     def run_case(case):
         out, cache = _out(_call(fwd, *case.values()))
-        d_out = (
-            rng.standard_normal() if pair.scalar_output else rng.standard_normal(np.shape(out))
-        )  # random, never ones
+        # a random upstream gradient, never ones: an all-ones one hides a swapped transpose or a mean-for-sum
+        d_out = rng.standard_normal() if pair.scalar_output else rng.standard_normal(np.shape(out))
         try:
             got = as_grads(student_bwd(copy.deepcopy(d_out), cache), pair.grads)
         except NotImplementedError:
@@ -146,13 +153,8 @@ def check_backward(pair: cases.Pair, student_bwd, student_fwd, rng, forward_fail
             if not forward_failed:
                 raise
             raise _Failed(f"not checked: fix {pair.name}_forward first, the backward reads its cache") from exc
-        expected = {}
-        if ref_bwd is not None:
-            expected = as_grads(ref_bwd(d_out, ref_fwd(*case.values())[1]), pair.grads)
-        numerical = {}
-        for name in pair.grads:
-            x = _array(case, name)
-            numerical[name] = numerical_gradient(lambda _x: _finite(fwd(*case.values())[0]), x, d_out)
+        expected = as_grads(ref_bwd(d_out, ref_fwd(*case.values())[1]), pair.grads) if ref_bwd else {}
+        numerical = _numerical(pair, fwd, case, d_out)
         scale = scale_of([*expected.values(), *numerical.values()])
         for name in pair.grads:
             problem = compare(f"d{name}", got.get(name), expected.get(name, numerical[name]), scale) or compare(
