@@ -53,10 +53,11 @@ def _worst(name, got, expected, scale, rtol):
         return None
     i = np.unravel_index(np.argmax(err), err.shape)
     idx = tuple(int(j) for j in i)
-    return (
-        f"{name} {got.shape}: worst at {idx}, got {got[i]:.6g}, expected {expected[i]:.6g} "
-        f"(max abs err {err.max():.1e}, {err.max() / scale:.1e} of the largest entry)"
-    )
+    head = f"{name} {got.shape}: worst at {idx}, got {got[i]:.6g}, expected {expected[i]:.6g}"
+    if np.isinf(err[i]):
+        nan = np.isnan(got) != np.isnan(expected)
+        return f"{head} ({int(nan.sum())} entries NaN on one side only, or infinite)"
+    return f"{head} (max abs err {err.max():.1e}, {err.max() / scale:.1e} of the largest entry)"
 
 
 def matches(got: dict, variant: dict, scale: float) -> bool:
