@@ -10,11 +10,11 @@ transformers is missing.
 from __future__ import annotations
 
 import argparse
-import sys
 
 import numpy as np
 
 from .. import masks
+from .._optional import require
 from ._config import add_config_args, make_example, make_mask
 
 DTYPES = {"float64": np.float64, "float32": np.float32}
@@ -76,16 +76,8 @@ def _bert_attention(args, dtype):
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        import torch
-        import transformers  # noqa: F401
-    except ImportError as exc:
-        print(
-            f"crosscheck needs PyTorch and transformers ({exc.name or exc} is not installed): "
-            "pip install -r requirements-dev.txt",
-            file=sys.stderr,
-        )
-        return 2
+    torch = require("torch", "crosscheck")  # a missing one: one line naming the extra, exit 2
+    require("transformers", "crosscheck")
     from .. import torch_compat as tc
 
     torch.set_num_threads(1)  # tiny tensors: threads only add overhead
