@@ -165,3 +165,32 @@ def test_alibi_through_the_mask_equals_a_per_row_shift_of_bloom_style_bias():
     b, cb = F.scaled_dot_product_attention_forward(q, k, v, bloom)
     np.testing.assert_allclose(ca.attn_weights, cb.attn_weights, rtol=0, atol=1e-14)
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-13)
+
+
+# --------------------------------------------------------------------------- sliding window
+
+
+def test_sliding_window_mask_causal_and_symmetric():
+    m = masks.sliding_window_mask(5, 5, 2)
+    expected = np.array(
+        [
+            [1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0],
+            [0, 1, 1, 0, 0],
+            [0, 0, 1, 1, 0],
+            [0, 0, 0, 1, 1],
+        ],
+        dtype=bool,
+    )
+    np.testing.assert_array_equal(m, expected)
+    sym = masks.sliding_window_mask(4, 4, 2, causal=False)
+    np.testing.assert_array_equal(sym, np.abs(np.subtract.outer(np.arange(4), np.arange(4))) <= 1)
+    np.testing.assert_array_equal(masks.sliding_window_mask(3, 7, 10, offset=4), masks.causal_mask(3, 7, diagonal=4))
+    decode = masks.sliding_window_mask(1, 6, 3, offset=5)  # one new query at position 5: keys 3, 4, 5
+    np.testing.assert_array_equal(decode, [[0, 0, 0, 1, 1, 1]])
+
+
+@pytest.mark.parametrize("args", [(0, 3, 2), (3, 3, 0), (3, 3, 1.5), (3, -1, 2)])
+def test_sliding_window_mask_bad_input(args):
+    with pytest.raises(ValueError, match="positive int"):
+        masks.sliding_window_mask(*args)
