@@ -194,3 +194,55 @@ def test_sliding_window_mask_causal_and_symmetric():
 def test_sliding_window_mask_bad_input(args):
     with pytest.raises(ValueError, match="positive int"):
         masks.sliding_window_mask(*args)
+
+
+# --------------------------------------------------------------------------- KVCache (storage alone)
+
+
+def test_kv_cache_appends_in_order_and_reports_its_bytes():
+    from mha_numpy import KVCache
+
+    rng = np.random.default_rng(8)
+    kv = KVCache()
+    assert len(kv) == 0 and kv.nbytes == 0 and kv.keys is None
+    chunks = [rng.standard_normal((2, 3, n, 4)) for n in (5, 1, 1, 3, 1)]
+    for c in chunks:
+        keys, values = kv.append(c, 2 * c)
+    full = np.concatenate(chunks, axis=2)  # (2, 3, 11, 4)
+    np.testing.assert_array_equal(keys, full)
+    np.testing.assert_array_equal(values, 2 * full)
+    assert len(kv) == 11 and kv.keys.shape == (2, 3, 11, 4)
+    assert kv.nbytes == 2 * 2 * 3 * 11 * 4 * 8
+    assert kv.bytes_per_token == 3 * (4 + 4) * 8
+    np.testing.assert_array_equal(kv.positions(2), [11, 12])
+
+
+def test_kv_cache_never_aliases_the_caller_arrays():
+    from mha_numpy import KVCache
+
+    kv = KVCache()
+    k = np.ones((1, 1, 2, 2))
+    kv.append(k, k)
+    k[...] = 5.0
+    assert np.all(kv.keys == 1.0)
+
+
+def test_kv_cache_bad_input_names_the_argument():
+    from mha_numpy import KVCache, MultiHeadAttention
+
+    kv = KVCache()
+    kv.append(np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 3, 4)))
+    with pytest.raises(ValueError, match="kv_cache holds"):
+        kv.append(np.zeros((1, 1, 1, 4)), np.zeros((1, 1, 1, 4)))  # other number of heads
+    with pytest.raises(ValueError, match="kv_cache holds"):
+        kv.append(np.zeros((1, 2, 1, 4), np.float32), np.zeros((1, 2, 1, 4), np.float32))
+    with pytest.raises(ValueError, match="K .* and V"):
+        kv.append(np.zeros((1, 2, 1, 4)), np.zeros((1, 2, 2, 4)))
+    a, b = MultiHeadAttention(8, 2, rng=0), MultiHeadAttention(8, 2, rng=0)
+    kv.bind(a)
+    with pytest.raises(ValueError, match="kv_cache belongs to another module"):
+        kv.bind(b)
+    with pytest.raises(ValueError, match="kv_cache holds float64"):
+        fresh = KVCache()
+        fresh.append(np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 3, 4)))
+        fresh.bind(MultiHeadAttention(8, 2, rng=0, dtype=np.float32))
