@@ -136,8 +136,9 @@ def _check_numpy_dtype(torch_dtype) -> np.dtype:
     return np.dtype(name)
 
 
-def _new_mha(E, H, bias, kdim, vdim, dropout, dtype, params) -> MultiHeadAttention:
-    mha = MultiHeadAttention(E, H, bias=bias, kdim=kdim, vdim=vdim, dropout=dropout, dtype=dtype, rng=0)
+def _new_mha(E, H, bias, kdim, vdim, dropout, dtype, params, **options) -> MultiHeadAttention:
+    """A module with the given weights; ``options`` go to the constructor (e.g. num_kv_heads, rope_theta)."""
+    mha = MultiHeadAttention(E, H, bias=bias, kdim=kdim, vdim=vdim, dropout=dropout, dtype=dtype, rng=0, **options)
     for name, p in mha.params.items():
         if params[name].shape != p.shape:
             raise ValueError(f"{name}: the imported tensor has shape {params[name].shape}, expected {p.shape}")
@@ -689,3 +690,12 @@ def crosscheck_hf_bert_attention(
         note="residual + LayerNorm are not MHA",
     )
     return report
+
+
+# --------------------------------------------------------------------------- today's variants (GQA, RoPE, KV cache)
+
+from .llama import HF_LLAMA_NAME_MAP as HF_LLAMA_NAME_MAP  # noqa: E402  (llama.py builds on the helpers above)
+from .llama import crosscheck_gqa_sdpa as crosscheck_gqa_sdpa  # noqa: E402
+from .llama import crosscheck_hf_llama_attention as crosscheck_hf_llama_attention  # noqa: E402
+from .llama import crosscheck_hf_llama_kv_cache as crosscheck_hf_llama_kv_cache  # noqa: E402
+from .llama import from_hf_llama_attention as from_hf_llama_attention  # noqa: E402
