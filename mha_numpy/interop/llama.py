@@ -303,3 +303,39 @@ def crosscheck_hf_llama_kv_cache(
     report.compare("cached values", "DynamicCache values", kv.values, layer.values.numpy())
     report.notes.append(f"our KVCache: {kv.nbytes} bytes for {len(kv)} positions ({kv.bytes_per_token} per token)")
     return report
+
+
+def hf_llama_attention(
+    hidden_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    rope_theta: float = 10000.0,
+    bias: bool = True,
+    dtype=np.float64,
+    seed: int = 0,
+    attn_implementation: str = "sdpa",
+) -> LlamaAttention:
+    """A small random transformers ``LlamaAttention`` (layer 0) for the cross-checks; nonzero biases when ``bias``."""
+    torch = _require("torch")
+    _require("transformers")
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    cfg = LlamaConfig(
+        hidden_size=hidden_size,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=1,
+        vocab_size=16,
+        rope_theta=rope_theta,
+        attention_bias=bias,
+        attn_implementation=attn_implementation,
+    )
+    torch.manual_seed(seed)
+    module = LlamaAttention(cfg, layer_idx=0).to(getattr(torch, np.dtype(dtype).name))
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.1)  # zero biases would hide bias bugs
+    return module
