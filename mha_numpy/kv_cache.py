@@ -70,8 +70,9 @@ class KVCache:
         """(num_new,) the positions of the next call's tokens: length, length + 1, ..."""
         return np.arange(self.length, self.length + num_new)
 
-    def bind(self, module) -> None:
-        """Tie the cache to ``module`` on first use; ValueError naming ``kv_cache`` for another module or dtype."""
+    def bind(self, module, batch: int | None = None) -> None:
+        """Tie the cache to ``module`` on first use; ValueError naming ``kv_cache`` for another module, another
+        dtype or (given ``batch``) another batch size than the cached one. Runs before any arithmetic."""
         owner = None if self._owner is None else self._owner()
         if owner is None and self._owner is not None and self.length:
             raise ValueError("kv_cache belongs to a module that no longer exists; start a new KVCache()")
@@ -79,6 +80,8 @@ class KVCache:
             raise ValueError(f"kv_cache belongs to another module ({owner!r}); use one KVCache per attention module")
         if self.dtype is not None and self.dtype != module.dtype:
             raise ValueError(f"kv_cache holds {self.dtype} keys and values but the module is {module.dtype}")
+        if batch is not None and self._k is not None and self._k.shape[0] != batch:
+            raise ValueError(f"kv_cache holds a batch of {self._k.shape[0]} sequences, this call has {batch}")
         self._owner = weakref.ref(module)
 
     def append(self, K: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -102,3 +102,101 @@ def test_alibi_weights_match_bloom_build_alibi_tensor_under_a_causal_mask(torch,
     _, ours = F.scaled_dot_product_attention_forward(q, k, v, masks.combine_masks(causal, F.alibi_bias(H, L)))
     # BLOOM's slopes are float32: the weights agree to float32 rounding of the slopes
     np.testing.assert_allclose(ours.attn_weights, theirs.attn_weights, rtol=0, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- Hugging Face LlamaAttention
+
+
+@pytest.mark.parametrize("H, Hkv", [(4, 2), (4, 1), (2, 2)])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_llama_attention_outputs_and_every_gradient(transformers, H, Hkv, bias, dtype):
+    from mha_numpy.interop import llama
+
+    module = llama.hf_llama_attention(4 * H, H, Hkv, rope_theta=300.0, bias=bias, dtype=dtype, seed=H + Hkv)
+    x = np.random.default_rng(11).standard_normal((2, 6, 4 * H))
+    report = llama.crosscheck_hf_llama_attention(module, x)
+    assert report.passed, str(report)
+    grads = [r.name for r in report.rows if r.name.startswith("dL/d")]
+    assert len(grads) == 1 + (8 if bias else 4)  # the input and every parameter
+
+
+def test_llama_attention_with_explicit_positions(transformers):
+    from mha_numpy.interop import llama
+
+    module = llama.hf_llama_attention(16, 4, 2, rope_theta=10000.0)
+    x = np.random.default_rng(12).standard_normal((2, 5, 16))
+    pos = np.array([[0, 1, 2, 3, 4], [100, 101, 102, 500, 501]])
+    report = llama.crosscheck_hf_llama_attention(module, x, positions=pos)
+    assert report.passed, str(report)
+
+
+def test_llama_importer_shapes_and_refusals(transformers):
+    from mha_numpy.interop import llama
+
+    module = llama.hf_llama_attention(24, 6, 2, rope_theta=50.0, bias=False)
+    mha = interop.from_hf_llama_attention(module)
+    assert (mha.num_heads, mha.num_kv_heads, mha.rope_theta, mha.bias) == (6, 2, 50.0, False)
+    assert mha.params["W_k"].shape == (8, 24)
+    np.testing.assert_array_equal(mha.params["W_v"], module.v_proj.weight.detach().numpy())
+    with pytest.raises(ValueError, match="LlamaAttention"):
+        interop.from_hf_llama_attention(object())
+    module.config.rope_parameters = {"rope_type": "linear", "rope_theta": 50.0, "factor": 2.0}
+    with pytest.raises(ValueError, match="rope_type"):
+        interop.from_hf_llama_attention(module)
+
+
+@pytest.mark.parametrize("prefill", [1, 4])
+@pytest.mark.parametrize("H, Hkv", [(4, 2), (4, 1)])
+def test_kv_cache_matches_hf_dynamic_cache_decoding(transformers, prefill, H, Hkv):
+    from mha_numpy.interop import llama
+
+    module = llama.hf_llama_attention(16, H, Hkv, rope_theta=1000.0)
+    x = np.random.default_rng(13).standard_normal((2, 7, 16))
+    report = llama.crosscheck_hf_llama_kv_cache(module, x, prefill=prefill)
+    assert report.passed, str(report)
+
+
+def test_llama_crosscheck_fails_on_a_wrong_rotation(transformers, monkeypatch):
+    """The check can fail: a rotation by the wrong sign is caught."""
+    from mha_numpy.interop import llama
+
+    right = F.rope_forward
+
+    def wrong(x, positions=None, theta=10000.0):
+        return right(x, None if positions is None else -np.asarray(positions), theta)
+
+    monkeypatch.setattr(F, "rope_forward", wrong)
+    module = llama.hf_llama_attention(16, 4, 2)
+    x = np.random.default_rng(14).standard_normal((1, 4, 16))
+    report = llama.crosscheck_hf_llama_attention(module, x)
+    assert not report.passed and not report["output"].passed
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_crosscheck_variants(transformers, capsys):
+    from mha_numpy.__main__ import main
+
+    assert main(["crosscheck", "--variants", "--heads", "4", "--embed-dim", "16", "--mask", "causal"]) == 0
+    out = capsys.readouterr().out
+    for title in ("enable_gqa=True (H=4, Hkv=2", "LlamaAttention (H=4, Hkv=2", "DynamicCache"):
+        assert title in out
+    assert "FAIL" not in out
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--variants", "--heads", "4", "--embed-dim", "16", "--kv-heads", "3"], "--kv-heads=3"),
+        (["--variants", "--heads", "2", "--embed-dim", "6"], "even head dim"),
+        (["--variants", "--kdim", "5"], "--kdim"),
+    ],
+)
+def test_cli_crosscheck_variants_usage_errors(argv, match, capsys):
+    from mha_numpy.__main__ import main
+
+    assert main(["crosscheck", *argv]) == 2
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -1,0 +1,109 @@
+"""The optional steps of today's attention, as ``MultiHeadAttention`` uses them: argument checks, the positions of
+a call, the KV-cache step and the ALiBi bias. The maths is in ``functional`` (``repeat_kv``, ``rope``,
+``alibi_bias``) and ``kv_cache``; this module only decides which of it a call needs.
+
+    Q (B, H, Lq, d) ─[rope at positions]────────────────────────────────────┐
+    K (B, Hkv, Lk, d) ─[rope]─[append to the KV cache]─repeat_kv─► (B, H, Lk_all, d) ─┤ kernel (+ ALiBi bias)
+    V (B, Hkv, Lk, d) ────────[append to the KV cache]─repeat_kv─► (B, H, Lk_all, d) ─┘
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import functional as F
+from . import masks
+from .kv_cache import KVCache
+
+
+def check_variants(embed_dim: int, num_heads: int, num_kv_heads, rope_theta, alibi) -> int:
+    """Validate the constructor's variant arguments (ValueError naming each); -> num_kv_heads (None -> num_heads)."""
+    if num_kv_heads is None:
+        num_kv_heads = num_heads
+    if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, (int, np.integer)) or num_kv_heads <= 0:
+        raise ValueError(f"num_kv_heads must be a positive int or None, got {num_kv_heads!r}")
+    if num_heads % num_kv_heads:
+        raise ValueError(
+            f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}: each key/value head serves "
+            "num_heads // num_kv_heads query heads"
+        )
+    if rope_theta is not None:
+        if isinstance(rope_theta, bool) or not isinstance(rope_theta, (int, float, np.integer, np.floating)):
+            raise ValueError(f"rope_theta must be a positive number or None, got {rope_theta!r}")
+        if not rope_theta > 0:
+            raise ValueError(f"rope_theta must be a positive number or None, got {rope_theta!r}")
+        if (embed_dim // num_heads) % 2:
+            raise ValueError(
+                f"rope_theta needs an even head dim (RoPE turns pairs of features): "
+                f"embed_dim={embed_dim} / num_heads={num_heads} = {embed_dim // num_heads}"
+            )
+    if not isinstance(alibi, (bool, np.bool_)):
+        raise ValueError(f"alibi must be True or False, got {alibi!r}")
+    return int(num_kv_heads)
+
+
+def check_call(module, B: int, Lq: int, Lk: int, positions, kv_cache) -> int:
+    """Validate ``positions`` and ``kv_cache`` of one forward before any arithmetic; -> Lk_all (cached + new keys)."""
+    cached = 0
+    if kv_cache is not None:
+        if not isinstance(kv_cache, KVCache):
+            raise ValueError(
+                f"kv_cache must be a KVCache (from mha_numpy import KVCache), got {type(kv_cache).__name__}"
+            )
+        if Lq != Lk:
+            raise ValueError(f"kv_cache is for self-attention: query length {Lq} and key length {Lk} must be equal")
+        kv_cache.bind(module, B)
+        cached = len(kv_cache)
+    if positions is not None:
+        if module.rope_theta is None:
+            raise ValueError("positions= rotates queries and keys: it needs a module with rope_theta set")
+        pos = np.asarray(positions)
+        if Lq != Lk:
+            raise ValueError(f"positions= is for self-attention: query length {Lq} and key length {Lk} differ")
+        if not (np.issubdtype(pos.dtype, np.integer) or np.issubdtype(pos.dtype, np.floating)):
+            raise ValueError(f"positions must be integer or float, got dtype {pos.dtype} with shape {pos.shape}")
+        if pos.shape not in ((Lq,), (B, Lq), (1, Lq)):
+            raise ValueError(f"positions with shape {pos.shape} must be (L,) = ({Lq},) or (B, L) = ({B}, {Lq})")
+    return cached + Lk
+
+
+def positions_of(positions, Lq: int, Lk: int, offset: int):
+    """-> (query positions, key positions) of this call: the given ones for both, else offset + 0, 1, ..."""
+    if positions is not None:
+        return positions, positions
+    return np.arange(offset, offset + Lq), np.arange(offset, offset + Lk)
+
+
+def rope_step(module, X: np.ndarray, positions):
+    """rope_forward when the module has rope_theta, else X itself; -> (X, cache or None)."""
+    if module.rope_theta is None:
+        return X, None
+    return F.rope_forward(X, positions, module.rope_theta)
+
+
+def rope_step_backward(dX: np.ndarray, cache):
+    return dX if cache is None else F.rope_backward(dX, cache)
+
+
+def cache_step(kv_cache: KVCache | None, K: np.ndarray, V: np.ndarray, mask):
+    """Append K, V (B, Hkv, Lq, ·) to the cache and add the causal mask of the call (bottom-right aligned).
+
+    -> (keys, values) (B, Hkv, Lk_all, ·), the mask combined with the causal one, offset (positions cached before).
+    Without a cache: (K, V, mask, 0).
+    """
+    if kv_cache is None:
+        return K, V, mask, 0
+    offset = len(kv_cache)
+    keys, values = kv_cache.append(K, V)
+    causal = masks.causal_mask(K.shape[2], keys.shape[2], diagonal=offset)  # (Lq, Lk_all)
+    return keys, values, masks.combine_masks(mask, causal), offset
+
+
+def alibi_step(module, Lq: int, Lk: int):
+    """ALiBi's (1, H, Lq, Lk) bias when the module has alibi=True (queries at the last Lq of Lk positions).
+
+    None without ALiBi.
+    """
+    if not module.alibi:
+        return None
+    return F.alibi_bias(module.num_heads, Lq, Lk, offset=Lk - Lq, dtype=module.dtype)
