@@ -274,6 +274,18 @@ def rotate_half(x: np.ndarray) -> np.ndarray:
     return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
+def check_positions(positions, B: int, L: int) -> np.ndarray:
+    """positions as an array (L,), (1, L) or (B, L) of finite integers or floats, or ValueError naming it."""
+    pos = np.asarray(positions)
+    if not (np.issubdtype(pos.dtype, np.integer) or np.issubdtype(pos.dtype, np.floating)):
+        raise ValueError(f"positions must be integer or float, got dtype {pos.dtype} with shape {pos.shape}")
+    if pos.shape not in ((L,), (B, L), (1, L)):
+        raise ValueError(f"positions with shape {pos.shape} must be (L,) = ({L},) or (B, L) = ({B}, {L})")
+    if not np.all(np.isfinite(pos)):
+        raise ValueError(f"positions with shape {pos.shape} holds non-finite values")
+    return pos
+
+
 def _check_rope(x, positions, theta):
     """ValueError naming the argument; returns x and the positions as an array (L,) or (B, L)."""
     x = as_float_array(x, "x", ndim=4)
@@ -282,18 +294,7 @@ def _check_rope(x, positions, theta):
         raise ValueError(f"x with shape {x.shape}: RoPE rotates pairs of features, the head dim d={d} must be even")
     if isinstance(theta, bool) or not isinstance(theta, (int, float, np.integer, np.floating)) or not theta > 0:
         raise ValueError(f"theta (rope_theta) must be a positive number, got {theta!r}")
-    if positions is None:
-        return x, np.arange(L)
-    pos = np.asarray(positions)
-    if not (np.issubdtype(pos.dtype, np.integer) or np.issubdtype(pos.dtype, np.floating)):
-        raise ValueError(f"positions must be integer or float, got dtype {pos.dtype} with shape {pos.shape}")
-    if pos.shape not in ((L,), (B, L), (1, L)):
-        raise ValueError(
-            f"positions with shape {pos.shape} must be (L,) = ({L},) or (B, L) = ({B}, {L}) for x {x.shape}"
-        )
-    if not np.all(np.isfinite(pos)):
-        raise ValueError(f"positions with shape {pos.shape} holds non-finite values")
-    return x, pos
+    return x, (np.arange(L) if positions is None else check_positions(positions, B, L))
 
 
 def rope_forward(x: np.ndarray, positions: np.ndarray | None = None, theta: float = 10000.0):

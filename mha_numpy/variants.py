@@ -57,13 +57,9 @@ def check_call(module, B: int, Lq: int, Lk: int, positions, kv_cache) -> int:
     if positions is not None:
         if module.rope_theta is None:
             raise ValueError("positions= rotates queries and keys: it needs a module with rope_theta set")
-        pos = np.asarray(positions)
         if Lq != Lk:
             raise ValueError(f"positions= is for self-attention: query length {Lq} and key length {Lk} differ")
-        if not (np.issubdtype(pos.dtype, np.integer) or np.issubdtype(pos.dtype, np.floating)):
-            raise ValueError(f"positions must be integer or float, got dtype {pos.dtype} with shape {pos.shape}")
-        if pos.shape not in ((Lq,), (B, Lq), (1, Lq)):
-            raise ValueError(f"positions with shape {pos.shape} must be (L,) = ({Lq},) or (B, L) = ({B}, {Lq})")
+        F.check_positions(positions, B, Lq)
     return cached + Lk
 
 

@@ -79,7 +79,7 @@ def test_bad_construction_names_the_argument(kwargs, match):
 def test_bad_positions_name_the_argument():
     mha, rng = make(theta=100.0)
     x = rng.standard_normal((2, 3, 16))
-    for bad in (np.arange(4), np.zeros((3, 3)), np.zeros((2, 3, 1))):
+    for bad in (np.arange(4), np.zeros((3, 3)), np.zeros((2, 3, 1)), np.array([0.0, np.nan, 1.0]), np.array(["a"] * 3)):
         with pytest.raises(ValueError, match="positions"):
             mha.forward(x, x, x, positions=bad)
     with pytest.raises(ValueError, match="positions"):
