@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import functional as F
+from ._checks import as_generator
 from .attention import MultiHeadAttention
 
 
@@ -159,7 +160,7 @@ def check_mha(
     the dropout mask sampled by the first forward is held fixed for every perturbed forward.
     The arrays passed in and ``mha.params`` are left as they were.
     """
-    gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    gen = as_generator(rng)
     inputs = {"query": np.array(query, copy=True), "key": np.array(key, copy=True), "value": np.array(value, copy=True)}
     out, cache = mha.forward(**inputs, mask=mask, training=training)
     keep = cache.dropout_mask if training else None
@@ -191,7 +192,7 @@ def check_functional(
     rtol: float = 1e-6,
 ) -> GradcheckReport:
     """Check every functional pair on random float64 data; rows are named ``pair:input``."""
-    gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    gen = as_generator(rng)
     r = GradcheckReport(atol=atol, rtol=rtol)
 
     def randn(*shape):

@@ -9,10 +9,13 @@ a call, the KV-cache step and the ALiBi bias. The maths is in ``functional`` (``
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from . import functional as F
 from . import masks
+from .kernels import AttentionArgs
 from .kv_cache import KVCache
 
 
@@ -52,6 +55,8 @@ def check_call(module, B: int, Lq: int, Lk: int, positions, kv_cache) -> int:
             )
         if Lq != Lk:
             raise ValueError(f"kv_cache is for self-attention: query length {Lq} and key length {Lk} must be equal")
+        if "rel_bias" in module.params:
+            raise ValueError("kv_cache with rel_pos_max_distance is not supported: the table's bias is per call")
         kv_cache.bind(module, B)
         cached = len(kv_cache)
     if positions is not None:
@@ -70,36 +75,20 @@ def positions_of(positions, Lq: int, Lk: int, offset: int):
     return np.arange(offset, offset + Lq), np.arange(offset, offset + Lk)
 
 
-def rope_step(module, X: np.ndarray, positions):
-    """rope_forward when the module has rope_theta, else X itself; -> (X, cache or None)."""
-    if module.rope_theta is None:
-        return X, None
-    return F.rope_forward(X, positions, module.rope_theta)
+def cache_step(kv_cache: KVCache, K: np.ndarray, V: np.ndarray, args: AttentionArgs):
+    """Append K, V (B, Hkv, Lq, ·) to the cache; the call's queries attend causally to every cached position.
 
-
-def rope_step_backward(dX: np.ndarray, cache):
-    return dX if cache is None else F.rope_backward(dX, cache)
-
-
-def cache_step(kv_cache: KVCache | None, K: np.ndarray, V: np.ndarray, mask):
-    """Append K, V (B, Hkv, Lq, ·) to the cache and add the causal mask of the call (bottom-right aligned).
-
-    -> (keys, values) (B, Hkv, Lk_all, ·), the mask combined with the causal one, offset (positions cached before).
-    Without a cache: (K, V, mask, 0).
+    -> (keys, values) (B, Hkv, Lk_all, ·), args with the causal mask (bottom-right aligned) combined into its mask,
+    and the number of positions cached before the call.
     """
-    if kv_cache is None:
-        return K, V, mask, 0
     offset = len(kv_cache)
     keys, values = kv_cache.append(K, V)
     causal = masks.causal_mask(K.shape[2], keys.shape[2], diagonal=offset)  # (Lq, Lk_all)
-    return keys, values, masks.combine_masks(mask, causal), offset
+    return keys, values, replace(args, mask=masks.combine_masks(args.mask, causal)), offset
 
 
-def alibi_step(module, Lq: int, Lk: int):
-    """ALiBi's (1, H, Lq, Lk) bias when the module has alibi=True (queries at the last Lq of Lk positions).
-
-    None without ALiBi.
-    """
-    if not module.alibi:
-        return None
-    return F.alibi_bias(module.num_heads, Lq, Lk, offset=Lk - Lq, dtype=module.dtype)
+def with_alibi(args: AttentionArgs, dtype) -> AttentionArgs:
+    """args with ALiBi's (1, H, Lq, Lk) bias added to its bias (queries at the last Lq of the Lk positions)."""
+    _, H, Lq, Lk = args.shape
+    alibi = F.alibi_bias(H, Lq, Lk, offset=Lk - Lq, dtype=dtype)  # (1, H, Lq, Lk)
+    return replace(args, bias=alibi if args.bias is None else args.bias + alibi)

@@ -68,3 +68,53 @@ def test_ci_turns_a_skip_into_a_failure(tmp_path):
     assert strict.returncode == 1 and "skipped under CI" in strict.stdout, strict.stdout
     local = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=base)
     assert local.returncode == 0 and "1 skipped" in local.stdout, local.stdout
+
+
+def import_graph() -> dict[str, set[str]]:
+    """mha_numpy module -> the mha_numpy modules it imports, anywhere in the file (lazy imports counted)."""
+    import ast
+
+    pkg = ROOT / "mha_numpy"
+    graph: dict[str, set[str]] = {}
+    for path in pkg.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        package = name if parts[-1] == "__init__" else name.rsplit(".", 1)[0]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1] if node.level else []
+                mod = ".".join(base + ([node.module] if node.module else []))
+                deps |= {f"{mod}.{a.name}" for a in node.names} | {mod}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+        modules = {p.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".").removesuffix(".__init__")
+                   for p in pkg.rglob("*.py")}  # fmt: skip
+        graph[name] = {d for d in deps if d in modules and d != name and not name.startswith(d + ".")}
+    return graph
+
+
+def test_import_graph_is_one_way():
+    """The layering of docs/architecture.md: no cycle (lazy imports counted), functional imports only
+    _checks, no kernel imports attention, nothing below commands imports commands."""
+    graph = import_graph()
+    assert graph["mha_numpy.functional"] <= {"mha_numpy._checks"}
+    for name, deps in graph.items():
+        if name.startswith("mha_numpy.kernels"):
+            assert "mha_numpy.attention" not in deps, name
+        if not name.startswith("mha_numpy.commands") and name != "mha_numpy.__main__":
+            assert not any(d.startswith("mha_numpy.commands") for d in deps), name
+    state: dict[str, int] = {}
+
+    def visit(node, path):
+        state[node] = 1
+        for dep in graph.get(node, ()):
+            assert state.get(dep) != 1, " -> ".join([*path, node, dep])
+            if dep not in state:
+                visit(dep, [*path, node])
+        state[node] = 2
+
+    for node in graph:
+        if node not in state:
+            visit(node, [])

@@ -11,6 +11,7 @@ import argparse
 import numpy as np
 
 from .. import functional as F
+from .._checks import default_scale
 from ..gradcheck import check_mha
 from ._config import add_config_args, make_example
 
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     _show("2 split heads (B,L,E)->(B,H,L,d)", "Q", Q)
     raw, _ = F.attention_scores_forward(Q, K, 1.0)
     _show("3 scores  Q Kᵀ", "Q Kᵀ", raw)
-    scale = 1 / np.sqrt(mha.head_dim)
+    scale = default_scale(mha.head_dim)  # 1/sqrt(d), the module's default
     scores = raw * scale
     _show(f"4 scale  · 1/sqrt(d) = {scale:.4f}", "scores", scores)
     masked, _ = F.apply_mask_forward(scores, mask)
@@ -70,19 +71,18 @@ def run(args: argparse.Namespace) -> int:
 
     print("\nBACKWARD (reverse order, random upstream gradient)")
     d_output = np.random.default_rng(args.seed + 1).standard_normal(output.shape)
-    c = cache._caches
-    d_merged, dW_o, _ = F.linear_backward(d_output, c["o"])
+    s, a = cache.steps, cache.attention.steps  # the module's steps and the attention's steps, by name
+    d_merged, dW_o, _ = F.linear_backward(d_output, s["out_proj"])
     _show("9 output projection", "d_merged", d_merged)
-    d_context = F.merge_heads_backward(d_merged, c["m"])
+    d_context = F.merge_heads_backward(d_merged, s["merge"])
     _show("8 merge heads", "d_context", d_context)
-    c_scores, c_mask, c_soft, c_drop, c_ctx = cache.attention._caches
-    d_weights, dV = F.attention_context_backward(d_context, c_ctx)
+    d_weights, dV = F.attention_context_backward(d_context, a["context"])
     _show("7 weighted sum", "d_weights", d_weights)
-    d_masked = F.softmax_backward(d_weights, c_soft)
+    d_masked = F.softmax_backward(d_weights, a["softmax"])
     _show("6 softmax  p∘(dp - Σ p dp)", "d_masked", d_masked)
-    d_scores = F.apply_mask_backward(d_masked, c_mask)
+    d_scores = F.apply_mask_backward(d_masked, a["mask"])
     _show("5 mask (0 where blocked)", "d_scores", d_scores)
-    dQ, dK = F.attention_scores_backward(d_scores, c_scores)
+    dQ, dK = F.attention_scores_backward(d_scores, a["scores"])
     _show("4+3 scale, Q Kᵀ", "dQ", dQ)
     grads = mha.backward(d_output, cache)
     _show("2 split heads, 1 projection", "d_query", grads["query"])
