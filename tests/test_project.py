@@ -118,3 +118,70 @@ def test_import_graph_is_one_way():
     for node in graph:
         if node not in state:
             visit(node, [])
+
+
+def test_every_optional_package_has_an_extra_and_all_installs_them():
+    """pip install '.[all]' runs every command; each optional import names an extra that really brings it."""
+    import re
+
+    import tomllib
+
+    from mha_numpy._optional import EXTRAS
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for module, (pip_name, extra) in EXTRAS.items():
+        names = [re.split(r"[<>=\[ ]", req)[0] for req in extras[extra]]
+        assert pip_name in names, f"{module}: {pip_name} is not in the extra [{extra}] = {extras[extra]}"
+    assert extras["all"] == [f"mha_numpy[{','.join(e for e in extras if e != 'all')}]"]
+    dev = (ROOT / "requirements-dev.txt").read_text() + (ROOT / "requirements.txt").read_text()
+    for reqs in extras.values():  # what an extra pins, the dev install (what the tests run on) has too
+        for req in reqs:
+            if not req.startswith("mha_numpy"):
+                assert re.split(r"[<>=]", req)[0] in dev, req
+
+
+def test_a_missing_optional_package_names_its_extra(monkeypatch):
+    from mha_numpy._optional import MissingDependency, require
+
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import now fails as if not installed
+    with pytest.raises(MissingDependency, match=r"pip install 'mha_numpy\[bert\]'"):
+        require("tokenizers", "tokenizing")
+    assert issubclass(MissingDependency, ModuleNotFoundError)  # `except ImportError` still catches it
+
+
+def test_a_quick_benchmark_run_never_targets_the_committed_results(capsys):
+    """Issue 11: bench_attention.py --quick overwrote benchmarks/results.*; scratch runs go to out/bench/."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_attention", ROOT / "benchmarks" / "bench_attention.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.parse_args(["--quick"]).out == ROOT / "out" / "bench"
+    assert bench.parse_args([]).out == ROOT / "out" / "bench"
+    assert bench.parse_args(["--write-results"]).out == ROOT / "benchmarks"
+    for argv in (["--quick", "--write-results"], ["--write-results", "--out", "x"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(argv)
+    assert "--write-results" in capsys.readouterr().err
+    assert "out/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_the_edge_cases_doc_shows_what_the_script_measures(capsys):
+    """docs/edge-cases.md pastes the output of scripts/measure_edge_cases.py; it must be the current output."""
+    from helpers import require_torch
+
+    require_torch()
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("measure_edge_cases", ROOT / "scripts" / "measure_edge_cases.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main([]) == 0
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    doc = (ROOT / "docs" / "edge-cases.md").read_text().splitlines()
+    assert len(table) == len(script.CASES) + 2
+    missing = [line for line in table if line not in doc]
+    assert not missing, (
+        f"docs/edge-cases.md is out of date; re-run the script and paste. First stale row:\n{missing[0]}"
+    )
+    assert "docs/edge-cases.md" in (ROOT / "README.md").read_text()

@@ -189,14 +189,20 @@ def test_cli_crosscheck_variants(transformers, capsys):
 @pytest.mark.parametrize(
     "argv, match",
     [
-        (["--variants", "--heads", "4", "--embed-dim", "16", "--kv-heads", "3"], "--kv-heads=3"),
+        (["--variants", "--heads", "4", "--embed-dim", "16", "--kv-heads", "3"], "--kv-heads: 3 does not divide"),
+        (["--variants", "--heads", "4", "--embed-dim", "16", "--kv-heads", "0"], "--kv-heads"),
         (["--variants", "--heads", "2", "--embed-dim", "6"], "even head dim"),
         (["--variants", "--kdim", "5"], "--kdim"),
+        (["--variants", "--rope-theta", "-1"], "--rope-theta"),
     ],
 )
 def test_cli_crosscheck_variants_usage_errors(argv, match, capsys):
     from mha_numpy.__main__ import main
 
-    assert main(["crosscheck", *argv]) == 2
+    try:
+        code = main(["crosscheck", *argv])
+    except SystemExit as e:  # argparse refuses a bad single value while parsing
+        code = e.code
+    assert code == 2
     err = capsys.readouterr().err
     assert match in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

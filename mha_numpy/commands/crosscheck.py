@@ -4,7 +4,7 @@ For the example configuration (batch, lengths, E, H, kdim/vdim, bias, mask kind;
 in float64 and in float32: torch.nn.MultiheadAttention on both ``need_weights`` paths, torch's
 scaled_dot_product_attention on the per-head Q, K, V (bool and float masks, ``is_causal``), and a
 transformers BertAttention built from a small random BertConfig. With ``--variants`` also today's attention
-(``mha_numpy.interop.llama``): grouped-query attention against SDPA's ``enable_gqa``, RoPE + GQA against a
+(``mha_numpy.interop.gqa`` and ``.llama``): grouped-query attention against SDPA's ``enable_gqa``, RoPE + GQA against a
 transformers LlamaAttention (outputs and every gradient) and the KV cache against its DynamicCache decoding.
 Exits 1 on any mismatch, 2 when torch or transformers is missing or on a usage error.
 """
@@ -12,11 +12,12 @@ Exits 1 on any mismatch, 2 when torch or transformers is missing or on a usage e
 from __future__ import annotations
 
 import argparse
-import sys
 
 import numpy as np
 
 from .. import masks
+from .._optional import require
+from ._args import UsageError, positive_float, positive_int
 from ._config import add_config_args, make_example, make_mask
 
 DTYPES = {"float64": np.float64, "float32": np.float32}
@@ -41,9 +42,11 @@ def add_parser(sub) -> None:
         "LlamaAttention, and the KV cache against its DynamicCache decoding",
     )
     g.add_argument(
-        "--kv-heads", type=int, default=None, help="key/value heads for --variants (default: heads // 2, or 1)"
+        "--kv-heads", type=positive_int, default=None, help="key/value heads for --variants (default: heads // 2, or 1)"
     )
-    g.add_argument("--rope-theta", type=float, default=10000.0, help="RoPE base for --variants (default %(default)s)")
+    g.add_argument(
+        "--rope-theta", type=positive_float, default=10000.0, help="RoPE base for --variants (default %(default)s)"
+    )
     p.set_defaults(run=run)
 
 
@@ -97,51 +100,39 @@ def _kv_heads(args) -> int:
 
 def _variants(args, dtype, mask, show) -> None:
     """GQA vs torch SDPA, RoPE + GQA vs LlamaAttention, the KV cache vs its DynamicCache (self-attention on Lq)."""
-    from ..interop import llama
+    from ..interop import gqa, llama
 
     rng = np.random.default_rng(args.seed)
     B, Lq, Lk, E, H, Hkv = args.batch, args.lq, args.lk, args.embed_dim, args.heads, _kv_heads(args)
     d = E // H
     q = rng.standard_normal((B, H, Lq, d)).astype(dtype)
     k, v = (rng.standard_normal((B, Hkv, Lk, d)).astype(dtype) for _ in range(2))
-    show(llama.crosscheck_gqa_sdpa(q, k, v, attn_mask=mask))
+    show(gqa.crosscheck_gqa_sdpa(q, k, v, attn_mask=mask))
     module = llama.hf_llama_attention(E, H, Hkv, args.rope_theta, bias=not args.no_bias, dtype=dtype, seed=args.seed)
     x = rng.standard_normal((B, Lq, E)).astype(dtype)
     show(llama.crosscheck_hf_llama_attention(module, x))
     show(llama.crosscheck_hf_llama_kv_cache(module, x, prefill=max(1, Lq // 2)))
 
 
-def _check_variant_args(args) -> str | None:
-    """A one-line usage error for --variants, or None."""
+def _check_variant_args(args) -> None:
+    """UsageError (one line, exit 2) for a --variants configuration that cannot run."""
     if not args.variants:
-        return None
+        return
     Hkv = _kv_heads(args)
-    if Hkv <= 0 or args.heads % Hkv:
-        return f"--kv-heads={Hkv} must be a positive divisor of --heads={args.heads}"
-    if args.embed_dim % args.heads or (args.embed_dim // args.heads) % 2:
-        return f"--variants needs an even head dim for RoPE: --embed-dim={args.embed_dim} / --heads={args.heads}"
+    if args.heads % Hkv:
+        raise UsageError(f"argument --kv-heads: {Hkv} does not divide --heads {args.heads}")
+    if args.embed_dim % args.heads == 0 and (args.embed_dim // args.heads) % 2:
+        raise UsageError(
+            f"argument --variants: RoPE needs an even head dim, --embed-dim {args.embed_dim} / --heads {args.heads}"
+        )
     if args.kdim not in (None, args.embed_dim) or args.vdim not in (None, args.embed_dim):
-        return "--variants checks self-attention (LlamaAttention): leave --kdim and --vdim at the embed dim"
-    if not args.rope_theta > 0:
-        return f"--rope-theta must be positive, got {args.rope_theta}"
-    return None
+        raise UsageError("argument --variants: LlamaAttention is self-attention, leave --kdim and --vdim at E")
 
 
 def run(args: argparse.Namespace) -> int:
-    problem = _check_variant_args(args)
-    if problem:
-        print(f"crosscheck: {problem}", file=sys.stderr)
-        return 2
-    try:
-        import torch
-        import transformers  # noqa: F401
-    except ImportError as exc:
-        print(
-            f"crosscheck needs PyTorch and transformers ({exc.name or exc} is not installed): "
-            "pip install -r requirements-dev.txt",
-            file=sys.stderr,
-        )
-        return 2
+    _check_variant_args(args)
+    torch = require("torch", "crosscheck")  # a missing one: one line naming the extra, exit 2
+    require("transformers", "crosscheck")
     from .. import torch_compat as tc
 
     torch.set_num_threads(1)  # tiny tensors: threads only add overhead

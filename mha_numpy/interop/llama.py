@@ -1,4 +1,4 @@
-"""Today's attention against the frameworks that ship it: GQA vs torch SDPA, RoPE + GQA vs Hugging Face Llama.
+"""RoPE + GQA against Hugging Face Llama: the importer, the attention and the KV cache (GQA alone vs SDPA: ``gqa``).
 
 torch and transformers are imported lazily, inside the functions. Hugging Face ``LlamaAttention`` with
 E = hidden_size, H = num_attention_heads, Hkv = num_key_value_heads, d = head_dim:
@@ -31,83 +31,14 @@ from .. import functional as F
 from .. import masks as M
 from ..attention import MultiHeadAttention
 from ..kv_cache import KVCache
-from . import (
-    CrosscheckReport,
-    _add_grad_rows,
-    _check_numpy_dtype,
-    _new_mha,
-    _random_like,
-    _require,
-    _rtol_for,
-    params_from_state,
-)
+from ._harness import add_grad_rows, random_like
+from ._lazy import require
+from .convert import _check_numpy_dtype, _new_mha
+from .names import HF_LLAMA_NAME_MAP, params_from_state
+from .report import CrosscheckReport, rtol_for
 
 if TYPE_CHECKING:  # annotations only
     from transformers.models.llama.modeling_llama import LlamaAttention
-
-HF_LLAMA_NAME_MAP = {
-    "W_q": ("q_proj.weight", None),
-    "W_k": ("k_proj.weight", None),
-    "W_v": ("v_proj.weight", None),
-    "W_o": ("o_proj.weight", None),
-    "b_q": ("q_proj.bias", None),
-    "b_k": ("k_proj.bias", None),
-    "b_v": ("v_proj.bias", None),
-    "b_o": ("o_proj.bias", None),
-}
-"""LlamaAttention's parameters as ours (the biases exist only with ``attention_bias=True``)."""
-
-
-# --------------------------------------------------------------------------- GQA vs torch SDPA
-
-
-def crosscheck_gqa_sdpa(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    attn_mask=None,
-    scale: float | None = None,
-    d_output: np.ndarray | None = None,
-    rng: int | np.random.Generator | None = 0,
-    rtol: float | None = None,
-) -> CrosscheckReport:
-    """``repeat_kv`` + ``scaled_dot_product_attention`` (ours) against torch SDPA with ``enable_gqa=True``.
-
-    q (B, H, Lq, d), k (B, Hkv, Lk, d), v (B, Hkv, Lk, dv), H a multiple of Hkv; attn_mask in SDPA's (and our)
-    convention, bool True = attend or float added, broadcastable to (B, H, Lq, Lk). The gradients of k and v
-    are (B, Hkv, Lk, ·): ours sums over each group of H / Hkv query heads (``repeat_kv_backward``).
-    """
-    torch = _require("torch")
-    q, k, v = (np.asarray(x) for x in (q, k, v))
-    dtype = q.dtype
-    rtol = _rtol_for(dtype, rtol)
-    if q.ndim != 4 or k.ndim != 4 or q.shape[1] % k.shape[1]:
-        raise ValueError(f"q (B, H, Lq, d) needs H a multiple of k's Hkv (B, Hkv, Lk, d): got q {q.shape}, k {k.shape}")
-    n_rep = q.shape[1] // k.shape[1]
-    mask = None if attn_mask is None else np.asarray(attn_mask)
-    K, c_k = F.repeat_kv_forward(k, n_rep)  # (B, H, Lk, d)
-    V, c_v = F.repeat_kv_forward(v, n_rep)  # (B, H, Lk, dv)
-    ctx, cache = F.scaled_dot_product_attention_forward(q, K, V, mask, scale=scale)  # (B, H, Lq, dv)
-    d_output = _random_like(ctx.shape, dtype, rng) if d_output is None else np.asarray(d_output, dtype=dtype)
-    dq, dK, dV = F.scaled_dot_product_attention_backward(d_output, cache)
-    dk, dv = F.repeat_kv_backward(dK, c_k), F.repeat_kv_backward(dV, c_v)  # (B, Hkv, Lk, ·)
-
-    tq, tk, tv = (torch.from_numpy(np.ascontiguousarray(x)).requires_grad_() for x in (q, k, v))
-    tm = None if mask is None else torch.from_numpy(np.ascontiguousarray(mask))
-    out_t = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=tm, scale=scale, enable_gqa=True)
-    g = torch.autograd.grad(out_t, (tq, tk, tv), torch.from_numpy(d_output))
-
-    kind = "no mask" if mask is None else f"{mask.dtype.name} attn_mask"
-    report = CrosscheckReport(
-        f"torch SDPA enable_gqa=True (H={q.shape[1]}, Hkv={k.shape[1]}, {kind})",
-        dtype,
-        rtol,
-    )
-    report.compare("output (context)", "SDPA(q, k, v, enable_gqa)", ctx, out_t.detach().numpy())
-    for name, ours, theirs in zip(("q", "k", "v"), (dq, dk, dv), g):
-        report.compare(f"dL/d{name}", f"{name}.grad", ours, theirs.numpy())
-    return report
-
 
 # --------------------------------------------------------------------------- Hugging Face LlamaAttention
 
@@ -198,16 +129,16 @@ def crosscheck_hf_llama_attention(
     theirs from HF's q/k_proj + ``apply_rotary_pos_emb``), and the gradient of a random upstream gradient with
     respect to the input and every parameter.
     """
-    torch = _require("torch")
+    torch = require("torch")
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     mha = from_hf_llama_attention(module)
     dtype, H, Hkv, d = mha.dtype, mha.num_heads, mha.num_kv_heads, mha.head_dim
-    rtol = _rtol_for(dtype, rtol)
+    rtol = rtol_for(dtype, rtol)
     x = np.asarray(hidden_states).astype(dtype, copy=False)
     B, L, E = x.shape
     pos = _positions(positions, B, L)  # (B, L)
-    d_output = _random_like((B, L, E), dtype, rng) if d_output is None else np.asarray(d_output, dtype=dtype)
+    d_output = random_like((B, L, E), dtype, rng) if d_output is None else np.asarray(d_output, dtype=dtype)
 
     out, cache = mha.forward(x, x, x, mask=M.causal_mask(L), positions=pos)
     grads = mha.backward(d_output, cache)
@@ -246,7 +177,7 @@ def crosscheck_hf_llama_attention(
     report.compare("dL/dx (q+k+v paths)", "hidden_states.grad", grads["query"] + grads["key"] + grads["value"], g[0])
     name_map = {ours: entry for ours, entry in HF_LLAMA_NAME_MAP.items() if ours in mha.params}
     grads_theirs = params_from_state(dict(zip(named, (t.numpy() for t in g[1:]))), name_map)
-    _add_grad_rows(report, grads, grads_theirs, name_map)
+    add_grad_rows(report, grads, grads_theirs, name_map)
     report.notes.append(_hf_rope_note(torch, module, pos, cos_t))
     return report
 
@@ -263,12 +194,12 @@ def crosscheck_hf_llama_kv_cache(
     outputs of every call (concatenated, (B, L, E)) against HF's cached decoding; ours cached against our own
     full causal forward; the cached keys (after RoPE) and values against HF's cache.
     """
-    torch = _require("torch")
+    torch = require("torch")
     from transformers import DynamicCache
 
     mha = from_hf_llama_attention(module)
     dtype, d = mha.dtype, mha.head_dim
-    rtol = _rtol_for(dtype, rtol)
+    rtol = rtol_for(dtype, rtol)
     x = np.asarray(hidden_states).astype(dtype, copy=False)
     B, L, E = x.shape
     if not 1 <= prefill <= L:
@@ -316,8 +247,8 @@ def hf_llama_attention(
     attn_implementation: str = "sdpa",
 ) -> LlamaAttention:
     """A small random transformers ``LlamaAttention`` (layer 0) for the cross-checks; nonzero biases when ``bias``."""
-    torch = _require("torch")
-    _require("transformers")
+    torch = require("torch")
+    require("transformers")
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaAttention
 

