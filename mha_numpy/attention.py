@@ -247,8 +247,8 @@ class MultiHeadAttention:
             (q, k, v), s["qkv_proj"] = F.fused_linear_forward(query, [P["W_q"], P["W_k"], P["W_v"]], biases)
         else:
             q, s["q_proj"] = F.linear_forward(query, P["W_q"], P.get("b_q"))  # (B, Lq, E)
-            k, s["k_proj"] = F.linear_forward(key, P["W_k"], P.get("b_k"))  # (B, Lk, E)
-            v, s["v_proj"] = F.linear_forward(value, P["W_v"], P.get("b_v"))  # (B, Lk, E)
+            k, s["k_proj"] = F.linear_forward(key, P["W_k"], P.get("b_k"))  # (B, Lk, Ekv), Ekv = Hkv·d
+            v, s["v_proj"] = F.linear_forward(value, P["W_v"], P.get("b_v"))  # (B, Lk, Ekv)
         Q, s["q_split"] = F.split_heads_forward(q, H)  # (B, H, Lq, d)
         K, s["k_split"] = F.split_heads_forward(k, Hkv)  # (B, Hkv, Lk, d)
         V, s["v_split"] = F.split_heads_forward(v, Hkv)  # (B, Hkv, Lk, d)
