@@ -274,3 +274,22 @@ def test_random_heads_dims_and_lengths(cfg):
     np.testing.assert_allclose(out, ref, rtol=0, atol=1e-11 * max(1.0, np.abs(ref).max()))
     grads = mha.backward(rng.standard_normal(out.shape), cache)
     assert grads["W_k"].shape == (Hkv * d, H * d) and all(np.all(np.isfinite(g)) for g in grads.values())
+
+
+def test_variants_compose_with_the_relative_position_bias():
+    """GQA + RoPE + ALiBi + a learned relative-position table in one module: every gradient, incl. the table's."""
+    mha, rng = make(4, 2, d=2, theta=20.0, alibi=True, rel_pos_max_distance=2)
+    x = rng.standard_normal((2, 4, mha.embed_dim))
+    mask = masks.causal_mask(4)
+    out, cache = mha.forward(x, x, x, mask=mask)
+    d_out = rng.standard_normal(out.shape)
+    grads = mha.backward(d_out, cache)
+    report = check_function(
+        lambda query: mha.forward(query, x, x, mask=mask)[0], {"query": grads["query"]}, dict(query=x.copy()), d_out
+    )
+    for name, p in mha.params.items():
+        report.add(name, grads[name], numerical_gradient(lambda _p: mha.forward(x, x, x, mask=mask)[0], p, d_out))
+    assert report.passed, str(report)
+    assert not report["rel_bias"].zero_gradient and report["rel_bias"].max_rel_err <= RTOL_TARGET, str(report)
+    with pytest.raises(ValueError, match="rel_pos_max_distance"):
+        mha.forward(x, x, x, kv_cache=KVCache())
