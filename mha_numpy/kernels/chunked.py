@@ -44,7 +44,7 @@ With ``num_threads`` = 1 the items run in the calling thread and BLAS uses its o
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -75,33 +75,40 @@ def _positive_int_or_none(value, name: str) -> int | None:
 class _Tiles:
     """The mask, bias and dropout of one head (b, h), cut into (query block × key block) tiles."""
 
-    def __init__(self, args: AttentionArgs, b: int, h: int, seed):
+    def __init__(self, args: AttentionArgs, b: int, h: int, seed, states: dict):
         self.mask = None if args.mask is None else np.broadcast_to(args.mask, args.shape)[b, h]  # (Lq, Lk) view
         self.bias = None if args.bias is None else np.broadcast_to(args.bias, args.shape)[b, h]  # (Lq, Lk) view
         self.keep = None if args.keep is None else args.keep[b, h]  # (Lq, Lk)
         self.p, self.seed, self.b, self.h = args.dropout_p, seed, b, h
+        mshape = (1,) * (4 - np.ndim(args.mask)) + np.shape(args.mask)  # the mask's own (b, h, Lq, Lk) sizes
+        self.states = states  # heads and batch items that share their mask share its tile states:
+        self.key = (b if mshape[0] > 1 else 0, h if mshape[1] > 1 else 0)  # the key of this head's mask
 
-    def scores(self, s: np.ndarray, i0: int, j0: int) -> bool:
-        """Add the bias and apply the mask to the score tile s = S[i0:, j0:] in place.
+    def mask_state(self, i0: int, i1: int, j0: int, j1: int):
+        """-> (_EMPTY | _FULL | _PARTIAL, the mask tile or None), looked up before any work on the tile.
 
-        -> False when the mask allows nothing in the tile (then s is left as it is and must be skipped).
+        Found once per tile of each distinct mask and remembered (forward and backward, every head sharing it).
         """
-        i1, j1 = i0 + s.shape[0], j0 + s.shape[1]
-        state, m = _FULL, None
-        if self.mask is not None:
+        if self.mask is None:
+            return _FULL, None
+        key = (*self.key, i0, j0)
+        state = self.states.get(key)
+        if state is None:
             m = self.mask[i0:i1, j0:j1]
             blocked = ~m if m.dtype == np.bool_ else np.isneginf(m)
             state = _EMPTY if blocked.all() else (_FULL if m.dtype == np.bool_ and not blocked.any() else _PARTIAL)
-        if state == _EMPTY:
-            return False  # e.g. above the causal diagonal: no work at all
+            self.states[key] = state  # one dict item set: safe from several threads
+        return state, (self.mask[i0:i1, j0:j1] if state == _PARTIAL else None)
+
+    def finish_scores(self, s: np.ndarray, i0: int, j0: int, state: int, m) -> None:
+        """Add the bias and apply a _PARTIAL mask tile m to the score tile s = S[i0:, j0:] in place."""
         if self.bias is not None:
-            np.add(s, self.bias[i0:i1, j0:j1], out=s, casting="unsafe")  # the same order as the vectorized path
+            np.add(s, self.bias[i0 : i0 + s.shape[0], j0 : j0 + s.shape[1]], out=s, casting="unsafe")  # as vectorized
         if state == _PARTIAL:
             if m.dtype == np.bool_:
                 np.copyto(s, -np.inf, where=~m)
             else:
                 np.add(s, m, out=s, casting="unsafe")
-        return True
 
     def keep_tile(self, i0: int, i1: int, j0: int, j1: int):
         """Dropout keep-mask of the tile (bool, (i1 - i0, j1 - j0)), or None without dropout."""
@@ -132,10 +139,12 @@ def _forward_rows(q, k, v, scale: float, tiles: _Tiles, i0: int, bk: int, out, m
     scale_drop = 1.0 / (1.0 - tiles.p) if tiles.p > 0 else 1.0
     for j0 in range(0, Lk, bk):
         j1 = min(j0 + bk, Lk)
+        state, mtile = tiles.mask_state(i0, i0 + n, j0, j1)
+        if state == _EMPTY:
+            continue  # nothing allowed here: not even the product is computed
         s = buf[:, : j1 - j0]
         np.matmul(q, k[j0:j1].T, out=s)  # (n, d) @ (d, bk) -> (n, bk) scores, scale already in q
-        if not tiles.scores(s, i0, j0):
-            continue
+        tiles.finish_scores(s, i0, j0, state, mtile)
         m_new = np.maximum(m, s.max(axis=1))  # (n,)
         m_new[np.isneginf(m_new)] = 0.0  # row with nothing allowed yet: shift by 0, exp(-inf) = 0
         alpha = np.exp(m - m_new)  # (n,) rescales what was summed with the old max
@@ -185,11 +194,13 @@ def _backward_head(q, k, v, scale, d_out, m, inv_ell, D, tiles: _Tiles, bq, bk, 
         j1 = min(j0 + bk, Lk)
         for i0 in range(0, Lq, bq):
             i1 = min(i0 + bq, Lq)
+            state, mtile = tiles.mask_state(i0, i1, j0, j1)
+            if state == _EMPTY:
+                continue  # all weights 0 here: no gradient flows through this tile
             e = e_buf[: i1 - i0, : j1 - j0]
             dp = dp_buf[: i1 - i0, : j1 - j0]
             np.matmul(q[i0:i1], k[j0:j1].T, out=e)  # (bq, d) @ (d, bk) -> (bq, bk) S
-            if not tiles.scores(e, i0, j0):
-                continue  # all weights 0 here: no gradient flows through this tile
+            tiles.finish_scores(e, i0, j0, state, mtile)
             np.subtract(e, m[i0:i1, None], out=e)
             np.exp(e, out=e)  # (bq, bk) E = exp(S - m); the forward's weights are E / ℓ
             np.matmul(da[i0:i1], va[j0:j1].T, out=dp)  # (bq, dv+1) @ (dv+1, bk) -> (bq, bk) dP - D
@@ -229,9 +240,10 @@ class ChunkedCache:
     args: AttentionArgs
     seed: int | None
     kernel: ChunkedKernel
+    tile_states: dict = field(default_factory=dict)  # (mask b, mask h, i0, j0) -> _EMPTY | _FULL | _PARTIAL
 
     def _tiles(self, b: int, h: int) -> _Tiles:
-        return _Tiles(self.args, b, h, self.seed)
+        return _Tiles(self.args, b, h, self.seed, self.tile_states)
 
     @property
     def scores(self) -> np.ndarray:
