@@ -266,6 +266,135 @@ def attention_context_backward(d_context: np.ndarray, cache):
     return dp, dv
 
 
+# --------------------------------------------------------------------------- today's variants: GQA, RoPE, ALiBi
+
+
+def repeat_kv_forward(x: np.ndarray, n_rep: int):
+    """Share each key/value head with ``n_rep`` query heads (grouped-query / multi-query attention).
+
+    x: (B, Hkv, L, d) -> out: (B, Hkv·n_rep, L, d); out head h is x head h // n_rep, the grouping of torch
+    SDPA's ``enable_gqa=True`` and Hugging Face's ``repeat_kv``. n_rep = 1 returns x itself (no copy).
+    """
+    x = as_float_array(x, "x", ndim=4)
+    if not isinstance(n_rep, (int, np.integer)) or isinstance(n_rep, bool) or n_rep <= 0:
+        raise ValueError(f"n_rep must be a positive int (num_heads // num_kv_heads), got {n_rep!r}")
+    if n_rep == 1:
+        return x, (x.shape, 1)
+    out = np.repeat(x, n_rep, axis=1)  # F1: (B, Hkv, L, d) -> (B, Hkv·n_rep, L, d), head h <- h // n_rep
+    return out, (x.shape, int(n_rep))
+
+
+def repeat_kv_backward(d_out: np.ndarray, cache):
+    """d_out: (B, Hkv·n_rep, L, d) -> dx: (B, Hkv, L, d), the sum over each group of n_rep query heads."""
+    (B, Hkv, L, d), n_rep = cache
+    if n_rep == 1:
+        return d_out
+    grouped = d_out.reshape(B, Hkv, n_rep, L, d)  # ← F1: (B, Hkv, n_rep, L, d), the heads of one group together
+    return grouped.sum(axis=2)  # ← F1: (B, Hkv, L, d)
+
+
+def rope_cos_sin(positions: np.ndarray, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """The rotation angles of RoPE, Hugging Face Llama convention, always computed in float64.
+
+    positions: (L,) or (B, L) -> cos, sin: (L, d) or (B, L, d), with
+    angle[..., i] = position · inv_freq[i mod d/2] and inv_freq = 1 / theta ** (arange(0, d, 2) / d):
+    feature i and feature i + d/2 turn together by the same angle (the pair ``rotate_half`` mixes).
+    """
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # (d/2,)
+    freqs = np.asarray(positions, dtype=np.float64)[..., None] * inv_freq  # (..., L, 1) * (d/2,) -> (..., L, d/2)
+    angles = np.concatenate([freqs, freqs], axis=-1)  # (..., L, d)
+    return np.cos(angles), np.sin(angles)
+
+
+def rotate_half(x: np.ndarray) -> np.ndarray:
+    """(..., d) -> (..., d): [x1, x2] -> [-x2, x1] with x1, x2 the two halves of the last axis (a 90° turn per pair)."""
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def check_positions(positions, B: int, L: int) -> np.ndarray:
+    """positions as an array (L,), (1, L) or (B, L) of finite integers or floats, or ValueError naming it."""
+    pos = np.asarray(positions)
+    if not (np.issubdtype(pos.dtype, np.integer) or np.issubdtype(pos.dtype, np.floating)):
+        raise ValueError(f"positions must be integer or float, got dtype {pos.dtype} with shape {pos.shape}")
+    if pos.shape not in ((L,), (B, L), (1, L)):
+        raise ValueError(f"positions with shape {pos.shape} must be (L,) = ({L},) or (B, L) = ({B}, {L})")
+    if not np.all(np.isfinite(pos)):
+        raise ValueError(f"positions with shape {pos.shape} holds non-finite values")
+    return pos
+
+
+def _check_rope(x, positions, theta):
+    """ValueError naming the argument; returns x and the positions as an array (L,) or (B, L)."""
+    x = as_float_array(x, "x", ndim=4)
+    B, _, L, d = x.shape
+    if d % 2:
+        raise ValueError(f"x with shape {x.shape}: RoPE rotates pairs of features, the head dim d={d} must be even")
+    if isinstance(theta, bool) or not isinstance(theta, (int, float, np.integer, np.floating)) or not theta > 0:
+        raise ValueError(f"theta (rope_theta) must be a positive number, got {theta!r}")
+    return x, (np.arange(L) if positions is None else check_positions(positions, B, L))
+
+
+def rope_forward(x: np.ndarray, positions: np.ndarray | None = None, theta: float = 10000.0):
+    """Rotary position embedding: turn each feature pair (i, i + d/2) of x by the angle of its position.
+
+    x: (B, H, L, d), d even   positions: None (0, 1, ..., L-1), (L,) or (B, L)   ->   out: (B, H, L, d)
+    out = x · cos + rotate_half(x) · sin (Hugging Face Llama's ``apply_rotary_pos_emb``). Rotated q·k then
+    depends on the positions only through their difference. The angles are float64, cast to x's dtype.
+    """
+    x, pos = _check_rope(x, positions, theta)
+    cos, sin = rope_cos_sin(pos, x.shape[-1], theta)  # (L, d) or (B, L, d)
+    if cos.ndim == 3:
+        cos, sin = cos[:, None], sin[:, None]  # (B, 1, L, d): one rotation shared by the heads
+    cos, sin = cos.astype(x.dtype, copy=False), sin.astype(x.dtype, copy=False)
+    out = x * cos + rotate_half(x) * sin  # F1: (B, H, L, d)
+    return out, (cos, sin)
+
+
+def rope_backward(d_out: np.ndarray, cache):
+    """d_out: (B, H, L, d) -> dx: (B, H, L, d): the transposed rotation, i.e. the turn by minus the angle.
+
+    rotate_half is R = [[0, -I], [I, 0]] per pair and Rᵀ = -R, while cos and sin commute with R (the same
+    angle on both features of a pair): dx = cos · d_out + Rᵀ(sin · d_out) = d_out · cos - rotate_half(d_out) · sin.
+    """
+    cos, sin = cache
+    return d_out * cos - rotate_half(d_out) * sin  # ← F1
+
+
+def alibi_slopes(num_heads: int) -> np.ndarray:
+    """The ALiBi paper's per-head slopes (Press et al. 2022), float64 (H,); as Hugging Face's BLOOM builds them.
+
+    For H a power of two: m_h = 2^(-8 (h+1) / H), a geometric sequence from 2^(-8/H) down to 2^-8. Otherwise
+    the slopes of the closest power of two P < H, followed by every other slope of 2P (the odd powers of its
+    ratio) until there are H.
+    """
+    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads <= 0:
+        raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+    P = 2 ** int(np.floor(np.log2(num_heads)))  # the closest power of two <= H
+
+    def geometric(n: int) -> np.ndarray:
+        return 2.0 ** (-8.0 * np.arange(1, n + 1) / n)  # (n,): 2^(-8/n), 2^(-16/n), ..., 2^-8
+
+    return np.concatenate([geometric(P), geometric(2 * P)[0::2][: num_heads - P]])  # (H,)
+
+
+def alibi_bias(num_heads: int, Lq: int, Lk: int | None = None, offset: int = 0, dtype=np.float64) -> np.ndarray:
+    """ALiBi's linear distance penalty, an additive score bias (1, H, Lq, Lk): -m_h · |(i + offset) - j|.
+
+    Query i sits at position i + offset (pass offset = Lk - Lq for Lq new queries after Lk - Lq cached keys),
+    key j at position j. For a key in the past this is the paper's -m_h (i - j); keys in the future get the
+    symmetric penalty (mask them for a causal model). Hugging Face's BLOOM adds +m_h · j instead: the same
+    softmax under a causal mask, since the two differ by -m_h · i, a constant per row. Constant: no gradient flows
+    into it (a kernel's dbias for it is discarded).
+    """
+    Lk = Lq if Lk is None else Lk
+    if min(Lq, Lk) <= 0:
+        raise ValueError(f"alibi_bias needs positive lengths, got Lq={Lq}, Lk={Lk}")
+    distance = np.abs(np.arange(Lq)[:, None] + offset - np.arange(Lk)[None, :])  # (Lq, Lk)
+    bias = -alibi_slopes(num_heads)[:, None, None] * distance  # (H, 1, 1) * (Lq, Lk) -> (H, Lq, Lk)
+    return bias[None].astype(dtype)  # (1, H, Lq, Lk)
+
+
 # --------------------------------------------------------------------------- score bias
 
 

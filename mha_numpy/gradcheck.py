@@ -273,6 +273,8 @@ def check_functional(
         dict(p=randn(B, H, Lq, Lk), v=randn(B, H, Lk, d)),
         ["p", "v"],
     )
+    check("repeat_kv", lambda x: F.repeat_kv_forward(x, H), F.repeat_kv_backward, dict(x=randn(B, 1, Lk, d)), ["x"])
+    check("rope", lambda x: F.rope_forward(x, None, 100.0), F.rope_backward, dict(x=randn(B, H, Lq, 2 * d)), ["x"])
     drop = gen.random((B, H, Lq, Lk)) >= dropout_p if dropout_p > 0 else None
 
     def sdpa(q, k, v):

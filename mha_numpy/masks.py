@@ -85,6 +85,24 @@ def causal_mask(Lq: int, Lk: int | None = None, diagonal: int = 0) -> np.ndarray
     return np.tril(np.ones((Lq, Lk), dtype=bool), k=diagonal)
 
 
+def sliding_window_mask(Lq: int, Lk: int, window: int, causal: bool = True, offset: int = 0) -> np.ndarray:
+    """(Lq, Lk) bool local-attention mask, True where query i may attend to key j.
+
+    Query i sits at position i + offset (top-left aligned by default, like ``causal_mask``; pass
+    ``offset=Lk - Lq`` for Lq new queries after Lk - Lq cached keys). With p = i + offset:
+    - causal=True: the last ``window`` keys up to and including p, p - window < j <= p (Mistral's convention);
+    - causal=False (symmetric): |p - j| < window, i.e. window - 1 keys on each side and p itself.
+    ``window >= Lk`` with causal=True is ``causal_mask(Lq, Lk, diagonal=offset)``.
+    """
+    for name, value in (("Lq", Lq), ("Lk", Lk), ("window", window)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+            raise ValueError(f"sliding_window_mask needs a positive int {name}, got {value!r}")
+    delta = np.arange(Lq)[:, None] + offset - np.arange(Lk)[None, :]  # (Lq, Lk): p - j
+    if causal:
+        return (delta >= 0) & (delta < window)
+    return np.abs(delta) < window
+
+
 def to_additive(mask: np.ndarray, dtype=np.float64) -> np.ndarray:
     """Boolean mask (True = may attend) -> float mask (0 where allowed, -inf where blocked); floats are cast.
 

@@ -200,7 +200,8 @@ def test_check_functional_covers_every_pair():
     report = check_functional()
     assert report.passed, str(report)
     pairs = {row.name.split(":")[0] for row in report.rows}
-    assert pairs == {"linear", "split", "merge", "scores", "mask", "softmax", "dropout", "context", "sdpa"}
+    expected = {"linear", "split", "merge", "scores", "mask", "softmax", "dropout", "context", "sdpa"}
+    assert pairs == expected | {"repeat_kv", "rope"}
 
 
 def test_float32_stays_float32_through_every_pair():

@@ -3,8 +3,10 @@
 For the example configuration (batch, lengths, E, H, kdim/vdim, bias, mask kind; see ``_config``) it runs,
 in float64 and in float32: torch.nn.MultiheadAttention on both ``need_weights`` paths, torch's
 scaled_dot_product_attention on the per-head Q, K, V (bool and float masks, ``is_causal``), and a
-transformers BertAttention built from a small random BertConfig. Exits 1 on any mismatch, 2 when torch or
-transformers is missing.
+transformers BertAttention built from a small random BertConfig. With ``--variants`` also today's attention
+(``mha_numpy.interop.gqa`` and ``.llama``): grouped-query attention against SDPA's ``enable_gqa``, RoPE + GQA against a
+transformers LlamaAttention (outputs and every gradient) and the KV cache against its DynamicCache decoding.
+Exits 1 on any mismatch, 2 when torch or transformers is missing or on a usage error.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 
 from .. import masks
 from .._optional import require
+from ._args import UsageError, positive_float, positive_int
 from ._config import add_config_args, make_example, make_mask
 
 DTYPES = {"float64": np.float64, "float32": np.float32}
@@ -31,6 +34,19 @@ def add_parser(sub) -> None:
     )
     add_config_args(p)
     p.add_argument("--dtype", choices=["both", *DTYPES], default="both", help="precision(s) (default %(default)s)")
+    g = p.add_argument_group("today's variants")
+    g.add_argument(
+        "--variants",
+        action="store_true",
+        help="also check grouped-query attention against torch SDPA (enable_gqa), RoPE + GQA against a transformers "
+        "LlamaAttention, and the KV cache against its DynamicCache decoding",
+    )
+    g.add_argument(
+        "--kv-heads", type=positive_int, default=None, help="key/value heads for --variants (default: heads // 2, or 1)"
+    )
+    g.add_argument(
+        "--rope-theta", type=positive_float, default=10000.0, help="RoPE base for --variants (default %(default)s)"
+    )
     p.set_defaults(run=run)
 
 
@@ -75,7 +91,46 @@ def _bert_attention(args, dtype):
     return module
 
 
+def _kv_heads(args) -> int:
+    """--kv-heads, or a grouping that shares heads: H // 2 for an even H, else 1 (multi-query)."""
+    if args.kv_heads is not None:
+        return args.kv_heads
+    return args.heads // 2 if args.heads % 2 == 0 else 1
+
+
+def _variants(args, dtype, mask, show) -> None:
+    """GQA vs torch SDPA, RoPE + GQA vs LlamaAttention, the KV cache vs its DynamicCache (self-attention on Lq)."""
+    from ..interop import gqa, llama
+
+    rng = np.random.default_rng(args.seed)
+    B, Lq, Lk, E, H, Hkv = args.batch, args.lq, args.lk, args.embed_dim, args.heads, _kv_heads(args)
+    d = E // H
+    q = rng.standard_normal((B, H, Lq, d)).astype(dtype)
+    k, v = (rng.standard_normal((B, Hkv, Lk, d)).astype(dtype) for _ in range(2))
+    show(gqa.crosscheck_gqa_sdpa(q, k, v, attn_mask=mask))
+    module = llama.hf_llama_attention(E, H, Hkv, args.rope_theta, bias=not args.no_bias, dtype=dtype, seed=args.seed)
+    x = rng.standard_normal((B, Lq, E)).astype(dtype)
+    show(llama.crosscheck_hf_llama_attention(module, x))
+    show(llama.crosscheck_hf_llama_kv_cache(module, x, prefill=max(1, Lq // 2)))
+
+
+def _check_variant_args(args) -> None:
+    """UsageError (one line, exit 2) for a --variants configuration that cannot run."""
+    if not args.variants:
+        return
+    Hkv = _kv_heads(args)
+    if args.heads % Hkv:
+        raise UsageError(f"argument --kv-heads: {Hkv} does not divide --heads {args.heads}")
+    if args.embed_dim % args.heads == 0 and (args.embed_dim // args.heads) % 2:
+        raise UsageError(
+            f"argument --variants: RoPE needs an even head dim, --embed-dim {args.embed_dim} / --heads {args.heads}"
+        )
+    if args.kdim not in (None, args.embed_dim) or args.vdim not in (None, args.embed_dim):
+        raise UsageError("argument --variants: LlamaAttention is self-attention, leave --kdim and --vdim at E")
+
+
 def run(args: argparse.Namespace) -> int:
+    _check_variant_args(args)
     torch = require("torch", "crosscheck")  # a missing one: one line naming the extra, exit 2
     require("transformers", "crosscheck")
     from .. import torch_compat as tc
@@ -121,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
         bert = _bert_attention(args, dtype)
         self_mask = make_mask(args.mask, B, Lq, Lq, np.random.default_rng(args.seed), dtype)
         show(tc.crosscheck_hf_bert_attention(bert, query, attention_mask=_hf_mask(self_mask, B, Lq, dtype)))
+        if args.variants:
+            _variants(args, dtype, mask, show)
 
     print("SUMMARY")
     for title, ok in summary:

@@ -28,6 +28,8 @@ random upstream gradient with respect to every input and every parameter. See do
 One job a file: ``names`` (the name maps, plain data), ``convert`` (weights in and out), ``tensor_masks``
 (mask converters for tensors), ``report`` (``CrosscheckReport``), one file per cross-check (``torch_mha``,
 ``sdpa``, ``hf_bert``, each run-ours / run-theirs / compare) and what they share (``_harness``, ``_lazy``).
+Today's variants: ``gqa`` (grouped-query attention vs SDPA's ``enable_gqa``) and ``llama`` (the importer
+``from_hf_llama_attention``, RoPE + GQA vs ``LlamaAttention``, the KV cache vs its ``DynamicCache``).
 """
 
 from __future__ import annotations
@@ -37,7 +39,15 @@ from .report import DEFAULT_RTOL, CrosscheckReport, CrosscheckRow
 
 # isort: split
 from .convert import from_hf_bert_attention, from_torch_mha, to_torch_mha
+from .gqa import crosscheck_gqa_sdpa
 from .hf_bert import crosscheck_hf_bert_attention
+from .llama import (
+    HF_LLAMA_NAME_MAP,
+    crosscheck_hf_llama_attention,
+    crosscheck_hf_llama_kv_cache,
+    from_hf_llama_attention,
+    hf_llama_attention,
+)
 from .names import HF_BERT_NAME_MAP, NameMap, describe, params_from_state, torch_mha_name_map
 from .sdpa import crosscheck_sdpa
 from .tensor_masks import mask_from_hf, mask_from_sdpa, mask_from_torch_mha, mask_to_hf, mask_to_sdpa, mask_to_torch_mha
@@ -64,4 +74,10 @@ __all__ = [
     "crosscheck_torch_mha",
     "crosscheck_sdpa",
     "crosscheck_hf_bert_attention",
+    "HF_LLAMA_NAME_MAP",
+    "from_hf_llama_attention",
+    "hf_llama_attention",
+    "crosscheck_gqa_sdpa",
+    "crosscheck_hf_llama_attention",
+    "crosscheck_hf_llama_kv_cache",
 ]

@@ -26,8 +26,9 @@ def _check_numpy_dtype(torch_dtype) -> np.dtype:
     return np.dtype(name)
 
 
-def _new_mha(E, H, bias, kdim, vdim, dropout, dtype, params) -> MultiHeadAttention:
-    mha = MultiHeadAttention(E, H, bias=bias, kdim=kdim, vdim=vdim, dropout=dropout, dtype=dtype, rng=0)
+def _new_mha(E, H, bias, kdim, vdim, dropout, dtype, params, **options) -> MultiHeadAttention:
+    """A module with the given weights; ``options`` go to the constructor (e.g. num_kv_heads, rope_theta)."""
+    mha = MultiHeadAttention(E, H, bias=bias, kdim=kdim, vdim=vdim, dropout=dropout, dtype=dtype, rng=0, **options)
     for name, p in mha.params.items():
         if params[name].shape != p.shape:
             raise ValueError(f"{name}: the imported tensor has shape {params[name].shape}, expected {p.shape}")

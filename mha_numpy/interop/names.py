@@ -63,3 +63,16 @@ def params_from_state(state: Mapping, name_map: NameMap) -> dict[str, np.ndarray
         full = to_numpy(state[torch_name])
         out[ours] = np.array(full if rows is None else full[rows], copy=True)
     return out
+
+
+HF_LLAMA_NAME_MAP: NameMap = {
+    "W_q": ("q_proj.weight", None),
+    "W_k": ("k_proj.weight", None),
+    "W_v": ("v_proj.weight", None),
+    "W_o": ("o_proj.weight", None),
+    "b_q": ("q_proj.bias", None),
+    "b_k": ("k_proj.bias", None),
+    "b_v": ("v_proj.bias", None),
+    "b_o": ("o_proj.bias", None),
+}
+"""LlamaAttention's parameters as ours (the biases exist only with ``attention_bias=True``)."""

@@ -44,7 +44,7 @@ With ``num_threads`` = 1 the items run in the calling thread and BLAS uses its o
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -79,34 +79,43 @@ class _Tiles:
     or for none; every array here has the group's heads as its first axis.
     """
 
-    def __init__(self, args: AttentionArgs, b: int, hs: slice, seed):
+    def __init__(self, args: AttentionArgs, b: int, hs: slice, seed, states: dict):
         def view(a):
             return None if a is None else np.broadcast_to(a, args.shape)[b, hs]  # (g, Lq, Lk) view
 
         self.mask, self.bias, self.keep = view(args.mask), view(args.bias), view(args.keep)
         self.p, self.seed, self.b, self.hs = args.dropout_p, seed, b, hs
+        mshape = (1,) * (4 - np.ndim(args.mask)) + np.shape(args.mask)  # the mask's own (b, h, Lq, Lk) sizes
+        self.states = states  # heads and batch items that share their mask share its tile states:
+        self.key = (b if mshape[0] > 1 else 0, hs.start if mshape[1] > 1 else 0)  # the key of these heads' mask
 
-    def scores(self, s: np.ndarray, i0: int, j0: int) -> bool:
-        """Add the bias and apply the mask to the score tile s = S[:, i0:, j0:] (g, n, bk) in place.
+    def mask_state(self, i0: int, i1: int, j0: int, j1: int):
+        """-> (_EMPTY | _FULL | _PARTIAL, the (n, bk) mask tile or None), looked up before any work on the tile.
 
-        -> False when the mask allows nothing in the tile (then s is left as it is and must be skipped).
+        Found once per tile of each distinct mask and remembered (forward and backward, every head sharing it).
+        The heads of a group share their mask, so the first head's tile stands for all of them.
         """
-        i1, j1 = i0 + s.shape[-2], j0 + s.shape[-1]
-        state, m = _FULL, None
-        if self.mask is not None:
-            m = self.mask[:, i0:i1, j0:j1]
+        if self.mask is None:
+            return _FULL, None
+        key = (*self.key, i0, j0)
+        state = self.states.get(key)
+        if state is None:
+            m = self.mask[0, i0:i1, j0:j1]
             blocked = ~m if m.dtype == np.bool_ else np.isneginf(m)
             state = _EMPTY if blocked.all() else (_FULL if m.dtype == np.bool_ and not blocked.any() else _PARTIAL)
-        if state == _EMPTY:
-            return False  # e.g. above the causal diagonal: no work at all
+            self.states[key] = state  # one dict item set: safe from several threads
+        return state, (self.mask[0, i0:i1, j0:j1] if state == _PARTIAL else None)
+
+    def finish_scores(self, s: np.ndarray, i0: int, j0: int, state: int, m) -> None:
+        """Add the bias and apply a _PARTIAL mask tile m (n, bk) to the score tile s = S[:, i0:, j0:] (g, n, bk)."""
         if self.bias is not None:
+            i1, j1 = i0 + s.shape[-2], j0 + s.shape[-1]
             np.add(s, self.bias[:, i0:i1, j0:j1], out=s, casting="unsafe")  # the same order as the vectorized path
         if state == _PARTIAL:
             if m.dtype == np.bool_:
-                np.copyto(s, -np.inf, where=~m)
+                np.copyto(s, -np.inf, where=~m)  # (g, n, bk), the mask tile broadcast over the group's heads
             else:
                 np.add(s, m, out=s, casting="unsafe")
-        return True
 
     def keep_tile(self, i0: int, i1: int, j0: int, j1: int):
         """Dropout keep-mask of the tile (bool, (g, i1 - i0, j1 - j0)), or None without dropout.
@@ -145,10 +154,12 @@ def _forward_rows(q, k, v, scale: float, tiles: _Tiles, i0: int, bk: int, out, m
     scale_drop = 1.0 / (1.0 - tiles.p) if tiles.p > 0 else 1.0
     for j0 in range(0, Lk, bk):
         j1 = min(j0 + bk, Lk)
+        state, mtile = tiles.mask_state(i0, i0 + n, j0, j1)
+        if state == _EMPTY:
+            continue  # nothing allowed here: not even the product is computed
         s = buf[..., : j1 - j0]
         np.matmul(q, k[:, j0:j1].swapaxes(1, 2), out=s)  # (g, n, d) @ (g, d, bk) -> (g, n, bk), scale in q
-        if not tiles.scores(s, i0, j0):
-            continue
+        tiles.finish_scores(s, i0, j0, state, mtile)
         m_new = np.maximum(m, s.max(axis=2))  # (g, n)
         m_new[np.isneginf(m_new)] = 0.0  # row with nothing allowed yet: shift by 0, exp(-inf) = 0
         alpha = np.exp(m - m_new)  # (g, n) rescales what was summed with the old max
@@ -198,11 +209,13 @@ def _backward_heads(q, k, v, scale, d_out, m, inv_ell, D, tiles: _Tiles, bq, bk,
         kj, vj = k[:, j0:j1], va[:, j0:j1]  # (g, bk, d), (g, bk, dv [+ 1])
         for i0 in range(0, Lq, bq):
             i1 = min(i0 + bq, Lq)
+            state, mtile = tiles.mask_state(i0, i1, j0, j1)
+            if state == _EMPTY:
+                continue  # all weights 0 here: no gradient flows through this tile
             e = e_buf[:, : i1 - i0, : j1 - j0]
             dp = dp_buf[:, : i1 - i0, : j1 - j0]
             np.matmul(q[:, i0:i1], kj.swapaxes(1, 2), out=e)  # (g, bq, d) @ (g, d, bk) -> (g, bq, bk) S
-            if not tiles.scores(e, i0, j0):
-                continue  # all weights 0 here: no gradient flows through this tile
+            tiles.finish_scores(e, i0, j0, state, mtile)
             np.subtract(e, m[:, i0:i1, None], out=e)
             np.exp(e, out=e)  # (g, bq, bk) E = exp(S - m); the forward's weights are E / ℓ
             np.matmul(da[:, i0:i1], vj.swapaxes(1, 2), out=dp)  # (g, bq, dv+1) @ (g, dv+1, bk) -> dP - D
@@ -259,9 +272,10 @@ class ChunkedCache:
     args: AttentionArgs
     seed: int | None
     kernel: ChunkedKernel
+    tile_states: dict = field(default_factory=dict)  # (mask b, mask h, i0, j0) -> _EMPTY | _FULL | _PARTIAL
 
     def _tiles(self, b: int, hs: slice) -> _Tiles:
-        return _Tiles(self.args, b, hs, self.seed)
+        return _Tiles(self.args, b, hs, self.seed, self.tile_states)
 
     @property
     def scores(self) -> np.ndarray:

@@ -1,0 +1,121 @@
+"""``KVCache``: the projected keys and values of earlier calls, for decoding one token (or a few) at a time.
+
+A decoder that produces token t needs the keys and values of tokens 0 ... t. They do not change once
+computed (causal attention: an old token never looks at a new one), so they are kept instead of being
+recomputed: each call projects only its new tokens, appends their K and V (after RoPE, at their positions),
+and attends to everything stored. With grouped-query attention the cache holds the Hkv key/value heads, not
+the H query heads: that is where GQA and MQA save memory (``nbytes``, ``bytes_per_token``).
+
+    kv = KVCache()
+    out, _ = mha.forward(prompt, prompt, prompt, kv_cache=kv)  # prefill: Lq tokens, causal among themselves
+    out, _ = mha.forward(x_t, x_t, x_t, kv_cache=kv)  # one step: 1 token attends to all cached ones
+
+Storage grows by doubling, so appending L tokens one at a time copies O(L) entries in all, not O(L²).
+Forward only: a cache is state, ``MultiHeadAttention.backward`` refuses a call that used one.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from ._checks import as_float_array
+
+
+class KVCache:
+    """Keys and values (B, Hkv, length, d) of one attention module, appended call after call."""
+
+    def __init__(self) -> None:
+        self._k: np.ndarray | None = None  # (B, Hkv, capacity, d), the first ``length`` positions in use
+        self._v: np.ndarray | None = None  # (B, Hkv, capacity, dv)
+        self.length = 0
+        self._owner: weakref.ref | None = None
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __repr__(self) -> str:
+        shape = None if self._k is None else self.keys.shape
+        return f"KVCache(length={self.length}, keys={shape}, nbytes={self.nbytes})"
+
+    @property
+    def keys(self) -> np.ndarray | None:
+        """(B, Hkv, length, d): the cached keys, after RoPE (a view, not a copy)."""
+        return None if self._k is None else self._k[:, :, : self.length]
+
+    @property
+    def values(self) -> np.ndarray | None:
+        """(B, Hkv, length, dv): the cached values (a view)."""
+        return None if self._v is None else self._v[:, :, : self.length]
+
+    @property
+    def dtype(self) -> np.dtype | None:
+        return None if self._k is None else self._k.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored keys and values: 2 · B · Hkv · length · d · itemsize (d = dv)."""
+        return 0 if self._k is None else int(self.keys.nbytes + self.values.nbytes)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one more position costs, per sequence of the batch: (d + dv) · Hkv · itemsize (0 while empty)."""
+        if self._k is None:
+            return 0
+        B, Hkv, _, d = self._k.shape
+        return int(Hkv * (d + self._v.shape[-1]) * self._k.itemsize)
+
+    def positions(self, num_new: int) -> np.ndarray:
+        """(num_new,) the positions of the next call's tokens: length, length + 1, ..."""
+        return np.arange(self.length, self.length + num_new)
+
+    def bind(self, module, batch: int | None = None) -> None:
+        """Tie the cache to ``module`` on first use; ValueError naming ``kv_cache`` for another module, another
+        dtype or (given ``batch``) another batch size than the cached one. Runs before any arithmetic."""
+        owner = None if self._owner is None else self._owner()
+        if owner is None and self._owner is not None and self.length:
+            raise ValueError("kv_cache belongs to a module that no longer exists; start a new KVCache()")
+        if owner is not None and owner is not module:
+            raise ValueError(f"kv_cache belongs to another module ({owner!r}); use one KVCache per attention module")
+        if self.dtype is not None and self.dtype != module.dtype:
+            raise ValueError(f"kv_cache holds {self.dtype} keys and values but the module is {module.dtype}")
+        if batch is not None and self._k is not None and self._k.shape[0] != batch:
+            raise ValueError(f"kv_cache holds a batch of {self._k.shape[0]} sequences, this call has {batch}")
+        self._owner = weakref.ref(module)
+
+    def append(self, K: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Store K (B, Hkv, Lnew, d) and V (B, Hkv, Lnew, dv) after the cached positions.
+
+        -> (keys, values): (B, Hkv, length, d) and (B, Hkv, length, dv), every position so far (views).
+        """
+        K = as_float_array(K, "K", ndim=4)
+        V = as_float_array(V, "V", ndim=4)
+        if K.shape[:3] != V.shape[:3] or K.dtype != V.dtype:
+            raise ValueError(f"K {K.dtype} {K.shape} and V {V.dtype} {V.shape} must share dtype and (B, Hkv, L)")
+        if self._k is not None:
+            held = (self._k.shape[:2], self._k.shape[3], self._v.shape[3], self._k.dtype)
+            new = (K.shape[:2], K.shape[3], V.shape[3], K.dtype)
+            if held != new:
+                raise ValueError(
+                    f"kv_cache holds keys {self.keys.dtype} {self.keys.shape} and values {self.values.shape}; "
+                    f"the new K {K.dtype} {K.shape} and V {V.shape} do not fit (batch, heads, head dim, dtype)"
+                )
+        end = self.length + K.shape[2]
+        if self._k is None or end > self._k.shape[2]:
+            self._grow(K, V, end)
+        self._k[:, :, self.length : end] = K  # (B, Hkv, Lnew, d) into the free positions
+        self._v[:, :, self.length : end] = V
+        self.length = end
+        return self.keys, self.values
+
+    def _grow(self, K: np.ndarray, V: np.ndarray, needed: int) -> None:
+        """Reallocate to max(needed, 2 · capacity) positions and copy what is stored."""
+        capacity = max(needed, 2 * (0 if self._k is None else self._k.shape[2]))
+        B, Hkv, _, d = K.shape
+        new_k = np.empty((B, Hkv, capacity, d), dtype=K.dtype)
+        new_v = np.empty((B, Hkv, capacity, V.shape[3]), dtype=V.dtype)
+        if self.length:
+            new_k[:, :, : self.length] = self.keys
+            new_v[:, :, : self.length] = self.values
+        self._k, self._v = new_k, new_v
