@@ -131,17 +131,17 @@ def attention_scores_forward(q: np.ndarray, k: np.ndarray, scale: float):
 
     q: (B, H, Lq, d)   k: (B, H, Lk, d)   ->   scores: (B, H, Lq, Lk)
     """
-    q_scaled = q * scale  # F1: (B, H, Lq, d), the scale on q rather than on the (Lq, Lk) product
-    scores = q_scaled @ k.swapaxes(-1, -2)  # F2: (B, H, Lq, d) @ (B, H, d, Lk) -> (B, H, Lq, Lk)
-    return scores, (q_scaled, k, scale)
+    scores = (q * scale) @ k.swapaxes(-1, -2)  # F1: (B, H, Lq, d) @ (B, H, d, Lk) -> (B, H, Lq, Lk), the scale on q
+    return scores, (q, k, scale)  # the cache is (q, k, scale): the course's checker hands it to students' backwards
 
 
 def attention_scores_backward(d_scores: np.ndarray, cache):
     """d_scores: (B, H, Lq, Lk)  ->  dq: (B, H, Lq, d), dk: (B, H, Lk, d)."""
-    q_scaled, k, scale = cache
-    dq = d_scores @ k  # ← F2: (B, H, Lq, Lk) @ (B, H, Lk, d) -> (B, H, Lq, d)
-    dq *= scale  # ← F1: the scale, applied to the (Lq, d) result rather than to the (Lq, Lk) d_scores
-    dk = d_scores.swapaxes(-1, -2) @ q_scaled  # ← F2: (B, H, Lk, Lq) @ (B, H, Lq, d) -> (B, H, Lk, d)
+    q, k, scale = cache
+    dq = d_scores @ k  # ← F1: (B, H, Lq, Lk) @ (B, H, Lk, d) -> (B, H, Lq, d)
+    dk = d_scores.swapaxes(-1, -2) @ q  # ← F1: (B, H, Lk, Lq) @ (B, H, Lq, d) -> (B, H, Lk, d)
+    dq *= scale  # ← F1: the scale, applied to the (L, d) results rather than to the (Lq, Lk) d_scores
+    dk *= scale  # ← F1
     return dq, dk
 
 
