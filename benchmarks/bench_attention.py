@@ -34,7 +34,6 @@ results.csv of the run shown in docs/performance.md are committed, so a quick ru
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import platform
@@ -53,13 +52,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # bench_compare, bench_peers, bench_bert, also when loaded by path
 
 from bench_compare import interleaved, ratio_spread  # noqa: E402
+from bench_report import VARIANTS, MiB, score_bytes, write_outputs  # noqa: E402
 
 from mha_numpy import MultiHeadAttention  # noqa: E402
 from mha_numpy.masks import causal_mask  # noqa: E402
 
-VARIANTS = ["naive", "vectorized", "chunked-t1", "chunked-t2", "auto", "torch-mha", "torch-sdpa"]
 NUMPY_VARIANTS = VARIANTS[:5]
-MiB = 2**20
 COMMITTED = ROOT / "benchmarks"  # results.md / results.csv of the run in docs/performance.md: --write-results only
 SCRATCH = ROOT / "out" / "bench"  # every other run (git ignores out/)
 
@@ -75,11 +73,6 @@ def flops(B: int, L: int, E: int, backward: bool) -> float:
     """
     forward = 8.0 * B * L * E * E + 4.0 * B * L * L * E
     return 3.0 * forward if backward else forward
-
-
-def score_bytes(B: int, H: int, L: int, itemsize: int) -> int:
-    """One (B, H, L, L) score tensor."""
-    return B * H * L * L * itemsize
 
 
 def gemm_peak(dtype, n: int = 2048, repeats: int = 5) -> float:
@@ -378,12 +371,33 @@ def causal_rows(args) -> list[dict]:
     return out
 
 
-def causal_table(rows: list[dict]) -> list[str]:
-    lines = ["| L | E | H | variant | unmasked ms | causal ms | causal / unmasked | spread |",
-             "| ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |"]  # fmt: skip
-    lines += [f"| {r['L']} | {r['E']} | {r['H']} | {r['variant']} | {r['full_ms']:.0f} | {r['causal_ms']:.0f} | "
-              f"{r['ratio']:.2f}× | {r['lo']:.2f}..{r['hi']:.2f} |" for r in rows]  # fmt: skip
-    return lines
+def ratio_rows(args) -> list[dict]:
+    """The targets' ratios, interleaved: chunked / torch-mha at L = 1024 and 2048 (B = 1, both shapes, both
+    dtypes) and auto / torch-mha at the two small batches (float32); 3 rounds each, median and spread."""
+    if not args.torch or args.quick:
+        return []
+    chunked = "chunked-t2" if args.threads >= 2 else "chunked-t1"
+    todo = [(dt, (f"E={E} H={H}", 1, L, E, H), chunked) for dt in args.dtypes for E, H in args.shapes
+            for L in (1024, 2048)]  # fmt: skip
+    todo += [
+        (np.dtype(np.float32), c, "auto")
+        for c in (("BERT-base B=8", 8, 128, 768, 12), ("MiniLM B=32", 32, 64, 384, 12))
+    ]
+    out = []
+    for dtype, (label, B, L, E, H), ours in todo:
+        fns = {
+            ours: numpy_runner(ours, B, L, E, H, dtype)[1],
+            "torch-mha": torch_runner("torch-mha", B, L, E, H, dtype)[1],
+        }
+        t = interleaved(fns, rounds=3)
+        ratio, lo, hi = ratio_spread(t[ours], t["torch-mha"])
+        ms = {name: 1e3 * min(times) for name, times in t.items()}
+        out.append(dict(dtype=np.dtype(dtype).name, case=label, B=B, L=L, E=E, H=H, variant=ours, ours_ms=ms[ours],
+                        torch_ms=ms["torch-mha"], ratio=ratio, lo=lo, hi=hi))  # fmt: skip
+        print(
+            f"  ratio {out[-1]['dtype']} {label} L={L} {ours} / torch-mha: {ratio:.2f} [{lo:.2f}..{hi:.2f}]", flush=True
+        )
+    return out
 
 
 def memory_target(args) -> dict:
@@ -405,165 +419,6 @@ def memory_target(args) -> dict:
         f"{mem['beyond']:.1f} MiB beyond output and gradients; one score tensor: {res['score_tensor_mib']:.0f} MiB"
     )
     return res
-
-
-# --------------------------------------------------------------------------- outputs
-
-
-def fmt(x, unit=""):
-    return "" if x is None else f"{x:.1f}{unit}"
-
-
-def write_outputs(out: Path, env: dict, rows, sweep, mem: dict | None, extra: dict, elapsed: float):
-    out.mkdir(parents=True, exist_ok=True)
-    keys = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("dtype", "case", "L", "variant"), k))
-    with open(out / "results.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
-    lines = ["# Attention benchmark", "", "| | |", "| --- | --- |"]
-    lines += [f"| {k} | {v} |" for k, v in env.items()]
-    lines += [f"| load average at end | {' '.join(f'{x:.2f}' for x in os.getloadavg())} |"]
-    lines += [f"| wall time of the run | {elapsed / 60:.1f} min |", ""]
-    lines += ["Times in ms (median); GFLOP/s and % of the measured GEMM peak for forward + backward; "
-              "peak MiB: tracemalloc (NumPy) or peak RSS growth (torch) during forward + backward.", ""]  # fmt: skip
-    for dtype in dict.fromkeys(r["dtype"] for r in rows):
-        peak = next(r["peak"] for r in rows if r["dtype"] == dtype)
-        lines += [f"## {dtype} (GEMM peak {peak:.1f} GFLOP/s)", ""]
-        lines += ["| case | L | variant | fwd ms | fwd+bwd ms | GFLOP/s | % peak | fwd % peak | peak MiB |"]
-        lines += ["| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        for r in rows:
-            if r["dtype"] != dtype:
-                continue
-            if "skipped" in r:
-                lines.append(f"| {r['case']} | {r['L']} | {r['variant']} | {r['skipped']} | | | | | |")
-                continue
-            lines.append(
-                f"| {r['case']} | {r['L']} | {r['variant']} | {r['fwd_s'] * 1e3:.1f} | {r['fwd_bwd_s'] * 1e3:.1f} | "
-                f"{r['fwd_bwd_gflops']:.1f} | {r['fwd_bwd_pct_peak']:.0f}% | {r['fwd_pct_peak']:.0f}% | "
-                f"{fmt(r.get('peak_mib'))} |"
-            )
-        lines.append("")
-    if sweep:
-        lines += ["## chunked block size and threads (forward + backward, E=768, H=12)", ""]
-        lines += ["| dtype | L | block_size | num_threads | fwd+bwd ms |", "| --- | ---: | ---: | ---: | ---: |"]
-        lines += [f"| {s['dtype']} | {s['L']} | {s['block_size']} | {s['num_threads']} | {s['fwd_bwd_s'] * 1e3:.1f} |"
-                  for s in sweep]  # fmt: skip
-        lines.append("")
-    sections = (
-        ("causal", "Causal mask: forward + backward, float32 (interleaved rounds)", causal_table),
-        ("peers", "Peers: HIPS autograd and JAX on CPU, forward + backward (verified, then interleaved)", None),
-        ("bert", "The NumPy BERT (all-MiniLM-L6-v2, float32) against transformers.BertModel", None),
-    )
-    for key, title, fn in sections:
-        if extra.get(key):
-            import bench_bert
-            import bench_peers
-
-            fn = fn or {"peers": bench_peers.table, "bert": bench_bert.table}[key]
-            lines += [f"## {title}", "", *fn(extra[key]), ""]
-    lines += targets(rows, mem, extra)
-    (out / "results.md").write_text("\n".join(lines) + "\n")
-    plot(out, rows)
-
-
-def find(rows, **kw):
-    for r in rows:
-        if all(r.get(k) == v for k, v in kw.items()) and "skipped" not in r:
-            return r
-    return None
-
-
-def best_chunked(rows, **kw):
-    c = [find(rows, variant=v, **kw) for v in ("chunked-t1", "chunked-t2")]
-    return min((x for x in c if x), key=lambda r: r["fwd_bwd_s"], default=None)
-
-
-def targets(rows, mem, extra: dict) -> list[str]:
-    """The targets of issue 16, judged on this run (forward + backward, same thread count)."""
-    lines = ["## Targets (forward + backward, same thread count)", ""]
-    for dtype, limit in (("float32", 1.0), ("float64", 0.8)):
-        for E in (768, 256):
-            worst = []
-            for t in (r for r in rows if (r["dtype"], r["E"], r["B"], r["variant"]) == (dtype, E, 1, "torch-mha")):
-                c = best_chunked(rows, dtype=dtype, E=E, B=1, L=t["L"])
-                if t["L"] >= 1024 and "skipped" not in t and c:
-                    worst.append((c["fwd_bwd_s"] / t["fwd_bwd_s"], t["L"]))
-            if worst:
-                ratio, L = max(worst)
-                verdict = "met" if ratio <= limit else f"missed (worst {ratio:.2f}× at L = {L})"
-                lines.append(f"- chunked / torch-mha, {dtype}, E={E}, every L ≥ 1024 (≤ {limit}×): "
-                             f"{', '.join(f'{x:.2f}' for x, _ in worst)}: **{verdict}**")  # fmt: skip
-    for case in ("BERT-base B=8", "MiniLM B=32"):
-        a, t = find(rows, dtype="float32", case=case, variant="auto"), find(rows, dtype="float32", case=case,
-                                                                              variant="torch-mha")  # fmt: skip
-        if a and t:
-            ratio = a["fwd_bwd_s"] / t["fwd_bwd_s"]
-            lines.append(f"- {case}, float32, impl='auto' / torch-mha (≤ 1.0×): {ratio:.2f}×: "
-                         f"**{'met' if ratio <= 1.0 else 'missed'}**")  # fmt: skip
-    for r in extra.get("causal", []):
-        if r["variant"].startswith("chunked"):
-            lines.append(f"- causal / unmasked at L={r['L']}, E={r['E']}, float32 (≤ 0.6×): {r['ratio']:.2f}× "
-                         f"[{r['lo']:.2f}..{r['hi']:.2f}]: **{'met' if r['ratio'] <= 0.6 else 'missed'}**")  # fmt: skip
-    if mem:
-        verdict = ("met" if mem["beyond"] <= 64 else "missed") if mem["L"] == 16384 else "not judged (--quick)"
-        lines.append(
-            f"- memory at L={mem['L']}, E=256, H=4, float32: chunked peak {mem['peak']:.1f} MiB, "
-            f"{mem['beyond']:.1f} MiB beyond output and gradients (≤ 64 MiB at L=16384): **{verdict}**; "
-            f"one vectorized score tensor: {mem['score_tensor_mib']:.0f} MiB"
-            + (f"; torch-mha: {mem['torch_beyond']:.1f} MiB beyond" if "torch_beyond" in mem else "")
-        )
-    for r in extra.get("bert", []):
-        limit = 1.5 if r["mode"] == "inference" else 2.0
-        lines.append(f"- NumPy BERT {r['batch']} × {r['tokens']} {r['mode']} / transformers {r['vs']} (≤ {limit}×): "
-                     f"{r['ratio']:.2f}× [{r['lo']:.2f}..{r['hi']:.2f}]: "
-                     f"**{'met' if r['ratio'] <= limit else 'missed'}**")  # fmt: skip
-    for r in extra.get("peers", []):
-        if r["variant"] not in ("vectorized", "chunked"):
-            lines.append(f"- peer {r['variant']} at {r['shape']}, {r['dtype']}: {r['ratio']:.2f}× our time "
-                         f"({r['vs']}) [{r['lo']:.2f}..{r['hi']:.2f}]")  # fmt: skip
-    return lines + [""]
-
-
-def plot(out: Path, rows: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    groups = sorted({(r["dtype"], r["E"], r["H"]) for r in rows if r["B"] == 1})
-    for what, key, ylabel, fname in (
-        ("time", "fwd_bwd_s", "forward + backward time (s)", "time_vs_L.png"),
-        ("memory", "peak_mib", "peak memory, forward + backward (MiB)", "memory_vs_L.png"),
-    ):
-        ncols = min(2, len(groups))
-        nrows = -(-len(groups) // ncols)
-        fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.6 * nrows), squeeze=False, dpi=90)
-        for ax, (dtype, E, H) in zip(axes.flat, groups):
-            for variant in VARIANTS:
-                pts = [(r["L"], r[key]) for r in rows if (r["dtype"], r["E"], r["H"], r["B"], r["variant"]) ==
-                       (dtype, E, H, 1, variant) and r.get(key)]  # fmt: skip
-                if pts:
-                    ax.plot(*zip(*pts), marker="o", ms=3, label=variant)
-            if what == "memory":
-                Ls = sorted({r["L"] for r in rows if r["E"] == E})
-                ax.plot(
-                    Ls,
-                    [score_bytes(1, H, L, np.dtype(dtype).itemsize) / MiB for L in Ls],
-                    "k:",
-                    label="one score tensor",
-                )
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_title(f"{dtype}, E={E}, H={H}", fontsize=9)
-            ax.set_xlabel("sequence length L")
-            ax.grid(alpha=0.3, which="both")
-        for row in axes:
-            row[0].set_ylabel(ylabel)
-        axes[0][-1].legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / fname)
-        plt.close(fig)
 
 
 def parse_args(argv=None):
@@ -641,7 +496,7 @@ def main(argv=None) -> int:
         print("\n".join(f"{k}: {v}" for k, v in env.items()), flush=True)
         rows = run(args)
         sweep = block_sweep(args)
-        extra = {"causal": causal_rows(args)}
+        extra = {"ratios": ratio_rows(args), "causal": causal_rows(args)}
         mem = memory_target(args) if args.memory else None
         if args.peers and not args.quick:
             import bench_peers
