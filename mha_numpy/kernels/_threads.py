@@ -54,7 +54,13 @@ def blas_single_threaded():
 
 
 def run_items(work, items, num_threads: int) -> None:
-    """Call ``work(item)`` for every item: in this thread, or on a pool of ``num_threads``."""
+    """Call ``work(item)`` for every item: in this thread, or on a pool of ``num_threads``.
+
+    Each pool thread takes the next item as soon as it is free (one shared iterator under a lock), so items
+    of unequal cost (under a causal mask, a late query block has many more tiles than an early one) balance
+    out: the threads finish at most one item apart. (Fixed groups of items did not: a group of late blocks
+    could be left running alone at the end.)
+    """
     if num_threads == 1 or len(items) <= 1:
         for item in items:
             work(item)
@@ -63,12 +69,16 @@ def run_items(work, items, num_threads: int) -> None:
         pool = _POOLS.get(num_threads)
         if pool is None:
             pool = _POOLS[num_threads] = ThreadPoolExecutor(num_threads, thread_name_prefix="mha_numpy")
-    n_groups = min(len(items), 4 * num_threads)  # a few groups per thread: balance, little hand-off cost
+    queue, queue_lock, done = iter(items), threading.Lock(), object()
 
-    def work_group(g: int) -> None:
-        for item in items[g::n_groups]:  # interleaved, so a causal mask's light and heavy blocks mix
+    def worker(_) -> None:
+        while True:
+            with queue_lock:
+                item = next(queue, done)
+            if item is done:
+                return
             work(item)
 
     with blas_single_threaded():
-        for _ in pool.map(work_group, range(n_groups)):  # re-raises the first exception of a worker
+        for _ in pool.map(worker, range(min(num_threads, len(items)))):  # re-raises the first exception of a worker
             pass
