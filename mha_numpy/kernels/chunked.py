@@ -364,7 +364,8 @@ class ChunkedKernel(Kernel):
                 context[b, hs, rows], m[b, hs, rows], inv_ell[b, hs, rows],
             )  # fmt: skip
 
-        items = [(b, hs, i0) for b, hs in self.groups(args, dt) for i0 in range(0, Lq, bs)]
+        # late query blocks first: under a causal mask they have the most tiles, so the last items are short ones
+        items = [(b, hs, i0) for i0 in reversed(range(0, Lq, bs)) for b, hs in self.groups(args, dt)]
         run_items(work, items, self.threads())
         return context, cache
 
