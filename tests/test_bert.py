@@ -234,7 +234,10 @@ def test_malformed_directories_say_what_is_missing(tmp_path, model32):
         BertModel.from_pretrained(tmp_path)
     from safetensors.numpy import save_file
 
-    save_file({"embeddings.word_embeddings.weight": model32.word_embeddings}, str(tmp_path / "model.safetensors"))
+    save_file(
+        {"embeddings.word_embeddings.weight": model32.params["embeddings.word_embeddings.weight"]},
+        str(tmp_path / "model.safetensors"),
+    )
     with pytest.raises(ValueError, match=r"lack 100 of the 101 BERT tensors.*encoder\.layer\.0"):
         BertModel.from_pretrained(tmp_path)
     (tmp_path / "model.safetensors").unlink()

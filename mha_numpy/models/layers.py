@@ -213,11 +213,12 @@ def feed_forward_backward(d_out: np.ndarray, cache):
 
 
 def bert_embeddings_forward(input_ids: np.ndarray, token_type_ids: np.ndarray, word: np.ndarray,
-                            position: np.ndarray, token_type: np.ndarray):  # fmt: skip
+                            position: np.ndarray, token_type: np.ndarray, padding_idx: int | None = None):  # fmt: skip
     """word[input_ids] + position[0 ... L-1] + token_type[token_type_ids], before BERT's LayerNorm.
 
     input_ids, token_type_ids: (B, L) ints   word: (V, E)   position: (P, E), P >= L   token_type: (T, E)
-    ->   out: (B, L, E)
+    ->   out: (B, L, E). padding_idx: as torch's nn.Embedding(padding_idx=...), which BERT's word table uses:
+    that row (the [PAD] token's) gets no gradient, so training never moves it.
     """
     input_ids = np.asarray(input_ids)
     if input_ids.ndim != 2 or np.shape(token_type_ids) != input_ids.shape:
@@ -229,15 +230,18 @@ def bert_embeddings_forward(input_ids: np.ndarray, token_type_ids: np.ndarray, w
     p, c_p = embedding_forward(positions, position)  # F3: (B, L, E)
     s, _ = add_forward(w, t)  # F4: (B, L, E)
     out, _ = add_forward(s, p)  # F5: (B, L, E)
-    return out, (c_w, c_p, c_t)
+    return out, (c_w, c_p, c_t, padding_idx)
 
 
 def bert_embeddings_backward(d_out: np.ndarray, cache):
     """d_out: (B, L, E) -> d_word (V, E), d_position (P, E), d_token_type (T, E)."""
-    c_w, c_p, c_t = cache
+    c_w, c_p, c_t, padding_idx = cache
     d_s, d_p = add_backward(d_out)  # ← F5: (B, L, E) each
     d_w, d_t = add_backward(d_s)  # ← F4: (B, L, E) each
-    return embedding_backward(d_w, c_w), embedding_backward(d_p, c_p), embedding_backward(d_t, c_t)  # ← F1, F3, F2
+    d_word = embedding_backward(d_w, c_w)  # ← F1: (V, E)
+    if padding_idx is not None:
+        d_word[padding_idx] = 0.0  # the padding row is frozen, as in torch (← F1)
+    return d_word, embedding_backward(d_p, c_p), embedding_backward(d_t, c_t)  # ← F3, F2
 
 
 # --------------------------------------------------------------------------- mean pooling
