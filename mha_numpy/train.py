@@ -108,6 +108,41 @@ class Adam:
             p -= self.lr * m_hat / (np.sqrt(v_hat) + self.eps)
 
 
+class AdamW(Adam):
+    """Adam with decoupled weight decay, as torch.optim.AdamW: first p ← p · (1 - lr · weight_decay), then
+    the Adam step. Names in ``no_decay`` (e.g. biases and LayerNorm weights, as BERT fine-tuning does) are
+    not decayed. ``lr`` may be changed between steps (a schedule: ``warmup_linear``)."""
+
+    def __init__(
+        self,
+        params: dict[str, np.ndarray],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        no_decay: tuple[str, ...] | set[str] = (),
+    ) -> None:
+        super().__init__(params, lr, betas, eps)
+        if not weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        self.weight_decay, self.no_decay = weight_decay, set(no_decay)
+
+    def step(self, grads: dict[str, np.ndarray]) -> None:
+        """Decay, then the Adam update; every parameter in place."""
+        for name, p in self.params.items():
+            if name not in self.no_decay:
+                p *= 1 - self.lr * self.weight_decay
+        super().step(grads)
+
+
+def warmup_linear(step: int, total: int, warmup: int) -> float:
+    """The learning-rate factor of step ``step`` (0-based, as torch's LambdaLR sees it): a linear rise over
+    ``warmup`` steps, then a linear decay to 0 at ``total`` (BERT's schedule)."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    return max(0.0, (total - step) / max(1, total - warmup))
+
+
 # --------------------------------------------------------------------------- toy tasks
 
 TASKS = ("reverse", "shift")

@@ -4,6 +4,6 @@ Commands import their heavy dependencies (matplotlib, torch, ...) inside ``run``
 ``python -m mha_numpy --help`` stays fast and works without them.
 """
 
-from . import bert, crosscheck, gradcheck, tour, train
+from . import bert, crosscheck, finetune, gradcheck, tour, train
 
-COMMANDS = [tour, gradcheck, bert, crosscheck, train]
+COMMANDS = [tour, gradcheck, bert, crosscheck, train, finetune]
