@@ -8,6 +8,7 @@ never changed.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -33,12 +34,20 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def _usage_error(args: argparse.Namespace) -> str | None:
     for name in ("steps", "batch", "eval_size"):
         if getattr(args, name) <= 0:
-            raise SystemExit(f"error: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+            return f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}"
     if not args.lr > 0 or not args.clip > 0 or args.weight_decay < 0:
-        raise SystemExit("error: --lr and --clip must be > 0 and --weight-decay >= 0")
+        return f"--lr and --clip must be > 0 and --weight-decay >= 0, got {args.lr}, {args.clip}, {args.weight_decay}"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    problem = _usage_error(args)
+    if problem:
+        print(f"finetune: error: {problem}", file=sys.stderr)
+        return 2
     import numpy as np
 
     from ..bert import BertModel
@@ -48,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         model = BertModel.from_pretrained(dtype=np.float64 if args.float64 else np.float32)
     except (ModuleNotFoundError, FileNotFoundError) as exc:
-        raise SystemExit(f"error: {exc}") from None
+        print(f"finetune: error: {exc}", file=sys.stderr)
+        return 2
     print(f"fine-tuning {model!r} on '{TASK}': {args.steps} steps of {args.batch} sentences, seed {args.seed}")
     result = finetune(
         model, steps=args.steps, batch_size=args.batch, lr=args.lr, weight_decay=args.weight_decay,
