@@ -262,6 +262,7 @@ def train(
     snapshot_steps: tuple[int, ...] | None = None,
     eval_size: int = 1000,
     log: Callable[[str], None] | None = print,
+    block: str | None = None,
 ) -> TrainResult:
     """Train a ``TinyAttentionModel`` on a toy task with fresh random batches; print progress via ``log``.
 
@@ -269,12 +270,15 @@ def train(
     snapshot_steps: steps after which to store the attention maps (default: 0, i.e. before training,
     and after 5%, 15%, 40% and 100% of the steps). The seed fixes the initial weights, every batch
     and the held-out evaluation batch (``eval_size`` sequences) behind ``accuracy`` and the maps.
+    block: None (attention + residual) or "post" / "pre": a full Transformer block (LayerNorm, feed-forward).
     """
     if optimizer not in ("adam", "sgd"):
         raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
     seq_init, seq_data, seq_eval = np.random.SeedSequence(seed).spawn(3)
     data_rng = np.random.default_rng(seq_data)
-    model = TinyAttentionModel(vocab_size, length, embed_dim, num_heads, rng=np.random.default_rng(seq_init))
+    model = TinyAttentionModel(
+        vocab_size, length, embed_dim, num_heads, rng=np.random.default_rng(seq_init), block=block
+    )
     opt = Adam(model.params, lr=lr) if optimizer == "adam" else SGD(model.params, lr=lr, momentum=momentum)
     eval_tokens, eval_targets = make_batch(task, np.random.default_rng(seq_eval), eval_size, length, vocab_size, shift)
     if snapshot_steps is None:
@@ -300,6 +304,7 @@ def train(
     config = dict(
         task=task, length=length, vocab_size=vocab_size, embed_dim=embed_dim, num_heads=num_heads, steps=steps,
         batch_size=batch_size, optimizer=optimizer, lr=lr, max_grad_norm=max_grad_norm, shift=shift, seed=seed,
+        block=block,
     )  # fmt: skip
     ideal = ideal_attention(task, length, shift)
     return TrainResult(model, task, history, attention, snapshots, accuracy, ideal, config)

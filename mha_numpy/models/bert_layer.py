@@ -61,7 +61,9 @@ class BertLayer:
         E, H = config.hidden_size, config.num_attention_heads
         self.params, self.prefix, self.norm, self.eps = params, prefix, norm, config.layer_norm_eps
         self.hidden_dropout = config.hidden_dropout_prob
-        self.attention = MultiHeadAttention(E, H, bias=True, dropout=config.attention_probs_dropout_prob, dtype=dtype)
+        self.attention = MultiHeadAttention(
+            E, H, bias=True, dropout=config.attention_probs_dropout_prob, dtype=dtype, rng=0
+        )
         self._sync()
 
     def _sync(self) -> None:
