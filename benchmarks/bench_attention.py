@@ -1,8 +1,8 @@
 """Time and memory of multi-head attention: naive vs vectorized vs chunked (NumPy) vs PyTorch.
 
-    python benchmarks/bench_attention.py --quick --out out/bench          # < 1 minute, scratch output
+    python benchmarks/bench_attention.py --quick                          # < 1 minute, into out/bench/
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \\
-        python benchmarks/bench_attention.py                              # the full run (~20 min on 2 cores)
+        python benchmarks/bench_attention.py --write-results              # the full run (~20 min on 2 cores)
 
 Self-attention (query = key = value, no mask), B = 1 over L = 128 ... 8192 plus BERT-base (B = 8, L = 128),
 E = 768 / H = 12 and E = 256 / H = 4, float32 and float64, forward and forward + backward. Variants:
@@ -19,8 +19,9 @@ Each time is the median of ``--repeats`` runs after one warm-up. GFLOP/s counts 
 by the measured float32 / float64 GEMM rate of this machine at the same thread count. Peak memory is
 tracemalloc for NumPy (every NumPy allocation during forward + backward) and, for torch, the growth of
 the process's peak resident set (VmHWM, reset through /proc/self/clear_refs) in a child process.
-Writes results.md, results.csv, time_vs_L.png and memory_vs_L.png into ``--out`` (default: benchmarks/,
-where results.md and results.csv of the run shown in docs/performance.md are committed).
+Writes results.md, results.csv, time_vs_L.png and memory_vs_L.png into ``--out``, by default the scratch
+folder out/bench/ (git ignores out/). Only ``--write-results`` writes benchmarks/, where results.md and
+results.csv of the run shown in docs/performance.md are committed, so a quick run never overwrites them.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ from mha_numpy import MultiHeadAttention  # noqa: E402
 VARIANTS = ["naive", "vectorized", "chunked-t1", "chunked-t2", "torch-mha", "torch-sdpa"]
 NUMPY_VARIANTS = VARIANTS[:4]
 MiB = 2**20
+COMMITTED = ROOT / "benchmarks"  # results.md / results.csv of the run in docs/performance.md: --write-results only
+SCRATCH = ROOT / "out" / "bench"  # every other run (git ignores out/)
 
 
 # --------------------------------------------------------------------------- what is measured
@@ -522,7 +525,10 @@ def plot(out: Path, rows: list[dict]) -> None:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a reduced run that finishes in under a minute")
-    p.add_argument("--out", default="benchmarks", help="directory for results.md, results.csv and the plots")
+    p.add_argument("--out", type=Path, default=None, help=f"directory for results.md, results.csv and the plots "
+                   f"(default: the scratch folder {SCRATCH.relative_to(ROOT)})")  # fmt: skip
+    p.add_argument("--write-results", action="store_true", help=f"write into {COMMITTED.relative_to(ROOT)}/, "
+                   "replacing the committed results (a full run only: not with --quick)")  # fmt: skip
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="BLAS and torch threads")
     p.add_argument("--repeats", type=int, default=None, help="timed runs per measurement (median)")
     p.add_argument("--lengths", type=int, nargs="+", default=None)
@@ -540,6 +546,9 @@ def parse_args(argv=None):
     p.add_argument("--torch-memory-child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     q = args.quick
+    if args.write_results and (q or args.out is not None):
+        p.error("--write-results replaces the committed full-run results: not with --quick or --out")
+    args.out = COMMITTED if args.write_results else (args.out or SCRATCH)
     args.repeats = args.repeats or 3
     args.lengths = args.lengths or ([128, 512, 1024] if q else [128, 256, 512, 1024, 2048, 4096, 8192])
     args.dtypes = [np.dtype(d) for d in (args.dtypes or (["float32"] if q else ["float32", "float64"]))]
@@ -575,7 +584,7 @@ def main(argv=None) -> int:
         rows = run(args)
         sweep = block_sweep(args)
         mem = memory_target(args) if args.memory else None
-    write_outputs(Path(args.out), env, rows, sweep, mem, time.perf_counter() - start)
+    write_outputs(args.out, env, rows, sweep, mem, time.perf_counter() - start)
     print(f"wrote {args.out}/results.md, results.csv, time_vs_L.png, memory_vs_L.png "
           f"in {time.perf_counter() - start:.0f} s")  # fmt: skip
     return 0

@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from ._optional import MissingDependency
 from .commands import COMMANDS
+from .commands._args import Parser, UsageError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    """Run a command; a usage mistake or a missing optional package is one line on stderr and exit 2."""
+    parser = Parser(
         prog="python -m mha_numpy",
         description="Multi-head attention in pure NumPy, forward and hand-written backward, checked.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMANDS:
         module.add_parser(sub)
-    args = parser.parse_args(argv)
-    return int(args.run(args) or 0)
+    args = parser.parse_args(argv)  # a bad value: argparse's one-line error, exit 2
+    try:
+        return int(args.run(args) or 0)
+    except (UsageError, MissingDependency) as e:
+        message = " ".join(str(e).split())  # one line, whatever the message
+        print(f"{parser.prog} {args.command}: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

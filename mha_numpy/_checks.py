@@ -6,7 +6,11 @@ arithmetic happens, so a user never gets a broadcasting error from deep inside a
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))  # float16, longdouble: refused (no BLAS)
 
 
 def as_float_array(x, name: str, ndim: int | None = None) -> np.ndarray:
@@ -14,7 +18,7 @@ def as_float_array(x, name: str, ndim: int | None = None) -> np.ndarray:
     if x is None:
         raise ValueError(f"{name} must be an array, got None")
     arr = np.asarray(x)
-    if not np.issubdtype(arr.dtype, np.floating):
+    if arr.dtype not in FLOAT_DTYPES:
         raise ValueError(
             f"{name} must be a floating-point array (float32 or float64), got dtype {arr.dtype} with shape {arr.shape}"
         )
@@ -23,21 +27,22 @@ def as_float_array(x, name: str, ndim: int | None = None) -> np.ndarray:
     return arr
 
 
-def check_mask(mask, scores_shape: tuple[int, ...], name: str = "mask") -> np.ndarray | None:
+def check_mask(mask, scores_shape: tuple[int, ...], name: str = "mask", allow_bool: bool = True) -> np.ndarray | None:
     """Validate a mask against the score shape (B, H, Lq, Lk); return it as an ndarray.
 
     Accepted: ``None``; a boolean array (True = may attend); a floating array added to the scores.
     Integer masks are refused on purpose: 0/1 conventions differ between libraries
     (see ``docs/masks.md``) and must be converted explicitly with ``mha_numpy.masks``.
+    ``allow_bool=False`` (for a score bias) accepts floating arrays only.
     """
     if mask is None:
         return None
     m = np.asarray(mask)
-    if m.dtype != np.bool_ and not np.issubdtype(m.dtype, np.floating):
+    if not (m.dtype in FLOAT_DTYPES or (allow_bool and m.dtype == np.bool_)):
+        kinds = "boolean (True = may attend) or floating (added to the scores)" if allow_bool else "float32 or float64"
         raise ValueError(
-            f"{name} must be boolean (True = may attend) or floating (added to the scores), "
-            f"got dtype {m.dtype} with shape {m.shape}; convert 0/1 masks with mha_numpy.masks "
-            "(e.g. padding_mask(attention_mask=...))"
+            f"{name} must be {kinds}, got dtype {m.dtype} with shape {m.shape}"
+            + ("; convert 0/1 masks with mha_numpy.masks (e.g. padding_mask(attention_mask=...))" if allow_bool else "")
         )
     try:
         broadcast = np.broadcast_shapes(m.shape, scores_shape)
@@ -57,8 +62,7 @@ def check_dropout(shape: tuple[int, ...], dropout_p: float, rng, dropout_mask) -
     dropout_p must lie in [0, 1); a given ``dropout_mask`` must be boolean with the scores' shape;
     dropout_p > 0 without a mask needs ``rng`` to draw one (which the caller then does).
     """
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    check_probability(dropout_p, "dropout_p")
     if dropout_mask is not None:
         keep = np.asarray(dropout_mask)
         if keep.shape != tuple(shape) or keep.dtype != np.bool_:
@@ -67,3 +71,48 @@ def check_dropout(shape: tuple[int, ...], dropout_p: float, rng, dropout_mask) -
     if dropout_p > 0.0 and rng is None:
         raise ValueError("dropout with p > 0 needs rng (a numpy.random.Generator) or dropout_mask")
     return None
+
+
+def check_qkv(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q (B, H, Lq, d), k (B, H, Lk, d), v (B, H, Lk, dv) as floating arrays of one dtype, or ValueError."""
+    q = as_float_array(q, "q", ndim=4)
+    k = as_float_array(k, "k", ndim=4)
+    v = as_float_array(v, "v", ndim=4)
+    if q.shape[:2] != k.shape[:2] or q.shape[:2] != v.shape[:2]:
+        raise ValueError(f"q, k, v must share (B, H): got q {q.shape}, k {k.shape}, v {v.shape}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share the head dim d: got q {q.shape}, k {k.shape}")
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(f"k and v must have the same length Lk: got k {k.shape}, v {v.shape}")
+    if q.shape[-1] == 0:
+        raise ValueError(f"q and k have head dim d = 0 (q {q.shape}): the scale 1/sqrt(d) is undefined")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"q, k, v must share one dtype: got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    return q, k, v
+
+
+def default_scale(head_dim: int, scale=None) -> float:
+    """The score scale: 1/sqrt(d) unless given. A Python float, so float32 scores stay float32."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise ValueError(f"scale must be a number or None, got {scale!r}")
+    if not math.isfinite(float(scale)):
+        raise ValueError(f"scale must be finite, got {scale!r}")
+    return float(scale)
+
+
+def as_generator(rng, name: str = "rng") -> np.random.Generator:
+    """An int seed, None or a numpy Generator -> a Generator; anything else is a ValueError naming ``name``."""
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if rng is None or (isinstance(rng, (int, np.integer)) and not isinstance(rng, bool) and rng >= 0):
+        return np.random.default_rng(rng)
+    raise ValueError(f"{name} must be None, a non-negative int seed or a numpy.random.Generator, got {rng!r}")
+
+
+def check_probability(p, name: str) -> float:
+    """A dropout probability in [0, 1) as a float, or ValueError naming ``name``."""
+    if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)) or not 0.0 <= p < 1.0:
+        raise ValueError(f"{name} must be in [0, 1) (a number), got {p!r}")
+    return float(p)

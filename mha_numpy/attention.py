@@ -5,35 +5,41 @@
     value (B, Lk, vdim) --linear W_v--> (B, Lk, E) --split_heads--> (B, H, Lk, d) -+
     output (B, Lq, E) <--linear W_o-- merge_heads <-- context (B, H, Lq, d)
 
-The backward runs the same steps in reverse. Nothing loops over batch or heads in Python.
+The backward runs the same steps in reverse. The attention in the middle is a kernel
+(``mha_numpy.kernels``): the module owns everything around it, once, for every kernel.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from . import functional as F
-from ._checks import as_float_array, check_mask
+from ._checks import FLOAT_DTYPES, as_float_array, as_generator, check_probability
+from .kernels import check_args, get_kernel
 
 
 @dataclass
 class MHACache:
-    """Everything ``MultiHeadAttention.backward`` needs, and the named intermediates.
+    """Everything ``MultiHeadAttention.backward`` needs, and the named intermediates (public).
 
     Q, K, V: (B, H, L, d) the projected inputs after the head split.
-    attention: the ``functional.AttentionCache`` (scores, masked_scores, attn_weights, ...).
+    attention: the kernel's cache (``attn_weights``, ``scores``, ``kernel``, ...).
     context: (B, H, Lq, d) the per-head weighted sums, before the head merge.
+    steps: each step's cache by name, in forward order: "qkv_proj" (self-attention: one GEMM) or
+        "q_proj", "k_proj", "v_proj"; "q_split", "k_split", "v_split"; "rel_bias" (when the module has
+        one); "merge"; "out_proj". Each is the cache of the ``functional`` pair of that name's kind.
+    owner: the module that made the cache; ``backward`` refuses a cache of another module.
     """
 
     Q: np.ndarray
     K: np.ndarray
     V: np.ndarray
-    attention: F.AttentionCache
+    attention: object
     context: np.ndarray
-    _caches: dict
-    impl: str = "vectorized"  # which implementation made this cache (its backward is chosen by it)
+    steps: dict
+    owner: object = None
 
     @property
     def attn_weights(self) -> np.ndarray:
@@ -42,7 +48,7 @@ class MHACache:
 
     @property
     def scores(self) -> np.ndarray:
-        """(B, H, Lq, Lk) scaled scores before the mask."""
+        """(B, H, Lq, Lk) scaled scores (plus any bias) before the mask."""
         return self.attention.scores
 
     @property
@@ -65,11 +71,11 @@ class MultiHeadAttention:
     Initialization follows PyTorch: xavier-uniform input projections (over the packed (3E, E)
     matrix when kdim == vdim == E), U(±1/sqrt(E)) for W_o, zero biases.
     ``rng`` is an int seed or a numpy Generator; it also drives dropout.
-    ``impl`` picks the attention code: "vectorized" (this file, batched over (B, H)), "naive" (a
-    Python loop over batch and heads, ``mha_numpy.naive``) or "chunked" (blocked online softmax,
-    memory O(L·block), ``mha_numpy.chunked``, which takes ``block_size`` and ``num_threads``, None =
-    measured defaults). All three give the same outputs and gradients; the chunked cache computes
-    ``attn_weights`` only when it is read.
+    ``impl`` picks the kernel (``mha_numpy.kernels``): "vectorized" (batched over (B, H)), "naive" (a
+    Python loop over batch and heads), "chunked" (blocked online softmax, memory O(L·block); takes
+    ``block_size`` and ``num_threads``, None = measured defaults), or a kernel object. All give the same
+    outputs and gradients. ``rel_pos_max_distance`` R adds a learned bias per head and clipped distance
+    j - i to the scores (T5-style), ``params["rel_bias"]`` (H, 2R + 1).
     """
 
     def __init__(
@@ -82,30 +88,34 @@ class MultiHeadAttention:
         dropout: float = 0.0,
         dtype=np.float64,
         rng: int | np.random.Generator | None = None,
-        impl: str = "vectorized",
+        impl="vectorized",
         block_size: int | None = None,
         num_threads: int | None = None,
+        rel_pos_max_distance: int | None = None,
     ) -> None:
         kdim = embed_dim if kdim is None else kdim
         vdim = embed_dim if vdim is None else vdim
-        for name, value in (("embed_dim", embed_dim), ("kdim", kdim), ("vdim", vdim)):
-            if not isinstance(value, (int, np.integer)) or value <= 0:
+        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads), ("kdim", kdim), ("vdim", vdim)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not isinstance(num_heads, (int, np.integer)) or num_heads <= 0:
-            raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
         if embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        dtype = np.dtype(dtype)
-        if not np.issubdtype(dtype, np.floating):
-            raise ValueError(f"dtype must be a floating dtype, got {dtype}")
-        F.check_impl(impl, block_size, num_threads)
+        R = rel_pos_max_distance
+        if R is not None and (isinstance(R, bool) or not isinstance(R, (int, np.integer)) or R < 0):
+            raise ValueError(f"rel_pos_max_distance must be a non-negative int or None, got {R!r}")
+        check_probability(dropout, "dropout")
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError:
+            raise ValueError(f"dtype must be np.float32 or np.float64, got {dtype!r}") from None
+        if dtype not in FLOAT_DTYPES:
+            raise ValueError(f"dtype must be np.float32 or np.float64, got {dtype}")
+        self.kernel = get_kernel(impl, block_size=block_size, num_threads=num_threads)
+        self.impl = self.kernel.name
 
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
-        self.kdim, self.vdim, self.bias, self.dropout, self.dtype = kdim, vdim, bias, dropout, dtype
-        self.rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        self.impl, self.block_size, self.num_threads = impl, block_size, num_threads
+        self.kdim, self.vdim, self.bias, self.dropout, self.dtype = kdim, vdim, bias, float(dropout), dtype
+        self.rng = as_generator(rng)
 
         E = embed_dim
         packed = kdim == E and vdim == E  # torch initialises the packed (3E, E) in_proj_weight
@@ -119,24 +129,29 @@ class MultiHeadAttention:
         if bias:
             for name in ("b_q", "b_k", "b_v", "b_o"):
                 self.params[name] = np.zeros(E, dtype=dtype)
+        if R is not None:
+            self.params["rel_bias"] = self.rng.normal(0.0, 1.0, size=(num_heads, 2 * R + 1)).astype(dtype)
 
     def __repr__(self) -> str:
         return (
             f"MultiHeadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}, bias={self.bias}, "
             f"kdim={self.kdim}, vdim={self.vdim}, dropout={self.dropout}, dtype={self.dtype.name}"
-            + ("" if self.impl == "vectorized" else f", impl={self.impl!r}")
+            + ("" if self.impl == "vectorized" else f", impl={self.kernel!r}")
             + ")"
         )
 
     # ------------------------------------------------------------------ checks
 
-    def _check_inputs(self, query, key, value, mask):
+    def _check_inputs(self, query, key, value):
         query = as_float_array(query, "query", ndim=3)
         key = as_float_array(key, "key", ndim=3)
         value = as_float_array(value, "value", ndim=3)
-        for name, x, size in (("query", query, self.embed_dim), ("key", key, self.kdim), ("value", value, self.vdim)):
+        for name, x, size, what in (
+            ("query", query, self.embed_dim, "embed_dim"),
+            ("key", key, self.kdim, "kdim"),
+            ("value", value, self.vdim, "vdim"),
+        ):
             if x.shape[-1] != size:
-                what = "embed_dim" if name == "query" else ("kdim" if name == "key" else "vdim")
                 raise ValueError(f"{name} with shape {x.shape}: last dim must be {what}={size}")
             if x.dtype != self.dtype:
                 raise ValueError(
@@ -147,9 +162,23 @@ class MultiHeadAttention:
             raise ValueError(f"batch sizes differ: query {query.shape}, key {key.shape}, value {value.shape}")
         if key.shape[1] != value.shape[1]:
             raise ValueError(f"key and value lengths differ: key {key.shape}, value {value.shape}")
-        B, Lq, Lk = query.shape[0], query.shape[1], key.shape[1]
-        mask = check_mask(mask, (B, self.num_heads, Lq, Lk))
-        return query, key, value, mask
+        return query, key, value
+
+    def _check_cache(self, d_output, cache) -> np.ndarray:
+        if not isinstance(cache, MHACache):
+            raise ValueError(
+                f"cache must be the MHACache returned by this module's forward, got {type(cache).__name__}"
+            )
+        if cache.owner is not self:
+            raise ValueError("cache was made by another MultiHeadAttention: pass the cache of this module's forward")
+        d_output = as_float_array(d_output, "d_output", ndim=3)
+        expected = (cache.context.shape[0], cache.context.shape[2], self.embed_dim)  # (B, Lq, E)
+        if d_output.shape != expected or d_output.dtype != self.dtype:
+            raise ValueError(
+                f"d_output has shape {d_output.shape} and dtype {d_output.dtype}; expected {expected} and "
+                f"{self.dtype} like the output"
+            )
+        return d_output
 
     # ------------------------------------------------------------------ forward / backward
 
@@ -168,28 +197,34 @@ class MultiHeadAttention:
         training: apply dropout to the attention weights (when ``dropout`` > 0).
         dropout_mask: optional bool keep-mask (B, H, Lq, Lk) used instead of sampling.
         """
-        query, key, value, mask = self._check_inputs(query, key, value, mask)
-        P, H = self.params, self.num_heads
-        p_drop = self.dropout if training else 0.0
+        query, key, value = self._check_inputs(query, key, value)
         if dropout_mask is not None and not training:
             raise ValueError("dropout_mask is only used with training=True")
-        if self.impl != "vectorized":
-            return F.impl_module(self.impl).mha_forward(self, query, key, value, mask, p_drop, dropout_mask)
+        P, H = self.params, self.num_heads
+        B, Lq, Lk = query.shape[0], query.shape[1], key.shape[1]
+        p_drop = self.dropout if training else 0.0
+        args = check_args(
+            (B, H, Lq, Lk), self.head_dim, mask, None, p_drop, self.rng, dropout_mask
+        )  # before arithmetic
+        s: dict = {}  # each step's cache, by name
 
-        q, c_q = F.linear_forward(query, P["W_q"], P.get("b_q"))  # (B, Lq, E)
-        k, c_k = F.linear_forward(key, P["W_k"], P.get("b_k"))  # (B, Lk, E)
-        v, c_v = F.linear_forward(value, P["W_v"], P.get("b_v"))  # (B, Lk, E)
-        Q, c_sq = F.split_heads_forward(q, H)  # (B, H, Lq, d)
-        K, c_sk = F.split_heads_forward(k, H)  # (B, H, Lk, d)
-        V, c_sv = F.split_heads_forward(v, H)  # (B, H, Lk, d)
-        context, c_att = F.scaled_dot_product_attention_forward(
-            Q, K, V, mask, dropout_p=p_drop, rng=self.rng, dropout_mask=dropout_mask
-        )  # (B, H, Lq, d)
-        merged, c_m = F.merge_heads_forward(context)  # (B, Lq, E)
-        output, c_o = F.linear_forward(merged, P["W_o"], P.get("b_o"))  # (B, Lq, E)
-
-        caches = dict(q=c_q, k=c_k, v=c_v, sq=c_sq, sk=c_sk, sv=c_sv, m=c_m, o=c_o)
-        return output, MHACache(Q=Q, K=K, V=V, attention=c_att, context=context, _caches=caches)
+        if query is key is value and self.kdim == self.vdim == self.embed_dim:  # self-attention: one GEMM
+            biases = [P["b_q"], P["b_k"], P["b_v"]] if self.bias else None
+            (q, k, v), s["qkv_proj"] = F.fused_linear_forward(query, [P["W_q"], P["W_k"], P["W_v"]], biases)
+        else:
+            q, s["q_proj"] = F.linear_forward(query, P["W_q"], P.get("b_q"))  # (B, Lq, E)
+            k, s["k_proj"] = F.linear_forward(key, P["W_k"], P.get("b_k"))  # (B, Lk, E)
+            v, s["v_proj"] = F.linear_forward(value, P["W_v"], P.get("b_v"))  # (B, Lk, E)
+        Q, s["q_split"] = F.split_heads_forward(q, H)  # (B, H, Lq, d)
+        K, s["k_split"] = F.split_heads_forward(k, H)  # (B, H, Lk, d)
+        V, s["v_split"] = F.split_heads_forward(v, H)  # (B, H, Lk, d)
+        if "rel_bias" in P:  # a learned bias per head and distance, added to the scores
+            bias, s["rel_bias"] = F.relative_position_bias_forward(P["rel_bias"], Lq, Lk)  # (1, H, Lq, Lk)
+            args = replace(args, bias=bias)
+        context, attention = self.kernel.run(Q, K, V, args)  # (B, H, Lq, d)
+        merged, s["merge"] = F.merge_heads_forward(context)  # (B, Lq, E)
+        output, s["out_proj"] = F.linear_forward(merged, P["W_o"], P.get("b_o"))  # (B, Lq, E)
+        return output, MHACache(Q, K, V, attention, context, s, owner=self)
 
     __call__ = forward
 
@@ -200,24 +235,22 @@ class MultiHeadAttention:
         ``params`` key with that parameter's shape. For self-attention (the same array passed
         as query, key and value) its gradient is grads["query"] + grads["key"] + grads["value"].
         """
-        c = cache._caches
-        d_output = as_float_array(d_output, "d_output", ndim=3)
-        expected = (cache.context.shape[0], cache.context.shape[2], self.embed_dim)  # (B, Lq, E)
-        if d_output.shape != expected:
-            raise ValueError(f"d_output has shape {d_output.shape}, expected {expected} like the output")
-        if cache.impl != "vectorized":
-            return F.impl_module(cache.impl).mha_backward(self, d_output, cache)
-
-        g: dict[str, np.ndarray] = {}
-        d_merged, g["W_o"], db_o = F.linear_backward(d_output, c["o"])  # (B, Lq, E)
-        d_context = F.merge_heads_backward(d_merged, c["m"])  # (B, H, Lq, d)
-        dQ, dK, dV = F.scaled_dot_product_attention_backward(d_context, cache.attention)  # (B, H, L, d)
-        dq = F.split_heads_backward(dQ, c["sq"])  # (B, Lq, E)
-        dk = F.split_heads_backward(dK, c["sk"])  # (B, Lk, E)
-        dv = F.split_heads_backward(dV, c["sv"])  # (B, Lk, E)
-        g["query"], g["W_q"], db_q = F.linear_backward(dq, c["q"])  # (B, Lq, E)
-        g["key"], g["W_k"], db_k = F.linear_backward(dk, c["k"])  # (B, Lk, kdim)
-        g["value"], g["W_v"], db_v = F.linear_backward(dv, c["v"])  # (B, Lk, vdim)
-        if self.bias:
-            g.update(b_q=db_q, b_k=db_k, b_v=db_v, b_o=db_o)
-        return g
+        d_output = self._check_cache(d_output, cache)
+        s, g = cache.steps, {}
+        d_merged, g["W_o"], g["b_o"] = F.linear_backward(d_output, s["out_proj"])  # (B, Lq, E)
+        d_context = F.merge_heads_backward(d_merged, s["merge"])  # (B, H, Lq, d)
+        dQ, dK, dV, d_bias = cache.attention.kernel.backward(d_context, cache.attention)  # (B, H, L, d)
+        if "rel_bias" in s:
+            g["rel_bias"] = F.relative_position_bias_backward(d_bias, s["rel_bias"])  # (H, 2R + 1)
+        dq = F.split_heads_backward(dQ, s["q_split"])  # (B, Lq, E)
+        dk = F.split_heads_backward(dK, s["k_split"])  # (B, Lk, E)
+        dv = F.split_heads_backward(dV, s["v_split"])  # (B, Lk, E)
+        if "qkv_proj" in s:
+            (g["query"], g["key"], g["value"]), dWs, dbs = F.fused_linear_backward([dq, dk, dv], s["qkv_proj"])
+            g["W_q"], g["W_k"], g["W_v"] = dWs
+            g["b_q"], g["b_k"], g["b_v"] = dbs if dbs is not None else (None, None, None)
+        else:
+            g["query"], g["W_q"], g["b_q"] = F.linear_backward(dq, s["q_proj"])  # (B, Lq, E)
+            g["key"], g["W_k"], g["b_k"] = F.linear_backward(dk, s["k_proj"])  # (B, Lk, kdim)
+            g["value"], g["W_v"], g["b_v"] = F.linear_backward(dv, s["v_proj"])  # (B, Lk, vdim)
+        return {name: g[name] for name in ("query", "key", "value", *self.params)}

@@ -15,7 +15,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, check_dropout, check_mask
+from ._checks import (
+    as_float_array,
+    as_generator,
+    check_dropout,
+    check_mask,
+    check_probability,
+    check_qkv,
+    default_scale,
+)
 
 # --------------------------------------------------------------------------- linear
 
@@ -35,22 +43,47 @@ def linear_forward(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None):
         b = as_float_array(b, "b", ndim=1)
         if b.shape[0] != W.shape[0]:
             raise ValueError(f"b with shape {b.shape} does not match W with shape {W.shape}")
-    # one GEMM over all leading positions: a stacked (B, L, in) @ (in, out) runs B small products, ~2x slower
-    y = (x.reshape(-1, x.shape[-1]) @ W.T).reshape(*x.shape[:-1], W.shape[0])  # F1: (N, in) @ (in, out) -> (..., out)
+    x2 = x.reshape(-1, W.shape[1])  # (N, in), N = product of the leading dims: one GEMM, not one per batch item
+    y = x2 @ W.T  # F1: (N, in) @ (in, out) -> (N, out)
     if b is not None:
-        y = y + b  # F2: (..., out) + (out,)
-    return y, (x, W, b is not None)
+        y += b  # F2: (N, out) + (out,), in place on the fresh product
+    return y.reshape(*x.shape[:-1], W.shape[0]), (x2, W, b is not None, x.shape)  # (..., out)
 
 
 def linear_backward(dy: np.ndarray, cache):
     """dy: (..., out)  ->  dx: (..., in), dW: (out, in), db: (out,) or None."""
-    x, W, has_bias = cache
-    x2 = x.reshape(-1, x.shape[-1])  # (N, in), N = product of leading dims
-    dy2 = dy.reshape(-1, dy.shape[-1])  # (N, out)
-    dx = (dy2 @ W).reshape(x.shape)  # ← F1: (N, out) @ (out, in) -> (N, in) -> (..., in)
+    x2, W, has_bias, x_shape = cache
+    dy2 = dy.reshape(-1, W.shape[0])  # (N, out)
+    dx = (dy2 @ W).reshape(x_shape)  # ← F1: (N, out) @ (out, in) -> (N, in) -> (..., in)
     dW = dy2.T @ x2  # ← F1: (out, N) @ (N, in) -> (out, in)
-    db = dy2.sum(axis=0) if has_bias else None  # ← F2: (out,)
+    db = dy2.sum(axis=0) if has_bias else None  # ← F2: (out,), summed over every leading axis
     return dx, dW, db
+
+
+def fused_linear_forward(x: np.ndarray, Ws: list[np.ndarray], bs: list[np.ndarray] | None = None):
+    """[y₁, ..., yₙ] with yᵢ = x Wᵢᵀ + bᵢ, as one GEMM over the stacked weights (q, k, v of self-attention).
+
+    x: (..., in)   Wᵢ: (outᵢ, in)   bᵢ: (outᵢ,)   ->   [yᵢ: (..., outᵢ)] (views of one array), cache
+    """
+    W = np.concatenate(Ws)  # (Σ outᵢ, in)
+    b = None if bs is None else np.concatenate(bs)  # (Σ outᵢ,)
+    y, c = linear_forward(x, W, b)  # F1: (..., Σ outᵢ)
+    cuts = np.cumsum([w.shape[0] for w in Ws])[:-1]
+    return np.split(y, cuts, axis=-1), (c, cuts)  # F2: split the columns
+
+
+def fused_linear_backward(dys: list[np.ndarray], cache):
+    """[dyᵢ: (..., outᵢ)] -> ([dxᵢ: (..., in)] one per output, [dWᵢ], [dbᵢ] or None).
+
+    The weight gradients are one GEMM; the input gradient is kept per output (the three paths of
+    self-attention), each dyᵢ Wᵢ.
+    """
+    (x2, W, has_bias, x_shape), cuts = cache
+    dy2 = np.concatenate([d.reshape(-1, d.shape[-1]) for d in dys], axis=1)  # ← F2: (N, Σ outᵢ)
+    dW = dy2.T @ x2  # ← F1: (Σ outᵢ, N) @ (N, in) -> (Σ outᵢ, in), one GEMM
+    dxs = [(d @ w).reshape(x_shape) for d, w in zip(np.split(dy2, cuts, axis=1), np.split(W, cuts))]  # ← F1
+    dbs = np.split(dy2.sum(axis=0), cuts) if has_bias else None  # ← F1: (outᵢ,) each
+    return dxs, np.split(dW, cuts), dbs
 
 
 # --------------------------------------------------------------------------- heads
@@ -100,16 +133,17 @@ def attention_scores_forward(q: np.ndarray, k: np.ndarray, scale: float):
     q: (B, H, Lq, d)   k: (B, H, Lk, d)   ->   scores: (B, H, Lq, Lk)
     """
     scores = q @ k.swapaxes(-1, -2)  # F1: (B, H, Lq, d) @ (B, H, d, Lk) -> (B, H, Lq, Lk)
-    scores = scores * scale  # F2
+    scores *= scale  # F2, in place on the fresh product
     return scores, (q, k, scale)
 
 
 def attention_scores_backward(d_scores: np.ndarray, cache):
     """d_scores: (B, H, Lq, Lk)  ->  dq: (B, H, Lq, d), dk: (B, H, Lk, d)."""
     q, k, scale = cache
-    d_raw = d_scores * scale  # ← F2
-    dq = d_raw @ k  # ← F1: (B, H, Lq, Lk) @ (B, H, Lk, d) -> (B, H, Lq, d)
-    dk = d_raw.swapaxes(-1, -2) @ q  # ← F1: (B, H, Lk, Lq) @ (B, H, Lq, d) -> (B, H, Lk, d)
+    dq = d_scores @ k  # ← F1: (B, H, Lq, Lk) @ (B, H, Lk, d) -> (B, H, Lq, d)
+    dk = d_scores.swapaxes(-1, -2) @ q  # ← F1: (B, H, Lk, Lq) @ (B, H, Lq, d) -> (B, H, Lk, d)
+    dq *= scale  # ← F2: the scale, applied to the (L, d) results rather than to the (Lq, Lk) d_scores
+    dk *= scale  # ← F2
     return dq, dk
 
 
@@ -149,14 +183,18 @@ def apply_mask_backward(d_out: np.ndarray, cache):
 def softmax_forward(x: np.ndarray):
     """Numerically stable softmax over the last axis.
 
-    x: (..., Lk) -> p: (..., Lk). A row with no finite entry (fully masked) gives all-zero
-    weights instead of NaN. PyTorch's softmax gives NaN there; see docs/masks.md.
+    x: (..., Lk) -> p: (..., Lk). A row whose entries are all -inf (fully masked) gives all-zero
+    weights instead of NaN (PyTorch's softmax gives NaN there; see docs/masks.md). A NaN or a +inf
+    in a row makes the whole row NaN, as in PyTorch. Lk = 0 gives an empty result.
     """
-    row_max = x.max(axis=-1, keepdims=True)  # (..., 1)
-    row_max = np.where(np.isfinite(row_max), row_max, 0.0)  # fully masked row: shift by 0
-    e = np.exp(x - row_max)  # F1: (..., Lk), every entry in [0, 1]
-    total = e.sum(axis=-1, keepdims=True)  # F2: (..., 1)
-    p = e / np.where(total > 0, total, 1.0)  # F3: (..., Lk); a fully masked row stays 0
+    if x.shape[-1] == 0:
+        return x.copy(), x.copy()  # no key at all: nothing to weigh
+    row_max = x.max(axis=-1, keepdims=True)  # (..., 1); NaN if the row holds a NaN
+    row_max = np.where(np.isneginf(row_max), 0.0, row_max)  # fully masked row: shift by 0, exp(-inf) = 0
+    p = x - row_max  # (..., Lk), a new array: the steps below work in place on it
+    np.exp(p, out=p)  # F1: (..., Lk), every entry in [0, 1] (or NaN)
+    total = p.sum(axis=-1, keepdims=True)  # F2: (..., 1), 0 only for a fully masked row
+    p /= np.where(total == 0, 1.0, total)  # F3: (..., Lk); a fully masked row stays 0, NaN stays NaN
     return p, p
 
 
@@ -167,8 +205,10 @@ def softmax_backward(dp: np.ndarray, cache):
     dp: (..., Lk) -> dx: (..., Lk)
     """
     p = cache
-    row_dot = (p * dp).sum(axis=-1, keepdims=True)  # ← F3, F2: (..., 1)
-    return p * (dp - row_dot)  # ← F1: (..., Lk)
+    row_dot = np.einsum("...k,...k->...", p, dp)[..., None]  # ← F3, F2: (..., 1) Σ_j p_j dp_j
+    dx = dp - row_dot  # ← F1: (..., Lk), a new array
+    dx *= p  # ← F1: p ∘ (dp - Σ p dp), in place
+    return dx
 
 
 # --------------------------------------------------------------------------- dropout
@@ -185,8 +225,7 @@ def dropout_forward(
     x: (...)  ->  out: (...). ``keep_mask`` (bool, same shape as x) replaces sampling, e.g. to
     hold the mask fixed in a gradient check. The cache keeps the mask for the backward.
     """
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout p must be in [0, 1), got {p}")
+    p = check_probability(p, "p")
     if keep_mask is None:
         if p == 0.0:
             return x, None
@@ -229,59 +268,80 @@ def attention_context_backward(d_context: np.ndarray, cache):
     return dp, dv
 
 
+# --------------------------------------------------------------------------- score bias
+
+
+def score_bias_forward(scores: np.ndarray, bias: np.ndarray | None = None):
+    """Add a learned or fixed bias to the scores (ALiBi, a relative-position table, ...).
+
+    scores: (B, H, Lq, Lk)   bias: None or float, broadcastable to (B, H, Lq, Lk)   ->   (B, H, Lq, Lk)
+    Unlike a float mask, the bias gets a gradient (reduced to the bias's own shape).
+    """
+    if bias is None:
+        return scores, None
+    return scores + bias, np.shape(bias)  # F1: (B, H, Lq, Lk) + (broadcast)
+
+
+def score_bias_backward(d_out: np.ndarray, cache):
+    """d_out: (B, H, Lq, Lk) -> (d_scores (B, H, Lq, Lk), d_bias with the bias's shape, or None)."""
+    if cache is None:
+        return d_out, None
+    return d_out, sum_to_shape(d_out, cache)  # ← F1: a broadcast's backward sums over the broadcast axes
+
+
+def sum_to_shape(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Sum ``x`` over the axes that broadcasting added or stretched, so the result has ``shape``."""
+    lead = x.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and x.shape[lead + i] != 1)
+    return x.sum(axis=axes, keepdims=True).reshape(shape) if axes else x
+
+
+def relative_position_bias_forward(table: np.ndarray, Lq: int, Lk: int):
+    """A learned bias per head and clipped distance j - i (as in T5 / Shaw et al., without buckets).
+
+    table: (H, 2R + 1), column R + t is the bias for key j = i + t, t clipped to [-R, R]
+    -> bias (1, H, Lq, Lk), to be added to the scores by ``score_bias_forward``.
+    """
+    table = as_float_array(table, "table", ndim=2)
+    R = (table.shape[1] - 1) // 2
+    if table.shape[1] != 2 * R + 1:
+        raise ValueError(f"table with shape {table.shape} must have an odd number 2R + 1 of columns")
+    dist = np.arange(Lk)[None, :] - np.arange(Lq)[:, None]  # (Lq, Lk) j - i
+    idx = np.clip(dist, -R, R) + R  # (Lq, Lk) column of the table
+    bias = table[:, idx][None]  # F1: (H, Lq, Lk) gather -> (1, H, Lq, Lk)
+    return bias, (idx, table.shape)
+
+
+def relative_position_bias_backward(d_bias: np.ndarray, cache):
+    """d_bias: (..., H, Lq, Lk) broadcast over a batch axis -> d_table: (H, 2R + 1)."""
+    idx, shape = cache
+    d = d_bias.reshape(-1, *d_bias.shape[-3:]).sum(axis=0)  # (H, Lq, Lk), summed over the batch
+    d_table = np.zeros(shape, dtype=d_bias.dtype)
+    np.add.at(d_table, (slice(None), idx), d)  # ← F1: scatter-add, repeated columns accumulate
+    return d_table
+
+
 # --------------------------------------------------------------------------- attention
 
 
 @dataclass
 class AttentionCache:
-    """What the attention backward needs, plus the named intermediates for inspection.
+    """The cache of ``scaled_dot_product_attention_forward``: named intermediates and each step's cache.
 
-    scores: (B, H, Lq, Lk) q kᵀ · scale, before the mask.
+    scores: (B, H, Lq, Lk) q kᵀ · scale (+ bias), before the mask.
     masked_scores: (B, H, Lq, Lk) after the mask (-inf where blocked).
     attn_weights: (B, H, Lq, Lk) after softmax, before dropout. Fully masked rows are 0.
     dropout_mask: (B, H, Lq, Lk) bool keep-mask, or None when no dropout was applied.
+    steps: each step's cache by name: "scores", "bias", "mask", "softmax", "dropout", "context".
+    kernel: the kernel that made this cache (set by ``mha_numpy.kernels``), or None.
     """
 
     scores: np.ndarray
     masked_scores: np.ndarray
     attn_weights: np.ndarray
     dropout_mask: np.ndarray | None
-    _caches: tuple
-    impl: str = "vectorized"  # which implementation made this cache (its backward is chosen by it)
-
-
-IMPLS = ("vectorized", "naive", "chunked")
-
-
-def impl_module(impl: str):
-    """The module holding the ``naive`` or ``chunked`` implementation (imported lazily: both build on this one)."""
-    from . import chunked, naive
-
-    return {"naive": naive, "chunked": chunked}[impl]
-
-
-def check_impl(impl: str, block_size=None, num_threads=None) -> None:
-    """ValueError naming the argument unless impl is one of IMPLS and block_size / num_threads fit it."""
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    if impl != "chunked" and (block_size is not None or num_threads is not None):
-        raise ValueError(f"block_size and num_threads apply only to impl='chunked', got impl={impl!r}")
-    if impl == "chunked":
-        impl_module(impl).check_block_size(block_size)
-        impl_module(impl).check_num_threads(num_threads)
-
-
-def _check_qkv(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    q = as_float_array(q, "q", ndim=4)
-    k = as_float_array(k, "k", ndim=4)
-    v = as_float_array(v, "v", ndim=4)
-    if q.shape[:2] != k.shape[:2] or q.shape[:2] != v.shape[:2]:
-        raise ValueError(f"q, k, v must share (B, H): got q {q.shape}, k {k.shape}, v {v.shape}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must share the head dim d: got q {q.shape}, k {k.shape}")
-    if k.shape[2] != v.shape[2]:
-        raise ValueError(f"k and v must have the same length Lk: got k {k.shape}, v {v.shape}")
-    return q, k, v
+    steps: dict
+    kernel: object = None
 
 
 def scaled_dot_product_attention_forward(
@@ -293,58 +353,57 @@ def scaled_dot_product_attention_forward(
     dropout_p: float = 0.0,
     rng: np.random.Generator | None = None,
     dropout_mask: np.ndarray | None = None,
-    impl: str = "vectorized",
-    block_size: int | None = None,
-    num_threads: int | None = None,
+    bias: np.ndarray | None = None,
 ):
-    """softmax(q kᵀ · scale + mask) v, composed from the pairs above.
+    """softmax(q kᵀ · scale + bias + mask) v, composed from the pairs above.
 
     q: (B, H, Lq, d)   k: (B, H, Lk, d)   v: (B, H, Lk, dv)
     mask: bool (True = may attend) or float (added), broadcastable to (B, H, Lq, Lk)
     scale: defaults to 1/sqrt(d). dropout_p > 0 drops attention weights (needs rng or
     dropout_mask, a bool keep-mask of shape (B, H, Lq, Lk)).
+    bias: optional float, broadcastable to (B, H, Lq, Lk), added to the scores; it gets a gradient.
     -> context: (B, H, Lq, dv), cache (an AttentionCache; cache.attn_weights is (B, H, Lq, Lk))
-    impl: "vectorized" (this function), "naive" (a loop over batch and heads, ``mha_numpy.naive``) or
-    "chunked" (blocked online softmax, ``mha_numpy.chunked``; block_size and num_threads apply to it
-    only, and its cache computes attn_weights when read). The backward follows the cache.
+    Other kernels computing the same thing (naive, chunked) are in ``mha_numpy.kernels``.
     """
-    check_impl(impl, block_size, num_threads)
-    if impl != "vectorized":
-        extra = dict(block_size=block_size, num_threads=num_threads) if impl == "chunked" else {}
-        return impl_module(impl).attention_forward(q, k, v, mask, scale, dropout_p, rng, dropout_mask, **extra)
-    q, k, v = _check_qkv(q, k, v)
-    B, H, Lq, d = q.shape
-    mask = check_mask(mask, (B, H, Lq, k.shape[2]))
-    dropout_mask = check_dropout((B, H, Lq, k.shape[2]), dropout_p, rng, dropout_mask)
-    scale = 1.0 / float(np.sqrt(d)) if scale is None else float(scale)  # a Python float keeps float32
+    q, k, v = check_qkv(q, k, v)
+    shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])  # (B, H, Lq, Lk)
+    mask = check_mask(mask, shape)
+    bias = check_mask(bias, shape, name="bias", allow_bool=False)
+    keep = check_dropout(shape, dropout_p, rng, dropout_mask)
+    if keep is None and dropout_p > 0.0:
+        keep = as_generator(rng).random(shape) >= dropout_p  # (B, H, Lq, Lk) True = keep
+    return attention_steps_forward(q, k, v, mask, default_scale(q.shape[-1], scale), dropout_p, keep, bias)
 
+
+def attention_steps_forward(q, k, v, mask, scale: float, dropout_p: float, keep, bias=None):
+    """The composition itself, on arguments already checked (``keep``: bool keep-mask or None)."""
     scores, c_scores = attention_scores_forward(q, k, scale)  # (B, H, Lq, Lk)
-    masked, c_mask = apply_mask_forward(scores, mask)  # (B, H, Lq, Lk)
+    biased, c_bias = score_bias_forward(scores, bias)  # (B, H, Lq, Lk)
+    masked, c_mask = apply_mask_forward(biased, mask)  # (B, H, Lq, Lk)
     weights, c_soft = softmax_forward(masked)  # (B, H, Lq, Lk)
-    dropped, c_drop = dropout_forward(weights, dropout_p, rng, dropout_mask)  # (B, H, Lq, Lk)
+    dropped, c_drop = dropout_forward(weights, dropout_p, keep_mask=keep)  # (B, H, Lq, Lk)
     context, c_ctx = attention_context_forward(dropped, v)  # (B, H, Lq, dv)
-
-    cache = AttentionCache(
-        scores=scores,
-        masked_scores=masked,
-        attn_weights=weights,
-        dropout_mask=None if c_drop is None else c_drop[0],
-        _caches=(c_scores, c_mask, c_soft, c_drop, c_ctx),
-    )
-    return context, cache
+    steps = dict(scores=c_scores, bias=c_bias, mask=c_mask, softmax=c_soft, dropout=c_drop, context=c_ctx)
+    return context, AttentionCache(biased, masked, weights, None if c_drop is None else c_drop[0], steps)
 
 
 def scaled_dot_product_attention_backward(d_context: np.ndarray, cache: AttentionCache):
-    """d_context: (B, H, Lq, dv) -> dq: (B, H, Lq, d), dk: (B, H, Lk, d), dv: (B, H, Lk, dv)."""
-    if cache.impl != "vectorized":
-        return impl_module(cache.impl).attention_backward(d_context, cache)
-    c_scores, c_mask, c_soft, c_drop, c_ctx = cache._caches
-    d_dropped, dv = attention_context_backward(d_context, c_ctx)  # (B, H, Lq, Lk), (B, H, Lk, dv)
-    d_weights = dropout_backward(d_dropped, c_drop)  # (B, H, Lq, Lk)
-    d_masked = softmax_backward(d_weights, c_soft)  # (B, H, Lq, Lk)
-    d_scores = apply_mask_backward(d_masked, c_mask)  # (B, H, Lq, Lk)
-    dq, dk = attention_scores_backward(d_scores, c_scores)  # (B, H, Lq, d), (B, H, Lk, d)
-    return dq, dk, dv
+    """d_context: (B, H, Lq, dv) -> dq: (B, H, Lq, d), dk: (B, H, Lk, d), dv: (B, H, Lk, dv),
+    and a fourth entry, d_bias (the bias's shape), when the forward was given a bias."""
+    dq, dk, dv, d_bias = attention_steps_backward(d_context, cache)
+    return (dq, dk, dv) if d_bias is None else (dq, dk, dv, d_bias)
+
+
+def attention_steps_backward(d_context: np.ndarray, cache: AttentionCache):
+    """The steps of ``attention_steps_forward`` in reverse: -> (dq, dk, dv, d_bias or None)."""
+    c = cache.steps
+    d_dropped, dv = attention_context_backward(d_context, c["context"])  # (B, H, Lq, Lk), (B, H, Lk, dv)
+    d_weights = dropout_backward(d_dropped, c["dropout"])  # (B, H, Lq, Lk)
+    d_masked = softmax_backward(d_weights, c["softmax"])  # (B, H, Lq, Lk)
+    d_biased = apply_mask_backward(d_masked, c["mask"])  # (B, H, Lq, Lk)
+    d_scores, d_bias = score_bias_backward(d_biased, c["bias"])  # (B, H, Lq, Lk), bias shape
+    dq, dk = attention_scores_backward(d_scores, c["scores"])  # (B, H, Lq, d), (B, H, Lk, d)
+    return dq, dk, dv, d_bias
 
 
 # Short alias: the functional "call" is the forward half of the pair.

@@ -14,19 +14,30 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import functional as F
+from ._checks import as_generator
 from .attention import MultiHeadAttention
 from .models import layers as LY
 
 
 def numerical_gradient(f: Callable[[np.ndarray], np.ndarray], x: np.ndarray, d_out: np.ndarray, eps: float = 1e-6):
-    """Central-difference gradient of sum(f(x) * d_out) with respect to x (same shape as x).
+    """Central-difference gradient of sum(f(x) * d_out) with respect to x (float64, same shape as x).
 
-    ``x`` is perturbed in place one element at a time and restored exactly afterwards.
+    ``x`` must be a floating ndarray (an integer array cannot be perturbed by eps; ValueError) and ``eps`` a
+    positive finite number (ValueError). A writeable ``x`` is perturbed in place one element at a time and
+    restored exactly afterwards, so ``f`` may read it from elsewhere (a parameter held by a model); a read-only
+    ``x`` is never touched: a copy is perturbed and passed to ``f``. An empty ``x`` has an empty gradient.
     """
-    grad = np.zeros_like(x, dtype=np.float64)
-    it = np.nditer(x, flags=["multi_index"], op_flags=[["readwrite"]])
-    for _ in it:
-        i = it.multi_index
+    if not isinstance(x, np.ndarray) or not np.issubdtype(x.dtype, np.floating):
+        raise ValueError(
+            f"x must be a floating ndarray, got {type(x).__name__} of dtype {np.asarray(x).dtype} with shape "
+            f"{np.shape(x)}: an integer array cannot carry the perturbation eps (convert it with x.astype(float))"
+        )
+    if not (isinstance(eps, (int, float, np.floating, np.integer)) and np.isfinite(eps) and eps > 0):
+        raise ValueError(f"eps must be a positive finite number, got {eps!r}")
+    if not x.flags.writeable:
+        x = x.copy()  # perturb a copy; the caller's read-only array stays as it is
+    grad = np.zeros(x.shape, dtype=np.float64)
+    for i in np.ndindex(x.shape):  # no iteration at all for an empty x
         old = x[i].copy()
         x[i] = old + eps
         plus = np.sum(f(x) * d_out, dtype=np.float64)
@@ -35,6 +46,16 @@ def numerical_gradient(f: Callable[[np.ndarray], np.ndarray], x: np.ndarray, d_o
         x[i] = old  # restore
         grad[i] = (plus - minus) / (2 * eps)
     return grad
+
+
+def _check_not_empty(**arrays) -> None:
+    """A gradient check of an array with no element compares nothing and cannot fail: refuse it."""
+    for name, a in arrays.items():
+        if np.size(a) == 0:
+            raise ValueError(
+                f"{name} with shape {np.shape(a)} is empty: a gradient check needs at least one element "
+                "(numerical_gradient itself gives an empty gradient for an empty array)"
+            )
 
 
 @dataclass
@@ -159,9 +180,10 @@ def check_mha(
 
     ``d_output`` defaults to a random upstream gradient. With ``training=True`` and dropout,
     the dropout mask sampled by the first forward is held fixed for every perturbed forward.
-    The arrays passed in and ``mha.params`` are left as they were.
+    The arrays passed in and ``mha.params`` are left as they were. Empty inputs raise ValueError (nothing to check).
     """
-    gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    _check_not_empty(query=query, key=key, value=value)
+    gen = as_generator(rng)
     inputs = {"query": np.array(query, copy=True), "key": np.array(key, copy=True), "value": np.array(value, copy=True)}
     out, cache = mha.forward(**inputs, mask=mask, training=training)
     keep = cache.dropout_mask if training else None
@@ -192,8 +214,14 @@ def check_functional(
     atol: float = 1e-8,
     rtol: float = 1e-6,
 ) -> GradcheckReport:
-    """Check every functional pair on random float64 data; rows are named ``pair:input``."""
-    gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    """Check every functional pair on random float64 data; rows are named ``pair:input``.
+
+    B, H, Lq, Lk and d must be positive ints (ValueError naming the argument): a zero size checks nothing.
+    """
+    for name, n in dict(B=B, H=H, Lq=Lq, Lk=Lk, d=d).items():
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n <= 0:
+            raise ValueError(f"{name} must be a positive int, got {n!r}")
+    gen = as_generator(rng)
     r = GradcheckReport(atol=atol, rtol=rtol)
 
     def randn(*shape):

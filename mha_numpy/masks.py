@@ -27,11 +27,24 @@ def _is_bool(m: np.ndarray) -> bool:
     return m.dtype == np.bool_
 
 
+def _our_mask(mask, name: str) -> np.ndarray:
+    """``mask`` as an array of our convention (bool or floating); integer 0/1 masks are refused, not guessed."""
+    m = np.asarray(mask)
+    if not _is_bool(m) and not np.issubdtype(m.dtype, np.floating):
+        raise ValueError(
+            f"{name} must be bool (True = may attend) or floating (added to the scores), got dtype {m.dtype} with "
+            f"shape {m.shape}: an integer 0/1 mask means 1 = keep in Hugging Face but would be a +1 bias here, so "
+            "convert it explicitly (padding_mask(attention_mask=...), or mask.astype(bool) when 1 = may attend)"
+        )
+    return m
+
+
 def padding_mask(lengths=None, max_len: int | None = None, *, attention_mask=None) -> np.ndarray:
     """Key padding mask (B, 1, 1, Lk), True = real token (may be attended to).
 
     Give either ``lengths`` (B,) of ints with optional ``max_len`` (default max(lengths)),
     or ``attention_mask`` (B, Lk), Hugging Face style: 1 = keep, 0 = padding.
+    An empty batch is defined: ``padding_mask([])`` is (0, 1, 1, 0), ``padding_mask([], max_len=5)`` (0, 1, 1, 5).
     """
     if (lengths is None) == (attention_mask is None):
         raise ValueError("padding_mask needs exactly one of lengths=... or attention_mask=...")
@@ -43,13 +56,17 @@ def padding_mask(lengths=None, max_len: int | None = None, *, attention_mask=Non
             raise ValueError(f"attention_mask must hold only 0 and 1 (HF: 1 = keep), got shape {am.shape}")
         return (am == 1)[:, None, None, :]  # (B, 1, 1, Lk)
     lengths = np.asarray(lengths)
+    if lengths.size == 0 and lengths.ndim == 1:  # B = 0: an empty batch, whatever dtype [] became
+        lengths = lengths.astype(np.int64)
     if lengths.ndim != 1 or not np.issubdtype(lengths.dtype, np.integer):
         raise ValueError(
             f"lengths must be a 1-D integer array (B,), got dtype {lengths.dtype} shape {lengths.shape}; "
             "for a 0/1 (B, Lk) mask use padding_mask(attention_mask=...)"
         )
-    max_len = int(lengths.max()) if max_len is None else int(max_len)
-    if lengths.min() < 0 or lengths.max() > max_len:
+    if max_len is not None and (not isinstance(max_len, (int, np.integer)) or max_len < 0):
+        raise ValueError(f"max_len must be a non-negative int, got {max_len!r}")
+    max_len = int(lengths.max(initial=0)) if max_len is None else int(max_len)
+    if lengths.size and (lengths.min() < 0 or lengths.max() > max_len):
         raise ValueError(f"lengths {lengths.tolist()} must lie in [0, max_len={max_len}]")
     keep = np.arange(max_len)[None, :] < lengths[:, None]  # (B, Lk)
     return keep[:, None, None, :]  # (B, 1, 1, Lk)
@@ -69,8 +86,11 @@ def causal_mask(Lq: int, Lk: int | None = None, diagonal: int = 0) -> np.ndarray
 
 
 def to_additive(mask: np.ndarray, dtype=np.float64) -> np.ndarray:
-    """Boolean mask (True = may attend) -> float mask (0 where allowed, -inf where blocked)."""
-    mask = np.asarray(mask)
+    """Boolean mask (True = may attend) -> float mask (0 where allowed, -inf where blocked); floats are cast.
+
+    Integer masks raise ValueError (see ``combine_masks``).
+    """
+    mask = _our_mask(mask, "mask")
     if not _is_bool(mask):
         return mask.astype(dtype, copy=False)
     return np.where(mask, 0.0, -np.inf).astype(dtype)
@@ -81,10 +101,16 @@ def combine_masks(*masks) -> np.ndarray | None:
 
     All boolean -> logical AND (may attend only where every mask allows). Any floating ->
     the booleans become 0/-inf and everything is summed. Shapes broadcast together.
+    Integer masks are refused with a ValueError naming ``masks[i]``: a 0/1 mask is "1 = keep" in Hugging Face,
+    and adding it would make a +1 bias (or, turned into an int -inf, INT64_MIN); convert it explicitly first.
     """
-    present = [np.asarray(m) for m in masks if m is not None]
+    present = [_our_mask(m, f"masks[{i}]") for i, m in enumerate(masks) if m is not None]
     if not present:
         return None
+    try:
+        np.broadcast_shapes(*[m.shape for m in present])
+    except ValueError:
+        raise ValueError(f"masks with shapes {[m.shape for m in present]} do not broadcast together") from None
     if all(_is_bool(m) for m in present):
         out = present[0]
         for m in present[1:]:
@@ -92,8 +118,9 @@ def combine_masks(*masks) -> np.ndarray | None:
         return out
     dtype = np.result_type(*[m.dtype for m in present if not _is_bool(m)])
     out = to_additive(present[0], dtype)
-    for m in present[1:]:
-        out = out + to_additive(m, dtype)
+    with np.errstate(over="ignore"):  # finfo.min + finfo.min = -inf: blocked either way
+        for m in present[1:]:
+            out = out + to_additive(m, dtype)
     return out
 
 

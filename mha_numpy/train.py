@@ -1,13 +1,6 @@
-"""Learn by training: a tiny attention model trained end to end with the hand-written backward.
-
-The model, every piece a forward/backward pair (the attention is ``MultiHeadAttention``):
-
-    tokens (B, L) ──embedding tok_emb──► tok (B, L, E) ─┐
-    positions (B, L) ─embedding pos_emb─► pos (B, L, E) ─┴─ add ──► x (B, L, E)
-    x ──MultiHeadAttention(x, x, x)──► a (B, L, E)                  self-attention
-    x, a ──add──► h (B, L, E)                                        the residual
-    h ──linear W_out, b_out──► logits (B, L, V)                      a read-out at every position
-    logits, targets ──softmax cross-entropy──► loss (mean over the B·L tokens)
+"""Learn by training: the tiny attention model (``models.tiny.TinyAttentionModel``: embeddings, one
+self-attention layer with a residual, a read-out; every piece a forward/backward pair) trained end
+to end with the hand-written backward.
 
 The toy tasks have a known answer: to ``reverse`` a sequence, output i must read input L-1-i (an
 anti-diagonal attention map); to ``shift`` it by k, output i reads input i-k (a shifted diagonal,
@@ -21,12 +14,12 @@ the model trains to the same numbers (tests/test_train.py, notebooks/07).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .kernels._threads import blas_single_threaded
 from .models.layers import softmax_cross_entropy_forward
 from .models.tiny import TinyAttentionModel
 
@@ -215,16 +208,12 @@ def evaluate(model: TinyAttentionModel, tokens: np.ndarray, targets: np.ndarray)
 
 
 def one_blas_thread():
-    """A context that runs NumPy's BLAS on one thread (when threadpoolctl is installed).
+    """A context that runs NumPy's BLAS on one thread (shared with the chunked kernel's own limit).
 
     The matrices here are tiny (B·L × E); several BLAS threads only add synchronisation, which on a
     busy machine makes training 10x slower or worse.
     """
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl is in requirements.txt
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
+    return blas_single_threaded()
 
 
 def train_step(

@@ -3,6 +3,12 @@
     python scripts/run_notebooks.py                      # every notebooks/*.ipynb
     python scripts/run_notebooks.py notebooks/01_*.ipynb  # only these
 
+All notebooks are executed first, in memory; only when every one succeeded are they written, so a failure
+never leaves the tree half-rewritten. A notebook that declares packages it needs in its metadata
+(``"mha_numpy": {"needs": ["torch"]}``: 04, 05 and 07, the comparisons with PyTorch) is skipped, with a
+message, when one of them is not installed (a runtime-only install); the dev install
+(``pip install -r requirements-dev.txt``) runs them all.
+
 Each notebook runs in a fresh kernel (the ``python3`` kernel of the running interpreter), in its
 own directory, with PYTHONHASHSEED=0 and matplotlib's inline backend, and must finish within the
 time budget (``--timeout``, default 60 s for the whole notebook; the kernel is interrupted when it
@@ -13,6 +19,7 @@ runs out). No timing metadata is recorded, so re-running a seeded notebook chang
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 import sys
@@ -64,12 +71,35 @@ def execute_notebook(nb: nbformat.NotebookNode, cwd: Path, timeout: float = DEFA
     return nb
 
 
-def run(path: Path, timeout: float) -> None:
-    nb = nbformat.read(path, as_version=4)
-    start = time.monotonic()
-    execute_notebook(nb, path.parent, timeout)
-    nbformat.write(nb, path)
-    print(f"{path}: executed and saved ({time.monotonic() - start:.1f} s)")
+def missing_packages(nb: nbformat.NotebookNode) -> list[str]:
+    """The packages ``nb`` declares in its metadata (``mha_numpy.needs``) that are not installed."""
+    needs = nb.metadata.get("mha_numpy", {}).get("needs", [])
+    return [name for name in needs if importlib.util.find_spec(name) is None]
+
+
+def run_all(paths: list[Path], timeout: float) -> int:
+    """Execute every notebook in memory, then write them all; on any failure write none and return 1."""
+    done = []
+    for path in paths:
+        nb = nbformat.read(path, as_version=4)
+        missing = missing_packages(nb)
+        if missing:
+            print(f"{path}: skipped, it needs {', '.join(missing)}: pip install -r requirements-dev.txt")
+            continue
+        start = time.monotonic()
+        try:
+            execute_notebook(nb, path.parent, timeout)
+        except Exception as e:  # CellExecutionError, CellTimeoutError, TimeoutError, a dead kernel
+            first = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+            print(f"{path}: FAILED ({first}); no notebook was written", file=sys.stderr)
+            return 1
+        done.append((path, nb, time.monotonic() - start))
+    for path, nb, seconds in done:
+        tmp = path.with_name(path.name + ".tmp")
+        nbformat.write(nb, tmp)
+        os.replace(tmp, path)  # each file is replaced whole
+        print(f"{path}: executed and saved ({seconds:.1f} s)")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,9 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if not paths:
         print(f"no notebooks found in {NOTEBOOK_DIR}", file=sys.stderr)
         return 1
-    for path in paths:
-        run(path, args.timeout)
-    return 0
+    return run_all(paths, args.timeout)
 
 
 if __name__ == "__main__":

@@ -271,6 +271,35 @@ def test_bad_inputs_name_the_argument_and_shape(model32):
         BertModel(model32.config, {}, dtype=np.float16)
 
 
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m: m.tokenize(None), "texts must be a str or a non-empty list of str, got None"),
+        (lambda m: m.tokenize(42), "texts must be"),
+        (lambda m: m.tokenize(["fine", None]), "texts must be"),
+        (lambda m: m.tokenize([]), "texts must be"),
+        (lambda m: m.tokenize("a b c", max_length=0), "max_length must be an int >= 2"),  # was silently ignored
+        (lambda m: m.tokenize("a b c", max_length=1), "max_length must be an int >= 2"),  # so was this
+        (lambda m: m.tokenize("a b c", max_length=2.5), "max_length must be an int >= 2"),
+        (lambda m: m.encode(None), "texts must be a str or a list of str"),
+        (lambda m: m.encode(["a"], batch_size=2.5), "batch_size must be a positive int"),
+        (lambda m: m.encode(["a"], batch_size="2"), "batch_size must be a positive int"),
+        (lambda m: BertModel(m.config, {}, dtype="abc"), "dtype must be float32 or float64"),
+        (lambda m: BertModel(m.config, {}, dtype=None), "dtype must be float32 or float64"),
+        (lambda m: BertModel.from_pretrained(42), "path must be a directory path"),
+    ],
+)
+def test_text_arguments_name_themselves(model32, call, message):
+    """Issue 11, defect 10: these reached NumPy or the tokenizer unchecked (TypeError, or silently ignored)."""
+    with pytest.raises(ValueError, match=message):
+        call(model32)
+
+
+def test_max_length_truncates_including_the_special_tokens(model32):
+    assert model32.tokenize("hello there friend", max_length=2).tokens == [["[CLS]", "[SEP]"]]
+    assert model32.tokenize("hello there friend", max_length=3).tokens == [["[CLS]", "hello", "[SEP]"]]
+
+
 def test_runtime_needs_no_torch():
     code = (
         "import sys\nfrom mha_numpy.bert import BertModel\n"

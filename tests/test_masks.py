@@ -87,8 +87,47 @@ def test_sdpa_convention_is_ours():
         (lambda: masks.from_torch_attn_mask(np.ones((6, 2, 2), bool)), "num_heads"),
         (lambda: masks.from_torch_key_padding_mask(np.ones(3, bool)), r"\(B, Lk\)"),
         (lambda: masks.to_hf_attention_mask(np.ones((2, 3), bool)), r"\(B, 1, 1, Lk\)"),
+        (lambda: masks.padding_mask(np.array([2]), max_len=-1), "max_len"),
+        (lambda: masks.padding_mask([], max_len=2.5), "max_len"),
+        (lambda: masks.combine_masks(np.array([[1, 0]])), r"masks\[0\].*int64"),
+        (lambda: masks.combine_masks(None, masks.causal_mask(2), np.array([[1, 0], [1, 1]])), r"masks\[2\]"),
+        (lambda: masks.combine_masks(np.zeros((2, 3)), np.zeros((2, 4))), "do not broadcast"),
+        (lambda: masks.to_additive(np.array([[1, 0]], dtype=np.int8)), "mask must be bool"),
     ],
 )
 def test_bad_mask_arguments_raise_value_error(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_integer_masks_are_refused_not_turned_into_a_bias_or_int64_min():
+    """Issue 11, defect 9: an int 0/1 mask became a +1 bias (alone) or INT64_MIN (with a bool mask)."""
+    hf_style = np.array([[1, 1, 0]])
+    for call in (
+        lambda: masks.combine_masks(hf_style),
+        lambda: masks.combine_masks(masks.padding_mask(np.array([2]), 3), hf_style),
+        lambda: masks.combine_masks(np.zeros((1, 3)), hf_style),
+        lambda: masks.to_additive(hf_style),
+    ):
+        with pytest.raises(ValueError, match="padding_mask\\(attention_mask=...\\)"):
+            call()
+    # the explicit conversions the message names give what was meant
+    np.testing.assert_array_equal(masks.padding_mask(attention_mask=hf_style)[0, 0, 0], [True, True, False])
+    np.testing.assert_array_equal(masks.combine_masks(hf_style.astype(bool)), [[True, True, False]])
+
+
+def test_combining_finite_minimum_masks_saturates_to_blocked_without_a_warning():
+    hf = masks.to_hf_extended_mask(np.array([[True, False]]))  # 0, finfo.min
+    with np.errstate(all="raise"):
+        both = masks.combine_masks(hf, hf)
+    assert both[0, 0] == 0 and both[0, 1] == -np.inf
+
+
+def test_an_empty_batch_has_a_defined_padding_mask():
+    """Issue 11, defect 5: padding_mask([]) failed inside NumPy. B = 0 is an empty batch: (0, 1, 1, Lk)."""
+    assert masks.padding_mask([]).shape == (0, 1, 1, 0)
+    m = masks.padding_mask([], max_len=5)
+    assert m.shape == (0, 1, 1, 5) and m.dtype == bool
+    assert masks.padding_mask(np.array([], dtype=np.int32), 3).shape == (0, 1, 1, 3)
+    assert masks.padding_mask(attention_mask=np.zeros((0, 4), dtype=np.int64)).shape == (0, 1, 1, 4)
+    assert masks.padding_mask(np.array([0, 2])).shape == (2, 1, 1, 2)  # a length 0 is a fully masked sequence

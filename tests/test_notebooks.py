@@ -9,6 +9,8 @@ The budget (60 s per notebook) is enforced by interrupting the kernel, not by as
 from __future__ import annotations
 
 import importlib.util
+import json
+import re
 import shutil
 from pathlib import Path
 
@@ -94,3 +96,68 @@ def test_the_budget_covers_the_whole_notebook(tmp_path: Path):
     with pytest.raises(TimeoutError):
         _runner().execute_notebook(nb, tmp_path, timeout=3)
     assert nb.cells[0].execution_count == 1  # the first cell ran; the second was cut off
+
+
+MACHINE_PATHS = re.compile(r"/root/|/home/|/work/|/tmp/|[A-Z]:\\Users\\")
+
+
+def _text_outputs(nb):
+    """Every text a saved output shows: streams, text/* and JSON data, error tracebacks (not image bytes)."""
+    for cell in nb.cells:
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            yield out.get("text", "")
+            yield "\n".join(out.get("traceback", []))
+            for mime, data in out.get("data", {}).items():
+                if mime.startswith("text/") or mime.endswith("json"):
+                    yield data if isinstance(data, str) else json.dumps(data)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_saved_outputs_show_no_machine_path(path: Path):
+    """Issue 11: notebook 06 printed where the weights package sat on the machine that ran it."""
+    nb = nbformat.read(path, as_version=4)
+    found = [m.group(0) for text in _text_outputs(nb) for m in [MACHINE_PATHS.search(text)] if m]
+    assert not found, f"{path.name}: a saved output shows a machine path ({found[0]!r})"
+
+
+def test_the_torch_notebooks_say_so_and_the_readme_lists_them():
+    def needs(path):
+        return nbformat.read(path, as_version=4).metadata.get("mha_numpy", {}).get("needs", [])
+
+    torch_notebooks = {p.name[:2] for p in NOTEBOOKS if "torch" in needs(p)}
+    assert torch_notebooks == {"04", "05", "07"}, torch_notebooks
+    readme = (ROOT / "README.md").read_text()
+    assert "04, 05 and 07 need torch" in readme
+
+
+def _tiny_notebook(path: Path, source: str, needs=None) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(source)]
+    if needs:
+        nb.metadata["mha_numpy"] = {"needs": needs}
+    nbformat.write(nb, path)
+    return path
+
+
+def test_run_notebooks_writes_nothing_when_one_fails(tmp_path: Path, capsys):
+    """A failure must not leave the tree half-rewritten: the notebooks before it stay as they were."""
+    good = _tiny_notebook(tmp_path / "a_good.ipynb", "print('fine')")
+    bad = _tiny_notebook(tmp_path / "b_bad.ipynb", "raise RuntimeError('boom')")
+    before = {p: p.read_bytes() for p in (good, bad)}
+    assert _runner().main([str(good), str(bad), "--timeout", "60"]) == 1
+    assert {p: p.read_bytes() for p in (good, bad)} == before
+    assert "no notebook was written" in capsys.readouterr().err
+    assert _runner().main([str(good), "--timeout", "60"]) == 0  # alone, it runs and is saved
+    assert nbformat.read(good, as_version=4).cells[0].outputs[0].text == "fine\n"
+
+
+def test_run_notebooks_skips_a_notebook_whose_packages_are_missing(tmp_path: Path, capsys):
+    """A runtime-only install has no torch: 04, 05, 07 are skipped with a message, the others still run."""
+    missing = _tiny_notebook(tmp_path / "a_needs.ipynb", "import no_such_package_xyz", needs=["no_such_package_xyz"])
+    other = _tiny_notebook(tmp_path / "b_plain.ipynb", "print(1 + 1)")
+    before = missing.read_bytes()
+    assert _runner().main([str(missing), str(other), "--timeout", "60"]) == 0
+    out = capsys.readouterr().out
+    assert "a_needs.ipynb: skipped, it needs no_such_package_xyz: pip install -r requirements-dev.txt" in out
+    assert missing.read_bytes() == before
+    assert nbformat.read(other, as_version=4).cells[0].outputs[0].text == "2\n"

@@ -68,3 +68,120 @@ def test_ci_turns_a_skip_into_a_failure(tmp_path):
     assert strict.returncode == 1 and "skipped under CI" in strict.stdout, strict.stdout
     local = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=base)
     assert local.returncode == 0 and "1 skipped" in local.stdout, local.stdout
+
+
+def import_graph() -> dict[str, set[str]]:
+    """mha_numpy module -> the mha_numpy modules it imports, anywhere in the file (lazy imports counted)."""
+    import ast
+
+    pkg = ROOT / "mha_numpy"
+    graph: dict[str, set[str]] = {}
+    for path in pkg.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        package = name if parts[-1] == "__init__" else name.rsplit(".", 1)[0]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1] if node.level else []
+                mod = ".".join(base + ([node.module] if node.module else []))
+                deps |= {f"{mod}.{a.name}" for a in node.names} | {mod}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+        modules = {p.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".").removesuffix(".__init__")
+                   for p in pkg.rglob("*.py")}  # fmt: skip
+        graph[name] = {d for d in deps if d in modules and d != name and not name.startswith(d + ".")}
+    return graph
+
+
+def test_import_graph_is_one_way():
+    """The layering of docs/architecture.md: no cycle (lazy imports counted), functional imports only
+    _checks, no kernel imports attention, nothing below commands imports commands."""
+    graph = import_graph()
+    assert graph["mha_numpy.functional"] <= {"mha_numpy._checks"}
+    for name, deps in graph.items():
+        if name.startswith("mha_numpy.kernels"):
+            assert "mha_numpy.attention" not in deps, name
+        if not name.startswith("mha_numpy.commands") and name != "mha_numpy.__main__":
+            assert not any(d.startswith("mha_numpy.commands") for d in deps), name
+    state: dict[str, int] = {}
+
+    def visit(node, path):
+        state[node] = 1
+        for dep in graph.get(node, ()):
+            assert state.get(dep) != 1, " -> ".join([*path, node, dep])
+            if dep not in state:
+                visit(dep, [*path, node])
+        state[node] = 2
+
+    for node in graph:
+        if node not in state:
+            visit(node, [])
+
+
+def test_every_optional_package_has_an_extra_and_all_installs_them():
+    """pip install '.[all]' runs every command; each optional import names an extra that really brings it."""
+    import re
+
+    import tomllib
+
+    from mha_numpy._optional import EXTRAS
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for module, (pip_name, extra) in EXTRAS.items():
+        names = [re.split(r"[<>=\[ ]", req)[0] for req in extras[extra]]
+        assert pip_name in names, f"{module}: {pip_name} is not in the extra [{extra}] = {extras[extra]}"
+    assert extras["all"] == [f"mha_numpy[{','.join(e for e in extras if e != 'all')}]"]
+    dev = (ROOT / "requirements-dev.txt").read_text() + (ROOT / "requirements.txt").read_text()
+    for reqs in extras.values():  # what an extra pins, the dev install (what the tests run on) has too
+        for req in reqs:
+            if not req.startswith("mha_numpy"):
+                assert re.split(r"[<>=]", req)[0] in dev, req
+
+
+def test_a_missing_optional_package_names_its_extra(monkeypatch):
+    from mha_numpy._optional import MissingDependency, require
+
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import now fails as if not installed
+    with pytest.raises(MissingDependency, match=r"pip install 'mha_numpy\[bert\]'"):
+        require("tokenizers", "tokenizing")
+    assert issubclass(MissingDependency, ModuleNotFoundError)  # `except ImportError` still catches it
+
+
+def test_a_quick_benchmark_run_never_targets_the_committed_results(capsys):
+    """Issue 11: bench_attention.py --quick overwrote benchmarks/results.*; scratch runs go to out/bench/."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_attention", ROOT / "benchmarks" / "bench_attention.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.parse_args(["--quick"]).out == ROOT / "out" / "bench"
+    assert bench.parse_args([]).out == ROOT / "out" / "bench"
+    assert bench.parse_args(["--write-results"]).out == ROOT / "benchmarks"
+    for argv in (["--quick", "--write-results"], ["--write-results", "--out", "x"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(argv)
+    assert "--write-results" in capsys.readouterr().err
+    assert "out/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_the_edge_cases_doc_shows_what_the_script_measures(capsys):
+    """docs/edge-cases.md pastes the output of scripts/measure_edge_cases.py; it must be the current output."""
+    from helpers import require_torch
+
+    require_torch()
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("measure_edge_cases", ROOT / "scripts" / "measure_edge_cases.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main([]) == 0
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    doc = (ROOT / "docs" / "edge-cases.md").read_text().splitlines()
+    assert len(table) == len(script.CASES) + 2
+    missing = [line for line in table if line not in doc]
+    assert not missing, (
+        f"docs/edge-cases.md is out of date; re-run the script and paste. First stale row:\n{missing[0]}"
+    )
+    assert "docs/edge-cases.md" in (ROOT / "README.md").read_text()

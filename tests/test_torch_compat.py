@@ -75,10 +75,24 @@ def test_import_does_not_import_torch():
 
 def test_missing_torch_gives_import_error_naming_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` raise ImportError
-    with pytest.raises(ImportError, match="'torch' package"):
+    with pytest.raises(ImportError, match=r"mha_numpy.interop.*package 'torch'.*mha_numpy\[torch\]"):
         tc.to_torch_mha(MultiHeadAttention(E, H, rng=0))
-    with pytest.raises(ImportError, match="'torch' package"):
+    with pytest.raises(ImportError, match=r"package 'torch'.*mha_numpy\[torch\]"):
         tc.crosscheck_sdpa(np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 2, 2)))
+
+
+def test_old_and_new_module_names_export_the_same_public_names():
+    """torch_compat is the old name of interop (one module); the names other code uses are re-exported there."""
+    import mha_numpy.interop
+
+    assert tc is mha_numpy.interop
+    for name in tc.__all__:
+        assert getattr(tc, name) is not None, name
+    used = ["CrosscheckReport", "DEFAULT_RTOL", "HF_BERT_NAME_MAP", "crosscheck_hf_bert_attention", "crosscheck_sdpa"]
+    used += ["crosscheck_torch_mha", "describe", "from_hf_bert_attention", "from_torch_mha", "mask_from_hf"]
+    used += ["mask_from_sdpa", "mask_from_torch_mha", "mask_to_hf", "mask_to_sdpa", "mask_to_torch_mha"]
+    used += ["params_from_state", "to_torch_mha", "torch_mha_name_map"]
+    assert set(used) <= set(tc.__all__)
 
 
 def test_name_map_packed_is_torch_documented_layout():
@@ -161,12 +175,10 @@ def test_from_torch_mha_keeps_configuration(torch):
     np.testing.assert_array_equal(mha.params["W_k"], m.k_proj_weight.detach().numpy())
 
 
-def test_float16_imports_but_is_not_cross_checked(torch):
+def test_float16_is_refused_naming_the_dtypes_we_model(torch):
     m = torch.nn.MultiheadAttention(E, H, dtype=torch.float16)
-    assert tc.from_torch_mha(m).dtype == np.float16
-    x = np.zeros((1, 2, E), dtype=np.float16)
-    with pytest.raises(ValueError, match="float32 or float64"):
-        tc.crosscheck_torch_mha(m, x, x, x)
+    with pytest.raises(ValueError, match="float32 or np.float64, got float16"):
+        tc.from_torch_mha(m)
 
 
 def test_from_torch_mha_refuses_what_it_does_not_model(torch):
@@ -260,7 +272,7 @@ def test_swapped_name_map_is_detected(torch, monkeypatch):
         nm["W_q"], nm["W_k"] = nm["W_k"], nm["W_q"]
         return nm
 
-    monkeypatch.setattr(tc, "torch_mha_name_map", swapped)
+    monkeypatch.setattr(tc.names, "torch_mha_name_map", swapped)
     report = tc.crosscheck_torch_mha(m, x, x + 1, x - 1)
     assert not report.passed
     for name in ("output", "attn_weights per head", "Q", "K", "dL/dquery", "dL/dW_q", "dL/dW_k"):
@@ -278,7 +290,7 @@ def test_wrong_b_k_is_caught_only_by_the_intermediates(torch, monkeypatch):
         mha.params["b_k"] = np.zeros_like(mha.params["b_k"])
         return mha
 
-    monkeypatch.setattr(tc, "from_torch_mha", loses_b_k)
+    monkeypatch.setattr(tc.convert, "from_torch_mha", loses_b_k)
     x = np.random.default_rng(0).standard_normal((2, 4, E))
     report = tc.crosscheck_torch_mha(m, x, x + 1, x - 1)
     failed = {r.name for r in report.rows if not r.passed}
@@ -291,7 +303,7 @@ def test_swapped_hf_name_map_is_detected(transformers, monkeypatch):
     assert tc.crosscheck_hf_bert_attention(module, x).passed
     swapped = dict(tc.HF_BERT_NAME_MAP)
     swapped["W_v"], swapped["W_o"] = swapped["W_o"], swapped["W_v"]  # value.weight vs output.dense.weight
-    monkeypatch.setattr(tc, "HF_BERT_NAME_MAP", swapped)
+    monkeypatch.setattr(tc.names, "HF_BERT_NAME_MAP", swapped)
     report = tc.crosscheck_hf_bert_attention(module, x)
     assert not report["output"].passed and not report["V"].passed and not report["dL/dW_o"].passed
 
@@ -540,7 +552,7 @@ def test_cli_crosscheck_exits_1_on_a_mismatch(torch, transformers, monkeypatch, 
         nm["W_k"], nm["W_v"] = nm["W_v"], nm["W_k"]
         return nm
 
-    monkeypatch.setattr(tc, "torch_mha_name_map", swapped)
+    monkeypatch.setattr(tc.names, "torch_mha_name_map", swapped)
     assert main(["crosscheck", "--dtype", "float64"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "RESULT: MISMATCH" in out
@@ -553,3 +565,44 @@ def test_cli_crosscheck_fully_masked_row_explains_the_skipped_path(torch, transf
     out = capsys.readouterr().out
     assert "need_weights=True): not compared" in out and "gives NaN there" in out
     assert "PASS  torch.nn.MultiheadAttention (need_weights=False" in out
+
+
+MASK_SHAPES = [(4,), (1, 4), (3, 1), (3, 4), (1, 1, 3, 4), (2, 1, 1, 4), (1, 1, 1, 4), (H, 3, 4), (1, H, 1, 4),
+               (2, 1, 3, 1), (2, H, 3, 4)]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["bool", "float32"])
+@pytest.mark.parametrize("shape", MASK_SHAPES, ids=str)
+def test_mask_to_torch_mha_emits_masks_torch_accepts_and_obeys(torch, shape, kind):
+    """Issue 11, defect 9: broadcastable shapes, and float masks of another dtype, used to reach torch as is."""
+    B, Lq, Lk = 2, 3, 4
+    rng = np.random.default_rng(1)
+    if kind == "bool":
+        mask = rng.random(shape) < 0.6
+        mask[..., :1] = True  # no fully masked row: torch's need_weights path gives NaN there
+    else:
+        mask = rng.normal(0, 1, shape).astype(np.float32)  # a float32 bias for a float64 module
+    mha = MultiHeadAttention(E, H, rng=0)
+    q, kv = rng.standard_normal((B, Lq, E)), rng.standard_normal((B, Lk, E))
+    kpm, am = tc.mask_to_torch_mha(mask, B, H, query_len=Lq, key_len=Lk, dtype=np.float64)
+    module = tc.to_torch_mha(mha)
+    _, theirs = module(torch.from_numpy(q), torch.from_numpy(kv), torch.from_numpy(kv), key_padding_mask=kpm,
+                       attn_mask=am, average_attn_weights=False)  # fmt: skip
+    _, cache = mha.forward(q, kv, kv, mask=mask.astype(np.float64) if kind != "bool" else mask)
+    np.testing.assert_allclose(theirs.detach().numpy(), cache.attn_weights, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "mask, kwargs, match",
+    [
+        (np.ones((3, 4), dtype=np.int64), {}, "int64"),
+        (np.ones((3, 4), dtype=object), {}, "object"),
+        (np.ones((3, 5), bool), dict(key_len=4), r"does not broadcast"),
+        (np.ones((3, 2, 3, 4), bool), {}, r"does not broadcast"),  # batch 3 for batch_size 2
+        (np.ones((1, 2, 1, 3, 4), bool), {}, "1 to 4 dimensions"),
+        (np.ones((3, 4), bool), dict(query_len=0), "query_len"),
+    ],
+)
+def test_mask_to_torch_mha_refuses_what_torch_would(torch, mask, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        tc.mask_to_torch_mha(mask, 2, H, **kwargs)

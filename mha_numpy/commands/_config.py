@@ -8,22 +8,23 @@ import numpy as np
 
 from .. import masks
 from ..attention import MultiHeadAttention
+from ._args import check_heads, nonnegative_int, positive_int
 
 MASK_KINDS = ("none", "padding", "causal", "padding+causal", "bool", "additive", "fully-masked-row")
 
 
 def add_config_args(p: argparse.ArgumentParser, *, batch=2, lq=4, lk=5, embed_dim=8, heads=2) -> None:
     g = p.add_argument_group("example configuration")
-    g.add_argument("--batch", type=int, default=batch, help="batch size B (default %(default)s)")
-    g.add_argument("--lq", type=int, default=lq, help="query length Lq (default %(default)s)")
-    g.add_argument("--lk", type=int, default=lk, help="key/value length Lk (default %(default)s)")
-    g.add_argument("--embed-dim", type=int, default=embed_dim, help="embed dim E (default %(default)s)")
-    g.add_argument("--heads", type=int, default=heads, help="number of heads H (default %(default)s)")
-    g.add_argument("--kdim", type=int, default=None, help="key feature size (default E)")
-    g.add_argument("--vdim", type=int, default=None, help="value feature size (default E)")
+    g.add_argument("--batch", type=positive_int, default=batch, help="batch size B (default %(default)s)")
+    g.add_argument("--lq", type=positive_int, default=lq, help="query length Lq (default %(default)s)")
+    g.add_argument("--lk", type=positive_int, default=lk, help="key/value length Lk (default %(default)s)")
+    g.add_argument("--embed-dim", type=positive_int, default=embed_dim, help="embed dim E (default %(default)s)")
+    g.add_argument("--heads", type=positive_int, default=heads, help="number of heads H (default %(default)s)")
+    g.add_argument("--kdim", type=positive_int, default=None, help="key feature size (default E)")
+    g.add_argument("--vdim", type=positive_int, default=None, help="value feature size (default E)")
     g.add_argument("--no-bias", action="store_true", help="projections without bias")
     g.add_argument("--mask", choices=MASK_KINDS, default="padding", help="mask kind (default %(default)s)")
-    g.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
+    g.add_argument("--seed", type=nonnegative_int, default=0, help="random seed (default %(default)s)")
 
 
 def make_mask(kind: str, B: int, Lq: int, Lk: int, rng: np.random.Generator, dtype=np.float64):
@@ -52,6 +53,7 @@ def make_mask(kind: str, B: int, Lq: int, Lk: int, rng: np.random.Generator, dty
 
 def make_example(args: argparse.Namespace, dtype=np.float64):
     """(mha, query, key, value, mask) for the configuration in ``args``, with nonzero biases."""
+    check_heads(args.embed_dim, args.heads)
     rng = np.random.default_rng(args.seed)
     mha = MultiHeadAttention(
         args.embed_dim, args.heads, bias=not args.no_bias, kdim=args.kdim, vdim=args.vdim, dtype=dtype, rng=rng

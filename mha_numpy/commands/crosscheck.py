@@ -10,11 +10,12 @@ transformers is missing.
 from __future__ import annotations
 
 import argparse
-import sys
 
 import numpy as np
 
 from .. import masks
+from .._optional import require
+from ._args import UsageError
 from ._config import add_config_args, make_example, make_mask
 
 DTYPES = {"float64": np.float64, "float32": np.float32}
@@ -102,9 +103,8 @@ def _run_bert(args: argparse.Namespace) -> int:
     for dname in list(DTYPES) if args.dtype == "both" else [args.dtype]:
         try:
             model = BertModel.from_pretrained(dtype=DTYPES[dname])
-        except (ModuleNotFoundError, FileNotFoundError) as exc:
-            print(f"crosscheck --model bert: {exc}", file=sys.stderr)
-            return 2
+        except FileNotFoundError as exc:
+            raise UsageError(str(exc)) from None
         report = crosscheck_bert_model(model, model.tokenize(BERT_SENTENCES), rng=args.seed)
         print(report, end="\n\n")
         ok = ok and report.passed
@@ -113,16 +113,8 @@ def _run_bert(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        import torch
-        import transformers  # noqa: F401
-    except ImportError as exc:
-        print(
-            f"crosscheck needs PyTorch and transformers ({exc.name or exc} is not installed): "
-            "pip install -r requirements-dev.txt",
-            file=sys.stderr,
-        )
-        return 2
+    torch = require("torch", "crosscheck")  # a missing one: one line naming the extra, exit 2
+    require("transformers", "crosscheck")
     if args.model == "bert":
         return _run_bert(args)
     from .. import torch_compat as tc

@@ -8,9 +8,19 @@ never changed.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
+
+from .._optional import require
+from ._args import (
+    UsageError,
+    make_dir,
+    nonnegative_float,
+    nonnegative_int,
+    output_dir,
+    positive_float,
+    positive_int,
+    writing,
+)
 
 
 def add_parser(sub) -> None:
@@ -22,32 +32,23 @@ def add_parser(sub) -> None:
         "linear head, AdamW with warm-up, gradient clipping, dropout; the word-embedding table stays frozen. "
         "Writes finetune_loss.png and finetune_attention.png.",
     )
-    p.add_argument("--steps", type=int, default=60, help="training steps (default %(default)s, ~2 min on 2 cores)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the head, batches and dropout (default %(default)s)")
-    p.add_argument("--out", metavar="DIR", default=".", help="directory for the PNG files (default: current)")
-    p.add_argument("--batch", type=int, default=16, help="sentences per step (default %(default)s)")
-    p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (default %(default)s)")
-    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (default %(default)s)")
-    p.add_argument("--clip", type=float, default=1.0, help="max global gradient norm (default %(default)s)")
-    p.add_argument("--eval-size", type=int, default=256, help="held-out sentences (default %(default)s)")
+    p.add_argument("--steps", type=positive_int, default=60, help="training steps (default %(default)s, ~80 s)")
+    p.add_argument(
+        "--seed", type=nonnegative_int, default=0, help="seed of head, batches, dropout (default %(default)s)"
+    )
+    p.add_argument("--out", metavar="DIR", type=output_dir, default=".", help="directory for the PNGs (default: .)")
+    p.add_argument("--batch", type=positive_int, default=16, help="sentences per step (default %(default)s)")
+    p.add_argument("--lr", type=positive_float, default=1e-4, help="peak learning rate (default %(default)s)")
+    p.add_argument("--weight-decay", type=nonnegative_float, default=0.01, help="AdamW decay (default %(default)s)")
+    p.add_argument("--clip", type=positive_float, default=1.0, help="max global gradient norm (default %(default)s)")
+    p.add_argument("--eval-size", type=positive_int, default=256, help="held-out sentences (default %(default)s)")
     p.add_argument("--float64", action="store_true", help="run in float64 (slower; default float32)")
     p.set_defaults(run=run)
 
 
-def _usage_error(args: argparse.Namespace) -> str | None:
-    for name in ("steps", "batch", "eval_size"):
-        if getattr(args, name) <= 0:
-            return f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}"
-    if not args.lr > 0 or not args.clip > 0 or args.weight_decay < 0:
-        return f"--lr and --clip must be > 0 and --weight-decay >= 0, got {args.lr}, {args.clip}, {args.weight_decay}"
-    return None
-
-
 def run(args: argparse.Namespace) -> int:
-    problem = _usage_error(args)
-    if problem:
-        print(f"finetune: error: {problem}", file=sys.stderr)
-        return 2
+    require("matplotlib", "finetune (it draws the loss curve and the attention maps)")  # before, not after, training
+    make_dir("--out", args.out)
     import numpy as np
 
     from ..bert import BertModel
@@ -56,10 +57,10 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         model = BertModel.from_pretrained(dtype=np.float64 if args.float64 else np.float32)
-    except (ModuleNotFoundError, FileNotFoundError) as exc:
-        print(f"finetune: error: {exc}", file=sys.stderr)
-        return 2
-    print(f"fine-tuning {model!r} on '{TASK}': {args.steps} steps of {args.batch} sentences, seed {args.seed}")
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"fine-tuning MiniLM ({model.config.num_hidden_layers} layers) on '{TASK}': {args.steps} steps of "
+          f"{args.batch} sentences, seed {args.seed}")  # fmt: skip
     result = finetune(
         model, steps=args.steps, batch_size=args.batch, lr=args.lr, weight_decay=args.weight_decay,
         max_grad_norm=args.clip, eval_size=args.eval_size, seed=args.seed,
@@ -70,16 +71,16 @@ def run(args: argparse.Namespace) -> int:
     from ..viz import plot_training_history  # matplotlib only here
     from ..viz.finetune import plot_attention_before_after
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     ex = result.example
     figures = {
         "finetune_loss.png": plot_training_history(result.history, title=f"Fine-tuning MiniLM on '{TASK}'"),
         "finetune_attention.png": plot_attention_before_after(ex["before"], ex["after"], ex["tokens"], ex["word"]),
     }
-    for name, fig in figures.items():
-        fig.savefig(out / name, dpi=100)
-        print(f"wrote {out / name}")
+    with writing("--out", args.out):
+        for name, fig in figures.items():
+            fig.savefig(args.out / name, dpi=100)
+    for name in figures:
+        print(f"wrote {args.out / name}")
     print(f"held-out accuracy {result.accuracy_before:.3f} before, {result.accuracy:.3f} after")
     print(f"RESULT: task={TASK} accuracy={result.accuracy:.4f} (held-out sentences: unseen templates and words)")
     return 0

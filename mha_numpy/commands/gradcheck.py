@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..gradcheck import check_functional, check_mha
+from ._args import nonnegative_float, positive_float, probability
 from ._config import add_config_args, make_example
 
 
@@ -17,10 +18,10 @@ def add_parser(sub) -> None:
         "Prints one row per gradient and exits 1 if any fails.",
     )
     add_config_args(p)
-    p.add_argument("--dropout", type=float, default=0.0, help="attention dropout, checked with a fixed mask")
-    p.add_argument("--eps", type=float, default=1e-6, help="finite-difference step (default %(default)s)")
-    p.add_argument("--rtol", type=float, default=1e-6, help="relative tolerance (default %(default)s)")
-    p.add_argument("--atol", type=float, default=1e-8, help="absolute tolerance (default %(default)s)")
+    p.add_argument("--dropout", type=probability, default=0.0, help="attention dropout, checked with a fixed mask")
+    p.add_argument("--eps", type=positive_float, default=1e-6, help="finite-difference step (default %(default)s)")
+    p.add_argument("--rtol", type=nonnegative_float, default=1e-6, help="relative tolerance (default %(default)s)")
+    p.add_argument("--atol", type=nonnegative_float, default=1e-8, help="absolute tolerance (default %(default)s)")
     p.add_argument("--skip-functional", action="store_true", help="check only the module, not each pair")
     p.set_defaults(run=run)
 

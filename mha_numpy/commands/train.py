@@ -8,10 +8,25 @@ next to the ideal pattern, and at a few moments during training) as PNG, and end
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
-from ..train import TASKS, attention_share, train
+import numpy as np
+
+from .._optional import require
+from ..train import TASKS, attention_share, make_batch, train
+from ._args import (
+    check_heads,
+    make_dir,
+    nonnegative_float,
+    nonnegative_int,
+    output_dir,
+    positive_float,
+    positive_int,
+    writing,
+)
+from ._html import add_html_arg, html_path_error, write_page
 
 
 def add_parser(sub) -> None:
@@ -24,14 +39,18 @@ def add_parser(sub) -> None:
         "Writes the loss curve and the learned attention next to the ideal pattern as PNG.",
     )
     p.add_argument("--task", choices=TASKS, default="reverse", help="toy task (default %(default)s)")
-    p.add_argument("--steps", type=int, default=300, help="training steps (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and batches (default %(default)s)")
-    p.add_argument("--out", metavar="DIR", default=".", help="directory for the PNG files (default: current)")
+    p.add_argument("--steps", type=positive_int, default=300, help="training steps (default %(default)s)")
+    p.add_argument(
+        "--seed", type=nonnegative_int, default=0, help="seed of the weights and batches (default %(default)s)"
+    )
+    p.add_argument("--out", metavar="DIR", type=output_dir, default=Path("."), help="directory for the PNG files, "
+                   "created when missing (default: current)")  # fmt: skip
+    add_html_arg(p, "the trained model on one held-out sequence")
     g = p.add_argument_group("model and data")
-    g.add_argument("--length", type=int, default=8, help="sequence length L (default %(default)s)")
-    g.add_argument("--vocab", type=int, default=10, help="vocabulary size V (default %(default)s)")
-    g.add_argument("--embed-dim", type=int, default=32, help="embed dim E (default %(default)s)")
-    g.add_argument("--heads", type=int, default=1, help="number of heads H (default %(default)s)")
+    g.add_argument("--length", type=positive_int, default=8, help="sequence length L (default %(default)s)")
+    g.add_argument("--vocab", type=positive_int, default=10, help="vocabulary size V (default %(default)s)")
+    g.add_argument("--embed-dim", type=positive_int, default=32, help="embed dim E (default %(default)s)")
+    g.add_argument("--heads", type=positive_int, default=1, help="number of heads H (default %(default)s)")
     g.add_argument("--shift", type=int, default=1, help="k for --task shift (default %(default)s)")
     g.add_argument(
         "--block",
@@ -42,17 +61,25 @@ def add_parser(sub) -> None:
     )
     g = p.add_argument_group("optimisation")
     g.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="(default %(default)s)")
-    g.add_argument("--lr", type=float, default=None, help="learning rate (default 3e-3 for adam, 0.1 for sgd)")
-    g.add_argument("--batch", type=int, default=64, help="sequences per step (default %(default)s)")
-    g.add_argument("--clip", type=float, default=1.0, help="max global gradient norm, 0 = off (default %(default)s)")
-    g.add_argument("--log-every", type=int, default=50, help="print progress every N steps (default %(default)s)")
+    g.add_argument("--lr", type=positive_float, default=None, help="learning rate (default 3e-3 for adam, 0.1 for sgd)")
+    g.add_argument("--batch", type=positive_int, default=64, help="sequences per step (default %(default)s)")
+    g.add_argument(
+        "--clip", type=nonnegative_float, default=1.0, help="max global gradient norm, 0 = off (default %(default)s)"
+    )
+    g.add_argument(
+        "--log-every", type=positive_int, default=50, help="print progress every N steps (default %(default)s)"
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("steps", "length", "vocab", "embed_dim", "heads", "batch", "log_every"):
-        if getattr(args, name) <= 0:
-            raise SystemExit(f"error: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    check_heads(args.embed_dim, args.heads)
+    require("matplotlib", "train (it draws the loss curve and the attention maps)")  # before, not after, training
+    make_dir("--out", args.out)
+    problem = html_path_error(args.html)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     lr = args.lr if args.lr is not None else (3e-3 if args.optimizer == "adam" else 0.1)
     print(
         f"task {args.task}: length {args.length}, vocabulary {args.vocab}, E={args.embed_dim}, H={args.heads}, "
@@ -82,8 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..viz import plot_attention_over_training, plot_training_history  # matplotlib only here
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = args.out
     what = f"{args.task}" + (f" by {args.shift}" if args.task == "shift" else "")
     figures = {
         f"train_{args.task}_loss.png": plot_training_history(result.history, title=f"Training on {what}"),
@@ -94,8 +120,18 @@ def run(args: argparse.Namespace) -> int:
             result.snapshots, result.ideal, title=f"{what}: attention during training (rows: queries, cols: keys)"
         ),
     }
-    for name, fig in figures.items():
-        fig.savefig(out / name, dpi=100)
+    with writing("--out", out):
+        for name, fig in figures.items():
+            fig.savefig(out / name, dpi=100)
+    for name in figures:
         print(f"wrote {out / name}")
+    if args.html:
+        from ..viz import explore_tiny
+
+        rng = np.random.default_rng(args.seed + 12345)  # a sequence the training batches did not fix
+        tokens, _ = make_batch(args.task, rng, 1, args.length, args.vocab, args.shift)
+        page = explore_tiny(result.model, tokens[0], title=f"{what}: the trained model on one sequence (position:id)")
+        if write_page(args.html, page):
+            return 2
     print(f"RESULT: task={args.task} accuracy={result.accuracy:.4f} (token accuracy on held-out sequences)")
     return 0

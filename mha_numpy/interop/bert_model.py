@@ -18,7 +18,9 @@ from dataclasses import fields
 
 import numpy as np
 
-from . import CrosscheckReport, _random_like, _require
+from . import CrosscheckReport
+from ._harness import random_like
+from ._lazy import require
 
 DEFAULT_BERT_RTOL = {np.dtype(np.float64): 1e-9, np.dtype(np.float32): 1e-4}
 
@@ -26,7 +28,7 @@ DEFAULT_BERT_RTOL = {np.dtype(np.float64): 1e-9, np.dtype(np.float32): 1e-4}
 def reference_bert(model):
     """A ``transformers.BertModel`` with the same weights as ``model`` (a mha_numpy BertModel), eager, eval mode,
     in the model's dtype: from the model's directory when it has one, else built from ``model.params``."""
-    torch, transformers = _require("torch"), _require("transformers")
+    torch, transformers = require("torch"), require("transformers")
     tdtype = getattr(torch, model.dtype.name)
     if model.path is not None:
         ref = transformers.BertModel.from_pretrained(str(model.path), attn_implementation="eager", dtype=tdtype)
@@ -56,7 +58,7 @@ def crosscheck_bert_model(
     rtol: pass threshold per tensor (default 1e-9 in float64, 1e-4 in float32). reference: a transformers
     BertModel to compare with (default ``reference_bert(model)``).
     """
-    torch = _require("torch")
+    torch = require("torch")
     dtype = model.dtype
     rtol = DEFAULT_BERT_RTOL[dtype] if rtol is None else float(rtol)
     arrays = inputs.as_dict() if hasattr(inputs, "as_dict") else dict(inputs)
@@ -64,7 +66,7 @@ def crosscheck_bert_model(
     ref = reference_bert(model) if reference is None else reference.eval()
 
     out, cache = model.forward(ids, mask, types)
-    d = _random_like(out.last_hidden_state.shape, dtype, rng) if d_last_hidden_state is None else d_last_hidden_state
+    d = random_like(out.last_hidden_state.shape, dtype, rng) if d_last_hidden_state is None else d_last_hidden_state
     d = np.asarray(d, dtype=dtype)
     grads, d_hidden = model.backward(d, cache, return_hidden_grads=True)
 

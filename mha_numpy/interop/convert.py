@@ -1,0 +1,110 @@
+"""Weights across frameworks: torch.nn.MultiheadAttention <-> MultiHeadAttention, HF BertAttention -> ours.
+
+The name maps say where each tensor goes (``names``); values are copied exactly, the dtype follows the source.
+They are read as ``names.X`` at call time, so a test that swaps a map there reaches every import and export.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..attention import MultiHeadAttention
+from . import names
+from ._lazy import require
+
+if TYPE_CHECKING:  # for the annotations only: never imported at run time here
+    import torch
+    from transformers.models.bert.modeling_bert import BertAttention
+
+
+def _check_numpy_dtype(torch_dtype) -> np.dtype:
+    name = str(torch_dtype).removeprefix("torch.")
+    if name not in ("float16", "float32", "float64"):
+        raise ValueError(f"the module's dtype is {torch_dtype}; mha_numpy supports float16, float32 and float64")
+    return np.dtype(name)
+
+
+def _new_mha(E, H, bias, kdim, vdim, dropout, dtype, params) -> MultiHeadAttention:
+    mha = MultiHeadAttention(E, H, bias=bias, kdim=kdim, vdim=vdim, dropout=dropout, dtype=dtype, rng=0)
+    for name, p in mha.params.items():
+        if params[name].shape != p.shape:
+            raise ValueError(f"{name}: the imported tensor has shape {params[name].shape}, expected {p.shape}")
+    mha.params = {name: params[name] for name in mha.params}  # same keys and order as a fresh module
+    return mha
+
+
+def from_torch_mha(module: torch.nn.MultiheadAttention) -> MultiHeadAttention:
+    """``torch.nn.MultiheadAttention`` -> ``MultiHeadAttention`` with copies of the same weights.
+
+    Packed ``in_proj_weight`` or separate ``q/k/v_proj_weight`` (kdim / vdim), with or without bias,
+    either ``batch_first`` (our arrays are always (B, L, E)); the dtype follows the module.
+    ``add_bias_kv`` and ``add_zero_attn`` change the keys themselves and are refused.
+    """
+    torch = require("torch")
+    if not isinstance(module, torch.nn.MultiheadAttention):
+        raise ValueError(f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}")
+    if module.bias_k is not None or module.bias_v is not None:
+        raise ValueError("add_bias_kv=True appends learned bias_k/bias_v as an extra key; mha_numpy does not model it")
+    if module.add_zero_attn:
+        raise ValueError("add_zero_attn=True appends a zero key/value; mha_numpy does not model it")
+    bias = module.in_proj_bias is not None
+    if bias != (module.out_proj.bias is not None):
+        raise ValueError("in_proj_bias and out_proj.bias must both be present or both absent")
+    packed = bool(module._qkv_same_embed_dim)
+    dtype = _check_numpy_dtype(module.out_proj.weight.dtype)
+    name_map = names.torch_mha_name_map(module.embed_dim, packed=packed, bias=bias)
+    params = names.params_from_state(dict(module.named_parameters()), name_map)
+    return _new_mha(module.embed_dim, module.num_heads, bias, module.kdim, module.vdim, module.dropout, dtype, params)
+
+
+def to_torch_mha(mha: MultiHeadAttention) -> torch.nn.MultiheadAttention:
+    """``MultiHeadAttention`` -> ``torch.nn.MultiheadAttention(batch_first=True)`` with the same weights.
+
+    Packed ``in_proj_weight`` when kdim == vdim == E (torch decides this), separate weights otherwise.
+    The dtype follows ``mha``; values are copied exactly.
+    """
+    torch = require("torch")
+    module = torch.nn.MultiheadAttention(
+        mha.embed_dim,
+        mha.num_heads,
+        dropout=mha.dropout,
+        bias=mha.bias,
+        kdim=mha.kdim,
+        vdim=mha.vdim,
+        batch_first=True,
+        dtype=getattr(torch, mha.dtype.name),
+    )
+    named = dict(module.named_parameters())
+    name_map = names.torch_mha_name_map(mha.embed_dim, module._qkv_same_embed_dim, mha.bias)
+    with torch.no_grad():
+        for ours, (torch_name, rows) in name_map.items():
+            target = named[torch_name] if rows is None else named[torch_name][rows]
+            if tuple(target.shape) != mha.params[ours].shape:
+                raise ValueError(f"{ours} has shape {mha.params[ours].shape}, torch expects {tuple(target.shape)}")
+            target.copy_(torch.from_numpy(mha.params[ours]))
+    return module
+
+
+def from_hf_bert_attention(module: BertAttention) -> MultiHeadAttention:
+    """Hugging Face ``BertAttention`` -> ``MultiHeadAttention`` (self.query/key/value and output.dense).
+
+    Only multi-head attention is imported. ``BertSelfOutput`` (``module.output``) then adds the input
+    back and applies ``LayerNorm``: ``LayerNorm(dense(context) + hidden_states)``. That residual and
+    LayerNorm are not part of MHA and not modelled here (``crosscheck_hf_bert_attention`` checks them
+    separately, forward only, with ``models.layers.layer_norm``).
+    """
+    self_attn = getattr(module, "self", None)
+    if self_attn is None or not all(hasattr(self_attn, n) for n in ("query", "key", "value")):
+        raise ValueError(f"module must be a transformers BertAttention (with .self.query/key/value), got {module!r}")
+    E = self_attn.query.in_features
+    H = self_attn.num_attention_heads
+    if self_attn.all_head_size != E:
+        raise ValueError(f"all_head_size={self_attn.all_head_size} differs from hidden_size={E}; not modelled")
+    scaling = getattr(self_attn, "scaling", self_attn.attention_head_size**-0.5)  # older transformers: implicit
+    if not np.isclose(scaling, self_attn.attention_head_size**-0.5, rtol=1e-15):
+        raise ValueError(f"BertSelfAttention.scaling={scaling} is not 1/sqrt(head size); not modelled")
+    dtype = _check_numpy_dtype(self_attn.query.weight.dtype)
+    params = names.params_from_state(dict(module.named_parameters()), names.HF_BERT_NAME_MAP)
+    return _new_mha(E, H, True, E, E, float(self_attn.dropout.p), dtype, params)

@@ -1,0 +1,113 @@
+"""Mask converters for torch tensors at the edge: each framework's convention <-> ours, via ``mha_numpy.masks``.
+
+Ours: bool True = may attend, or a float added to the scores. torch MHA: bool True = ignore. SDPA: bool
+True = attend (ours). Hugging Face: ``attention_mask`` 1 = keep, or a 4-D additive extended mask.
+The ``from`` side takes tensors or arrays; the ``to`` side returns torch tensors.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .. import masks as M
+from ._lazy import require as _require
+from ._lazy import to_numpy as _to_numpy
+
+if TYPE_CHECKING:  # for the annotations only: never imported at run time here
+    import torch
+
+
+def mask_from_torch_mha(key_padding_mask=None, attn_mask=None, num_heads: int | None = None) -> np.ndarray | None:
+    """torch MHA masks (bool True = **ignore**, or float added) -> one mask of ours (True = may attend).
+
+    key_padding_mask (B, Lk); attn_mask (Lq, Lk) or (B*H, Lq, Lk) (needs ``num_heads``). Tensors or arrays.
+    """
+    parts = []
+    if key_padding_mask is not None:
+        parts.append(M.from_torch_key_padding_mask(_to_numpy(key_padding_mask)))  # (B, 1, 1, Lk)
+    if attn_mask is not None:
+        parts.append(M.from_torch_attn_mask(_to_numpy(attn_mask), num_heads))  # (Lq, Lk) or (B, H, Lq, Lk)
+    return M.combine_masks(*parts)
+
+
+def mask_to_torch_mha(
+    mask, batch_size: int, num_heads: int, query_len: int | None = None, key_len: int | None = None, dtype=None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Our mask -> ``(key_padding_mask, attn_mask)`` torch tensors that ``torch.nn.MultiheadAttention`` accepts.
+
+    ``mask``: bool (True = may attend) or float (added), any shape that broadcasts to (B, H, Lq, Lk).
+    A key padding mask (..., 1, 1, Lk) becomes ``key_padding_mask`` (B, Lk); a mask shared by the batch and
+    the heads becomes a 2-D ``attn_mask`` (Lq, Lk); anything else a (B*H, Lq, Lk) ``attn_mask``. Size-1
+    dimensions are expanded to the exact shapes torch requires: pass ``query_len`` / ``key_len`` when the
+    mask broadcasts along them (default: the mask's own size). Bool True = may attend becomes True = ignore;
+    float masks are kept, cast to ``dtype`` when given (torch wants the query's dtype). Integer masks are
+    refused (torch refuses them too; convert 0/1 masks with ``mha_numpy.masks``).
+    """
+    torch = _require("torch")
+    if mask is None:
+        return None, None
+    m = np.asarray(mask)
+    if m.dtype != np.bool_ and not np.issubdtype(m.dtype, np.floating):
+        raise ValueError(
+            f"mask must be bool (True = may attend) or floating (added), got dtype {m.dtype} with shape {m.shape}; "
+            "convert 0/1 masks with mha_numpy.masks (e.g. padding_mask(attention_mask=...))"
+        )
+    if not 1 <= m.ndim <= 4:
+        raise ValueError(f"mask must have 1 to 4 dimensions (broadcast to (B, H, Lq, Lk)), got shape {m.shape}")
+    for name, n in (
+        ("batch_size", batch_size),
+        ("num_heads", num_heads),
+        ("query_len", query_len),
+        ("key_len", key_len),
+    ):
+        if n is not None and (not isinstance(n, (int, np.integer)) or n <= 0):
+            raise ValueError(f"{name} must be a positive int, got {n!r}")
+    m = m.reshape((1,) * (4 - m.ndim) + m.shape)  # (b, h, lq, lk), each 1 or the full size
+    full = (batch_size, num_heads, query_len or m.shape[2], key_len or m.shape[3])
+    try:
+        ok = np.broadcast_shapes(m.shape, full) == full
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"mask with shape {np.shape(mask)} does not broadcast to (batch_size, num_heads, Lq, Lk) = {full}"
+        )
+    if dtype is not None and m.dtype != np.bool_:
+        m = m.astype(dtype)
+    if m.shape[1:3] == (1, 1):  # a key padding mask
+        kpm = M.to_torch_key_padding_mask(np.broadcast_to(m[:, 0, 0, :], (full[0], full[3])))  # (B, Lk)
+        return torch.from_numpy(np.array(kpm)), None  # np.array: a writeable, contiguous copy
+    if m.shape[:2] == (1, 1):  # shared by the batch and the heads
+        attn = M.to_torch_attn_mask(np.broadcast_to(m[0, 0], full[2:]))  # (Lq, Lk)
+        return None, torch.from_numpy(np.array(attn))
+    attn = M.to_torch_attn_mask(np.broadcast_to(m, full), batch_size, num_heads)  # (B*H, Lq, Lk)
+    return None, torch.from_numpy(np.array(attn))
+
+
+def mask_from_sdpa(attn_mask) -> np.ndarray | None:
+    """SDPA ``attn_mask`` (bool True = attend, float added) -> ours (the same convention)."""
+    return None if attn_mask is None else M.from_sdpa_mask(_to_numpy(attn_mask))
+
+
+def mask_to_sdpa(mask) -> torch.Tensor | None:
+    """Our mask -> an SDPA ``attn_mask`` tensor (the same convention)."""
+    torch = _require("torch")
+    return None if mask is None else torch.from_numpy(np.ascontiguousarray(M.to_sdpa_mask(mask)))
+
+
+def mask_from_hf(attention_mask) -> np.ndarray | None:
+    """HF ``attention_mask`` (B, Lk) with 1 = keep, or HF's 4-D additive extended mask -> ours (bool)."""
+    if attention_mask is None:
+        return None
+    am = _to_numpy(attention_mask)
+    if am.ndim == 4:
+        return M.from_hf_extended_mask(am)
+    return M.from_hf_attention_mask(am)  # (B, 1, 1, Lk)
+
+
+def mask_to_hf(mask) -> torch.Tensor | None:
+    """Our key padding mask (B, 1, 1, Lk) -> HF ``attention_mask`` (B, Lk) int64 tensor, 1 = keep."""
+    torch = _require("torch")
+    return None if mask is None else torch.from_numpy(M.to_hf_attention_mask(mask))

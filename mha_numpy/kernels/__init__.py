@@ -1,0 +1,51 @@
+"""Interchangeable ways to compute the same attention on (B, H, L, d) arrays, and the one registry.
+
+    vectorized  ``functional``'s pairs batched over (B, H): the whole (B, H, Lq, Lk) score tensor
+    naive       the same pairs one (batch item, head) at a time: the formula read literally
+    chunked     blocked online softmax (FlashAttention-style) on a thread pool: memory O(L · block)
+
+The protocol (``base.Kernel``): ``forward(q, k, v, mask=None, scale=None, dropout_p=0.0, rng=None,
+dropout_mask=None, bias=None) -> (context, cache)`` and ``backward(d_context, cache) -> (dq, dk, dv,
+d_bias)``; the cache carries its kernel and exposes ``attn_weights``. ``get_kernel`` is the only place
+a name is resolved: ``MultiHeadAttention(impl=...)`` takes a registered name or a kernel object. A new
+kernel is one file here and one ``register`` call; the conformance tests pick it up from ``KERNELS``.
+"""
+
+from __future__ import annotations
+
+from .base import AttentionArgs, Kernel, check_args
+from .chunked import ChunkedKernel
+from .naive import NaiveKernel
+from .vectorized import VectorizedKernel
+
+KERNELS: dict[str, type[Kernel]] = {}
+
+
+def register(name: str, kernel_class: type[Kernel]) -> None:
+    """Make ``name`` resolve to ``kernel_class()`` (with keyword options, if it takes any)."""
+    KERNELS[name] = kernel_class
+
+
+def get_kernel(impl="vectorized", **options) -> Kernel:
+    """A registered name (with its options, e.g. block_size for "chunked") or a kernel object -> a kernel."""
+    if isinstance(impl, str):
+        if impl not in KERNELS:
+            raise ValueError(f"impl must be one of {tuple(KERNELS)} or a kernel object, got {impl!r}")
+        options = {name: value for name, value in options.items() if value is not None}
+        try:
+            return KERNELS[impl](**options)
+        except TypeError:
+            raise ValueError(f"impl={impl!r} takes no options {sorted(options)}") from None
+    if callable(getattr(impl, "forward", None)) and callable(getattr(impl, "backward", None)):
+        if any(value is not None for value in options.values()):
+            raise ValueError(f"options {sorted(options)} apply to a kernel name, not to the kernel object {impl!r}")
+        return impl
+    raise ValueError(f"impl must be one of {tuple(KERNELS)} or an object with forward and backward, got {impl!r}")
+
+
+register("vectorized", VectorizedKernel)
+register("naive", NaiveKernel)
+register("chunked", ChunkedKernel)
+
+__all__ = ["AttentionArgs", "Kernel", "KERNELS", "register", "get_kernel", "check_args"]
+__all__ += ["VectorizedKernel", "NaiveKernel", "ChunkedKernel"]

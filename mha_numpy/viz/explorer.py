@@ -1,0 +1,302 @@
+"""The interactive attention explorer: one self-contained HTML page (head, model and neuron views).
+
+``explorer_html(attentions, tokens, ...)`` checks the arrays, rounds them, and inlines them with the
+page's script (``explorer.js``) and style (``explorer.css``, both package data next to this file)
+into one HTML string: no network access of any kind, no build step. ``write_explorer(path, ...)``
+writes it. The returned ``ExplorerPage`` is a ``str`` that also displays itself in a notebook
+(``_repr_html_``: the page in an ``iframe``, so its script and style stay apart from the notebook's).
+
+Numbers on the page (the sizes keep a 6-layer, 12-head map of 64 tokens under about 2 MB):
+- attention weights in thousandths (an int 0..1000 each);
+- q and k vectors per (layer, head) as ints -2047..2047 times that head's ``max |q|`` / 2047 (and the
+  same for k), each int written as two characters of the base-64 alphabet (``B64``; int + 2048 =
+  64·first + second): 12 bits, about 3.5 significant digits of the largest entry. The neuron view
+  multiplies these rounded vectors, so its score differs from the exact one by this rounding only;
+- ``value_norms`` (layer, head, key) = ||v_j W_o,hᵀ||, the size of what key j's value adds to the
+  output through head h; the neuron view's switch shows alpha_ij·||v_j W_o,hᵀ|| (normalised per query).
+
+Masks follow mha_numpy's convention (bool True = may attend, float -inf = blocked). Blocked (query,
+key) pairs are drawn as masked; a query whose keys are all blocked (a fully masked row, zero weights)
+is drawn as such.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from ._layout import blocked_cells
+
+ROW_SUM_ATOL = 2e-3  # float32 softmax rows sum to 1 within ~1e-6; this only catches arrays that are no weights
+
+
+class ExplorerPage(str):
+    """The explorer's HTML (a ``str``). In a notebook it displays inline; ``.save(path)`` writes it."""
+
+    def __repr__(self) -> str:  # short: a notebook stores it next to the HTML
+        return f"<ExplorerPage: {len(self)} characters of HTML; .save(path) writes it>"
+
+    def _repr_html_(self) -> str:
+        return (
+            f'<iframe srcdoc="{html.escape(self, quote=True)}" style="width:100%;height:760px;border:0" '
+            'sandbox="allow-scripts"></iframe>'
+        )
+
+    def save(self, path) -> Path:
+        return _write(path, self)
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _per_layer(x, name: str, batch: int, last: int | None = None) -> np.ndarray:
+    """A list of (H, L, n) or (B, H, L, n) arrays (one per layer), or one (H, L, n) / (layers, H, L, n)
+    array -> float64 (layers, H, L, n). ``last``: the required size of the last axis, if any."""
+    if isinstance(x, np.ndarray) or not isinstance(x, Sequence):
+        a = np.asarray(x)
+        if a.ndim not in (3, 4):
+            raise ValueError(f"{name} must be (H, L, n) for one layer or (layers, H, L, n), got shape {a.shape}")
+        layers = [a] if a.ndim == 3 else list(a)
+    else:
+        layers = []
+        for i, item in enumerate(x):
+            a = np.asarray(item)
+            if a.ndim == 4:
+                if not 0 <= batch < a.shape[0]:
+                    raise ValueError(f"batch={batch} out of range for {name}[{i}] with shape {a.shape}")
+                a = a[batch]
+            if a.ndim != 3:
+                raise ValueError(f"{name}[{i}] must be (H, L, n) or (B, H, L, n), got shape {np.shape(item)}")
+            layers.append(a)
+        if not layers:
+            raise ValueError(f"{name} is empty")
+    if any(a.shape != layers[0].shape for a in layers):
+        raise ValueError(f"every layer of {name} must have the same shape, got {[a.shape for a in layers]}")
+    out = np.stack(layers).astype(np.float64)  # (layers, H, L, n)
+    if last is not None and out.shape[-1] != last:
+        raise ValueError(f"{name} with shape {out.shape}: the last axis must have length {last}")
+    return out
+
+
+def _labels(tokens, n: int, name: str) -> list[str]:
+    if tokens is None:
+        return [str(i) for i in range(n)]
+    labels = [str(t) for t in tokens]
+    if len(labels) != n:
+        raise ValueError(f"{name} has {len(labels)} entries but the attention has length {n} on that axis")
+    return labels
+
+
+def _blocked(masks, shape: tuple[int, int, int, int], batch: int) -> np.ndarray:
+    """masks: None, one mask for every layer, or a list with one mask per layer -> bool (layers, H, Lq, Lk)."""
+    nl, H, Lq, Lk = shape
+    if masks is None:
+        return np.zeros(shape, dtype=bool)
+    per_layer = list(masks) if isinstance(masks, (list, tuple)) else [masks] * nl
+    if len(per_layer) != nl:
+        raise ValueError(f"masks has {len(per_layer)} entries but the attention has {nl} layers")
+    out = []
+    for m in per_layer:
+        m = np.asarray(m)
+        if m.ndim == 4 and m.shape[0] > 1:  # (B, H|1, Lq|1, Lk): this sequence's mask
+            if not 0 <= batch < m.shape[0]:
+                raise ValueError(f"batch={batch} out of range for masks with shape {m.shape}")
+            m = m[batch]
+        elif m.ndim == 4:
+            m = m[0]
+        out.append(blocked_cells(m, (H, Lq, Lk)))
+    return np.stack(out)
+
+
+def _check_rows(A: np.ndarray, blocked: np.ndarray) -> None:
+    """Each row of weights sums to 1, or to 0 where the mask blocks every key; blocked cells hold 0."""
+    if not np.isfinite(A).all() or (A < 0).any():
+        raise ValueError("attentions must hold finite weights >= 0 (after softmax)")
+    sums = A.sum(axis=-1)  # (layers, H, Lq)
+    full = blocked.all(axis=-1)  # (layers, H, Lq) fully masked rows
+    bad = np.where(full, np.abs(sums) > ROW_SUM_ATOL, np.abs(sums - 1) > ROW_SUM_ATOL)
+    if bad.any():
+        l, h, i = (int(v) for v in np.argwhere(bad)[0])
+        why = "a fully masked row must be 0" if full[l, h, i] else "and masks does not block all its keys"
+        raise ValueError(
+            f"attentions rows must sum to 1 (after softmax): layer {l}, head {h}, query {i} sums to "
+            f"{sums[l, h, i]:.6g} ({why})"
+        )
+    if (A[blocked] > ROW_SUM_ATOL).any():
+        l, h, i, j = (int(v) for v in np.argwhere(blocked & (A > ROW_SUM_ATOL))[0])
+        raise ValueError(f"masks blocks layer {l}, head {h}, query {i}, key {j} but attentions has weight there")
+
+
+# --------------------------------------------------------------------------- the page
+
+
+def _ints(a: np.ndarray, scale: float) -> list[int]:
+    return np.rint(a / scale).astype(np.int64).ravel().tolist()
+
+
+B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+VECTOR_MAX = 2047  # the largest |int| of a q or k entry
+
+
+def _packed(a: np.ndarray, step: float) -> str:
+    """Ints round(a / step) in -2047..2047 as two base-64 characters each (int + 2048 = 64·hi + lo)."""
+    n = np.clip(np.rint(a / step), -VECTOR_MAX, VECTOR_MAX).astype(np.int64).ravel() + 2048
+    return "".join(B64[v >> 6] + B64[v & 63] for v in n.tolist())
+
+
+def _vectors(x: np.ndarray) -> tuple[list, list]:
+    """(layers, H, L, d) -> ([layer][head] -> packed row-major (L, d) ints, [layer][head] -> step)."""
+    steps = np.abs(x).max(axis=(2, 3)) / VECTOR_MAX  # (layers, H)
+    steps = np.where(steps > 0, steps, 1.0)
+    steps = np.array([[float(f"{s:.8g}") for s in row] for row in steps])  # the steps as the page has them
+    packed = [[_packed(x[l, h], steps[l, h]) for h in range(x.shape[1])] for l in range(x.shape[0])]
+    return packed, steps.tolist()
+
+
+def page_data(
+    attentions,
+    tokens,
+    *,
+    key_tokens=None,
+    masks=None,
+    queries=None,
+    keys=None,
+    value_norms=None,
+    scale: float | None = None,
+    batch: int = 0,
+    layer_names: Sequence[str] | None = None,
+    title: str = "Attention explorer",
+) -> dict:
+    """The checked, rounded data the page draws (see ``explorer_html`` for the arguments)."""
+    A = _per_layer(attentions, "attentions", batch)  # (layers, H, Lq, Lk)
+    nl, H, Lq, Lk = A.shape
+    qtok = _labels(tokens, Lq, "tokens")
+    ktok = qtok if key_tokens is None and Lq == Lk else _labels(key_tokens, Lk, "key_tokens")
+    blocked = _blocked(masks, A.shape, batch)
+    _check_rows(A, blocked)
+    names = [f"layer {i}" for i in range(nl)] if layer_names is None else [str(n) for n in layer_names]
+    if len(names) != nl:
+        raise ValueError(f"layer_names has {len(names)} entries but attentions has {nl} layers")
+
+    patterns: list[str] = []  # distinct masks as strings of '0'/'1' (1 = blocked), row-major (Lq, Lk)
+    mask_index = []
+    for l in range(nl):
+        row = []
+        for h in range(H):
+            s = "".join("1" if b else "0" for b in blocked[l, h].ravel()) if blocked[l, h].any() else ""
+            if s and s not in patterns:
+                patterns.append(s)
+            row.append(patterns.index(s) if s else -1)
+        mask_index.append(row)
+
+    data = {
+        "title": str(title),
+        "qtok": qtok,
+        "ktok": ktok,
+        "layers": names,
+        "heads": H,
+        "attn": [[_ints(A[l, h], 1e-3) for h in range(H)] for l in range(nl)],
+        "masks": patterns,
+        "maskIndex": mask_index,
+        "neuron": None,
+    }
+    if (queries is None) != (keys is None):
+        raise ValueError("queries and keys come together (the neuron view needs both), got only one of them")
+    if queries is not None:
+        Q = _per_layer(queries, "queries", batch)  # (layers, H, Lq, d)
+        d = Q.shape[-1]
+        K = _per_layer(keys, "keys", batch, last=d)  # (layers, H, Lk, d)
+        if Q.shape[:3] != (nl, H, Lq) or K.shape[:3] != (nl, H, Lk):
+            raise ValueError(
+                f"queries {Q.shape} and keys {K.shape} must be (layers, H, Lq, d) and (layers, H, Lk, d) "
+                f"with (layers, H, Lq, Lk) = {A.shape} of attentions"
+            )
+        q_ints, q_steps = _vectors(Q)
+        k_ints, k_steps = _vectors(K)
+        neuron = {"d": d, "scale": float(1 / np.sqrt(d) if scale is None else scale)}
+        neuron.update(q=q_ints, qStep=q_steps, k=k_ints, kStep=k_steps, vnorm=None)
+        if value_norms is not None:
+            vn = np.asarray(value_norms, dtype=np.float64)
+            if vn.shape != (nl, H, Lk):
+                raise ValueError(f"value_norms must be (layers, H, Lk) = {(nl, H, Lk)}, got shape {vn.shape}")
+            neuron["vnorm"] = [[[float(f"{v:.4g}") for v in vn[l, h]] for h in range(H)] for l in range(nl)]
+        data["neuron"] = neuron
+    elif value_norms is not None:
+        raise ValueError("value_norms needs queries and keys (it is shown in the neuron view)")
+    return data
+
+
+def _asset(name: str) -> str:
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+
+
+def explorer_html(
+    attentions,
+    tokens=None,
+    *,
+    key_tokens=None,
+    masks=None,
+    queries=None,
+    keys=None,
+    value_norms=None,
+    scale: float | None = None,
+    batch: int = 0,
+    layer_names: Sequence[str] | None = None,
+    title: str = "Attention explorer",
+) -> ExplorerPage:
+    """One self-contained HTML page with the head, model and neuron views of these attention maps.
+
+    attentions: a list with one (H, Lq, Lk) or (B, H, Lq, Lk) array per layer (as BertOutput.attentions
+        or Hugging Face's ``output_attentions``; ``batch`` picks the sequence), or one array (H, Lq, Lk)
+        (one layer) or (layers, H, Lq, Lk). Rows sum to 1, or are 0 where ``masks`` blocks every key.
+    tokens: the Lq query tokens (default 0 .. Lq-1); key_tokens: the Lk keys (default: tokens).
+    masks: None, one mask for all layers, or one per layer, in our convention (bool True = may attend,
+        float -inf = blocked), broadcastable to (B, H, Lq, Lk).
+    queries / keys: (layers, H, Lq, d) / (layers, H, Lk, d) per-head q and k (same forms as attentions)
+        for the neuron view; scale: the factor of q·k (default 1/sqrt(d)).
+    value_norms: (layers, H, Lk) ||v_j W_o,hᵀ|| for the neuron view's value-weighted switch.
+    Returns an ``ExplorerPage`` (a str; displays inline in a notebook). Raises ValueError naming the
+    argument on wrong ranks, token counts that do not match, or rows that are not attention weights.
+    """
+    data = page_data(
+        attentions,
+        tokens,
+        key_tokens=key_tokens,
+        masks=masks,
+        queries=queries,
+        keys=keys,
+        value_norms=value_norms,
+        scale=scale,
+        batch=batch,
+        layer_names=layer_names,
+        title=title,
+    )
+    payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")  # never ends the <script>
+    page = (
+        "<!DOCTYPE html>\n<html lang='en'>\n<head>\n<meta charset='utf-8'>\n"
+        "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; "
+        "script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:\">\n"
+        f"<title>{html.escape(data['title'])}</title>\n<style>\n{_asset('explorer.css')}</style>\n</head>\n"
+        f"<body>\n<script id='explorer-data' type='application/json'>{payload}</script>\n"
+        f"<script>\n{_asset('explorer.js')}</script>\n</body>\n</html>\n"
+    )
+    return ExplorerPage(page)
+
+
+def _write(path, page: str) -> Path:
+    path = Path(path)
+    try:
+        path.write_text(page, encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"path {str(path)!r} is not writable: {e.strerror or e}") from None
+    return path
+
+
+def write_explorer(path, attentions, tokens=None, **kwargs) -> Path:
+    """Write ``explorer_html(attentions, tokens, **kwargs)`` to ``path`` (ValueError if not writable)."""
+    return _write(path, explorer_html(attentions, tokens, **kwargs))

@@ -1,0 +1,78 @@
+"""Screenshots of the explorer's three views for the docs: docs/explorer_{head,masked,model,neuron}.png.
+
+Run from the repository root (needs chromium, chromium-driver and selenium, as the browser tests):
+    PYTHONPATH=$PWD python scripts/explorer_screenshots.py
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the browser set-up the tests use
+
+from browser import Browser  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+
+from mha_numpy.bert import BertModel  # noqa: E402
+from mha_numpy.commands._config import make_example  # noqa: E402
+from mha_numpy.viz import explore_attention, explore_bert  # noqa: E402
+
+SENTENCE = "The cat sat on the mat because it was tired."
+
+
+def run(driver, script: str, *args) -> None:
+    driver.execute_script(script, *args)
+
+
+def select(driver, element_id: str, value) -> None:
+    run(driver, "const s = document.getElementById(arguments[0]); s.value = arguments[1];"
+        "s.dispatchEvent(new Event('change'))", element_id, str(value))  # fmt: skip
+
+
+def shot(driver, name: str) -> None:
+    path = ROOT / "docs" / name
+    driver.find_element(By.ID, "explorer").screenshot(str(path))
+    print(f"wrote {path.relative_to(ROOT)}")
+
+
+def main() -> None:
+    out = Path(tempfile.mkdtemp())
+    model = BertModel.from_pretrained(dtype=np.float32)
+    explore_bert(model, SENTENCE).save(out / "bert.html")
+    args = type("Args", (), dict(embed_dim=8, heads=2, no_bias=False, kdim=None, vdim=None, seed=0, batch=1,
+                                 lq=5, lk=6, mask="fully-masked-row"))()  # fmt: skip
+    mha, q, k, v, mask = make_example(args)
+    mask[..., 5] = False  # and the last key is padding
+    _, cache = mha.forward(q, k, v, mask=mask)
+    title = "One MultiHeadAttention: a padded key (k5) and a fully masked query (q4)"
+    explore_attention(mha, cache, mask=mask, title=title).save(out / "mha.html")
+
+    b = Browser()
+    try:
+        b.driver.set_window_size(1200, 1400)
+        d = b.open(out / "bert.html")
+        select(d, "layer", 2)
+        d.find_element(By.ID, "no-heads").click()
+        for h in (0, 7, 11):
+            d.find_element(By.CSS_SELECTOR, f"#heads input[data-head='{h}']").click()
+        d.find_element(By.CSS_SELECTOR, "#head-svg text.tok.q[data-index='8']").click()  # pin "it"
+        shot(d, "explorer_head.png")
+        d.find_element(By.ID, "tab-model").click()
+        shot(d, "explorer_model.png")
+        d.find_element(By.ID, "tab-neuron").click()
+        select(d, "neuron-head", 7)
+        select(d, "neuron-query", 8)
+        shot(d, "explorer_neuron.png")
+        d = b.open(out / "mha.html")
+        shot(d, "explorer_masked.png")
+    finally:
+        b.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""The explorer's Python side: the data on the page, its size, bad input, the builders and the CLI's --html.
+
+What the page draws is tested in a real browser (tests/test_explorer_browser.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from mha_numpy import MultiHeadAttention
+from mha_numpy.__main__ import main
+from mha_numpy.viz import ExplorerPage, explore_attention, explore_tiny, explorer_html, write_explorer
+from mha_numpy.viz.explorer import B64, page_data
+from mha_numpy.viz.explorer_sources import bert_caches, value_norms
+
+
+def softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def random_attention(layers, H, Lq, Lk, seed=0):
+    return softmax(np.random.default_rng(seed).normal(0, 2, (layers, H, Lq, Lk)))
+
+
+def payload(page: str) -> dict:
+    return json.loads(re.search(r"<script id='explorer-data' type='application/json'>(.*?)</script>", page, re.S)[1])
+
+
+def unpack(packed: str, step: float) -> np.ndarray:
+    """The page's two-character base-64 ints back to numbers (as explorer.js decodes them)."""
+    ints = [64 * B64.index(packed[n]) + B64.index(packed[n + 1]) - 2048 for n in range(0, len(packed), 2)]
+    return np.array(ints) * step
+
+
+def test_page_is_one_offline_file():
+    page = explorer_html(random_attention(2, 3, 4, 4), list("abcd"))
+    assert isinstance(page, str) and page.startswith("<!DOCTYPE html>")
+    lowered = page.lower()
+    for needle in ("<link", " src=", "@import", "url(", "https:", "fetch(", "xmlhttprequest"):
+        assert needle not in lowered, needle
+    assert "http:" not in lowered.replace("http://www.w3.org/2000/svg", "")  # the SVG namespace is a name only
+    assert "default-src 'none'" in page  # and the browser is told to load nothing
+
+
+def test_page_holds_the_rounded_weights_tokens_and_masks():
+    A = random_attention(2, 3, 4, 5)
+    mask = np.ones((3, 4, 5), dtype=bool)
+    mask[1, :, 4] = False  # head 1 never sees key 4
+    A[:, 1] = np.where(mask[1], A[:, 1], 0)
+    A[:, 1] /= A[:, 1].sum(axis=-1, keepdims=True)
+    data = payload(explorer_html(A, list("abcd"), key_tokens=list("vwxyz"), masks=mask, title="T</script>"))
+    assert data["qtok"] == list("abcd") and data["ktok"] == list("vwxyz") and data["title"] == "T</script>"
+    assert data["layers"] == ["layer 0", "layer 1"] and data["heads"] == 3
+    for l in range(2):
+        for h in range(3):
+            np.testing.assert_array_equal(np.reshape(data["attn"][l][h], (4, 5)) / 1000, np.round(A[l, h], 3))
+    assert data["maskIndex"] == [[-1, 0, -1], [-1, 0, -1]]
+    assert data["masks"] == ["".join("0" if m else "1" for m in mask[1].ravel())]
+
+
+def test_queries_and_keys_round_trip_within_half_a_step():
+    rng = np.random.default_rng(1)
+    A = random_attention(1, 2, 3, 3)
+    Q, K = rng.normal(0, 3, (1, 2, 3, 8)), rng.normal(0, 3, (1, 2, 3, 8))
+    vn = np.abs(rng.normal(size=(1, 2, 3)))
+    N = page_data(A, None, queries=Q, keys=K, value_norms=vn, scale=0.5)["neuron"]
+    assert N["d"] == 8 and N["scale"] == 0.5
+    for h in range(2):
+        for name, X in (("q", Q), ("k", K)):
+            step = N[f"{name}Step"][0][h]
+            assert step == pytest.approx(np.abs(X[0, h]).max() / 2047, rel=1e-7)
+            got = unpack(N[name][0][h], step).reshape(3, 8)
+            assert np.abs(got - X[0, h]).max() <= step / 2 * (1 + 1e-9)
+    np.testing.assert_allclose(N["vnorm"], vn, rtol=1e-3)
+
+
+def test_six_layers_twelve_heads_64_tokens_stay_under_2_mb():
+    rng = np.random.default_rng(0)
+    A = random_attention(6, 12, 64, 64)
+    Q, K = rng.normal(0, 2, (6, 12, 64, 32)), rng.normal(0, 2, (6, 12, 64, 32))
+    page = explorer_html(A, [f"tok{i}" for i in range(64)], queries=Q, keys=K, value_norms=np.ones((6, 12, 64)))
+    assert len(page.encode()) < 2_000_000
+
+
+def test_notebook_display_and_save(tmp_path):
+    page = explorer_html(random_attention(1, 1, 2, 2), ["a", "b"])
+    assert isinstance(page, ExplorerPage)
+    inline = page._repr_html_()
+    assert inline.startswith("<iframe srcdoc=") and "&lt;script" in inline and "<script" not in inline
+    assert repr(page) == f"<ExplorerPage: {len(page)} characters of HTML; .save(path) writes it>"
+    path = page.save(tmp_path / "p.html")
+    assert path.read_text(encoding="utf-8") == page
+    assert write_explorer(tmp_path / "q.html", random_attention(1, 1, 2, 2), ["a", "b"]).is_file()
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(attentions=np.ones((3, 3)) / 3), r"attentions must be \(H, L, n\).*\(3, 3\)"),
+        (dict(attentions=[np.ones((2, 3, 3)) / 3, np.ones((3, 3)) / 3]), r"attentions\[1\] must be.*\(3, 3\)"),
+        (dict(attentions=np.ones((1, 2, 3, 3)) / 3, tokens=["a", "b"]), r"tokens has 2 entries.*length 3"),
+        (
+            dict(attentions=np.ones((1, 2, 3, 4)) / 4, tokens=list("abc"), key_tokens=list("ab")),
+            r"key_tokens has 2 entries but the attention has length 4",
+        ),
+        (dict(attentions=np.ones((1, 2, 3, 3)) / 2), r"attentions rows must sum to 1.*layer 0, head 0, query 0"),
+        (dict(attentions=np.ones((1, 2, 3, 3)) * np.nan), r"attentions must hold finite weights"),
+        (dict(attentions=np.zeros((1, 1, 2, 2))), r"sums to 0 \(and masks does not block all its keys\)"),
+        (
+            dict(attentions=np.ones((1, 1, 2, 2)) / 2, masks=np.array([[True, False], [True, True]])),
+            r"masks blocks layer 0, head 0, query 0, key 1 but attentions has weight there",
+        ),
+        (dict(attentions=np.ones((1, 1, 2, 2)) / 2, masks=np.ones((3, 3), bool)), r"mask with shape \(3, 3\)"),
+        (dict(attentions=np.ones((1, 1, 2, 2)) / 2, queries=np.ones((1, 1, 2, 4))), r"queries and keys come together"),
+        (
+            dict(attentions=np.ones((1, 1, 2, 2)) / 2, queries=np.ones((1, 1, 2, 4)), keys=np.ones((1, 1, 2, 3))),
+            r"keys with shape \(1, 1, 2, 3\): the last axis must have length 4",
+        ),
+        (
+            dict(
+                attentions=np.ones((1, 1, 2, 2)) / 2,
+                queries=np.ones((1, 1, 2, 4)),
+                keys=np.ones((1, 1, 2, 4)),
+                value_norms=np.ones((1, 2)),
+            ),
+            r"value_norms must be \(layers, H, Lk\) = \(1, 1, 2\), got shape \(1, 2\)",
+        ),
+    ],
+)
+def test_bad_input_names_the_argument(kwargs, message):
+    kwargs.setdefault("tokens", None)
+    with pytest.raises(ValueError, match=message):
+        explorer_html(**kwargs)
+
+
+def test_a_fully_masked_row_of_zeros_is_fine_when_the_mask_explains_it():
+    A = np.array([[0.5, 0.5], [0.0, 0.0]])[None, None]  # (1, 1, 2, 2): query 1 sees nothing
+    mask = np.array([[True, True], [False, False]])
+    assert payload(explorer_html(A, ["a", "b"], masks=mask))["maskIndex"] == [[0]]
+
+
+def test_unwritable_path_is_a_value_error_naming_it(tmp_path):
+    with pytest.raises(ValueError, match=r"path '.*missing/p.html' is not writable"):
+        write_explorer(tmp_path / "missing" / "p.html", np.ones((1, 2, 2)) / 2)
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def test_explore_attention_uses_the_caches_q_k_and_w_o():
+    rng = np.random.default_rng(0)
+    mha = MultiHeadAttention(8, 2, rng=rng)
+    x = rng.standard_normal((2, 3, 8))
+    mask = np.array([True, True, False])[None, None, None, :]  # key 2 is padding
+    _, cache = mha.forward(x, x, x, mask=mask)
+    data = payload(explore_attention(mha, cache, list("abc"), list("abc"), mask=mask, batch=1))
+    N = data["neuron"]
+    got = unpack(N["q"][0][1], N["qStep"][0][1]).reshape(3, 4)
+    assert np.abs(got - cache.Q[1, 1]).max() <= N["qStep"][0][1] / 2 * (1 + 1e-9)
+    W_o = mha.params["W_o"]
+    expected = np.linalg.norm(W_o[:, 4:8] @ cache.V[1, 1, 2])  # head 1 reads columns 4..7 of W_o
+    assert value_norms(mha, cache)[1, 1, 2] == pytest.approx(expected, rel=1e-12)
+    assert data["masks"] == ["001" * 3]
+    with pytest.raises(ValueError, match="batch=2 out of range"):
+        explore_attention(mha, cache, batch=2)
+
+
+def test_bert_caches_are_the_layers_attention_and_leave_the_model_unchanged():
+    from mha_numpy.bert import BertModel
+
+    model = BertModel.from_pretrained(dtype=np.float32)
+    inputs = model.tokenize("a short sentence")
+    out, caches = bert_caches(model, inputs)
+    assert len(caches) == len(model.layers)
+    for a, c in zip(out.attentions, caches):
+        np.testing.assert_array_equal(a, c.attn_weights)
+    assert all("forward" not in vars(layer.attention) for layer in model.layers)
+
+
+def test_explore_tiny_labels_positions_and_ids():
+    from mha_numpy.models.tiny import TinyAttentionModel
+
+    model = TinyAttentionModel(vocab_size=5, max_length=4, embed_dim=8, num_heads=2, rng=0)
+    data = payload(explore_tiny(model, np.array([3, 1, 4, 1])))
+    assert data["qtok"] == ["0:3", "1:1", "2:4", "3:1"] and data["heads"] == 2
+    with pytest.raises(ValueError, match=r"tokens must be one sequence.*\(1, 4\)"):
+        explore_tiny(model, np.array([[3, 1, 4, 1]]))
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_tour_html_writes_the_explorer_of_the_most_masked_sequence(tmp_path, capsys):
+    path = tmp_path / "tour.html"
+    assert main(["tour", "--mask", "fully-masked-row", "--html", str(path)]) == 0
+    assert f"wrote {path}" in capsys.readouterr().out
+    data = payload(path.read_text(encoding="utf-8"))
+    assert data["qtok"] == ["q0", "q1", "q2", "q3"] and data["masks"]  # sequence 0, with its fully masked row
+
+
+@pytest.mark.parametrize("command", [["tour"], ["train", "--steps", "1"], ["bert", "text"]])
+def test_html_to_a_missing_directory_is_one_line_and_exit_2(tmp_path, capsys, command):
+    bad = tmp_path / "no" / "x.html"
+    assert main([*command, "--html", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--html" in err and "does not exist" in err
+
+
+def test_train_html(tmp_path, capsys):
+    path = tmp_path / "train.html"
+    assert main(["train", "--steps", "5", "--out", str(tmp_path), "--html", str(path)]) == 0
+    data = payload(path.read_text(encoding="utf-8"))
+    assert len(data["qtok"]) == 8 and data["neuron"]["d"] == 32
+
+
+def test_bert_html_writes_only_the_page(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["bert", "The cat sat.", "--html", "b.html"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.html"]
+    data = payload((tmp_path / "b.html").read_text(encoding="utf-8"))
+    assert data["qtok"][0] == "[CLS]" and len(data["layers"]) == 6 and data["heads"] == 12

@@ -1,0 +1,254 @@
+"""The explorer page in a real browser (headless Chromium): what it draws, against mha_numpy's own arrays.
+
+Two pages: a real BERT sentence (6 layers x 12 heads) and one MultiHeadAttention cross-attention with a
+mask that blocks a padded key for every query and every key of one query (a fully masked row).
+Expected numbers come from the arrays mha_numpy computed (attention weights, Q, K, V, W_o), never from the page.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from browser import Browser, console_errors, requested_urls
+
+from mha_numpy import MultiHeadAttention
+from mha_numpy import functional as F
+from mha_numpy.viz import explore_attention, explore_bert
+from mha_numpy.viz.explorer_sources import bert_caches
+
+try:
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+except ImportError:  # the browser fixture then skips each test with the reason (a failure under CI)
+    ActionChains = By = None
+
+SENTENCE = "The cat sat on the mat because it was tired."
+LQ, LK, FULL_ROW, PAD_KEY = 4, 5, 3, 4  # the MHA example: query 3 may attend to nothing, key 4 is padding
+
+
+@pytest.fixture(scope="module")
+def browser():
+    b = Browser()
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def bert_page(tmp_path_factory):
+    from mha_numpy.bert import BertModel
+
+    model = BertModel.from_pretrained(dtype=np.float64)
+    inputs = model.tokenize(SENTENCE)
+    out, caches = bert_caches(model, inputs)
+    path = tmp_path_factory.mktemp("bert") / "bert.html"
+    explore_bert(model, SENTENCE).save(path)
+    return {"path": path, "attn": np.stack([a[0] for a in out.attentions]), "tokens": inputs.tokens[0]}
+
+
+@pytest.fixture(scope="module")
+def mha_page(tmp_path_factory):
+    rng = np.random.default_rng(3)
+    mha = MultiHeadAttention(8, 2, rng=rng)
+    for name in ("b_q", "b_k", "b_v"):
+        mha.params[name][...] = rng.normal(0, 0.3, 8)
+    q, kv = rng.standard_normal((1, LQ, 8)), rng.standard_normal((1, LK, 8))
+    mask = np.ones((1, 1, LQ, LK), dtype=bool)
+    mask[..., PAD_KEY] = False
+    mask[0, 0, FULL_ROW, :] = False
+    _, cache = mha.forward(q, kv, kv, mask=mask)
+    path = tmp_path_factory.mktemp("mha") / "mha.html"
+    explore_attention(mha, cache, mask=mask).save(path)
+    return {"path": path, "mha": mha, "cache": cache, "mask": mask}
+
+
+def lines(driver) -> set[tuple[int, int, int]]:
+    """The (query, key, head) of every line the head view draws."""
+    script = (
+        "return [...document.querySelectorAll('#head-svg line.attn')]"
+        ".map(l => [+l.dataset.q, +l.dataset.k, +l.dataset.h])"
+    )
+    return {tuple(x) for x in driver.execute_script(script)}
+
+
+def expected_lines(attn: np.ndarray, heads, threshold: float, query=None) -> set[tuple[int, int, int]]:
+    """attn (H, Lq, Lk): the pairs at or above the threshold, at the page's rounding (thousandths)."""
+    thousandths = np.rint(attn / 1e-3)
+    keep = (thousandths >= round(threshold * 1000)) & (thousandths > 0)
+    return {(i, j, h) for h, i, j in zip(*np.nonzero(keep)) if h in heads and (query is None or i == query)}
+
+
+def set_threshold(driver, value: float) -> None:
+    box = driver.find_element(By.ID, "threshold")
+    box.clear()
+    box.send_keys(str(value))
+    driver.execute_script("arguments[0].dispatchEvent(new Event('change'))", box)
+
+
+def select(driver, element_id: str, value) -> None:
+    driver.execute_script(
+        "const s = document.getElementById(arguments[0]); s.value = arguments[1]; s.dispatchEvent(new Event('change'))",
+        element_id,
+        str(value),
+    )
+
+
+def token(driver, side: str, index: int):
+    return driver.find_element(By.CSS_SELECTOR, f"#head-svg text.tok.{side}[data-index='{index}']")
+
+
+# --------------------------------------------------------------------------- the page stays offline and quiet
+
+
+def test_request_detector_sees_a_request_to_the_network(browser, tmp_path):
+    """The check below can fail: a page that loads an image from the network is caught."""
+    leaky = tmp_path / "leaky.html"
+    leaky.write_text("<!DOCTYPE html><img src='http://127.0.0.1:9/x.png'>")
+    d = browser.open(leaky)
+    assert any(u.startswith("http://127.0.0.1:9/") for u in requested_urls(d))
+
+
+@pytest.mark.parametrize("page", ["bert_page", "mha_page"])
+def test_no_console_errors_and_no_request_leaves_the_file(browser, page, request):
+    path = request.getfixturevalue(page)["path"]
+    d = browser.open(path)
+    assert d.execute_script("return document.body.dataset.ready") == "1"
+    for view in ("model", "neuron", "head"):
+        d.find_element(By.ID, f"tab-{view}").click()
+    ActionChains(d).move_to_element(token(d, "q", 1)).perform()
+    d.find_element(By.ID, "tab-model").click()
+    d.find_element(By.CSS_SELECTOR, "canvas.thumb").click()  # back to the head view
+    assert console_errors(d) == []
+    assert [u for u in requested_urls(d) if u != path.resolve().as_uri()] == []
+    assert d.execute_script("return performance.getEntriesByType('resource').length") == 0
+
+
+# --------------------------------------------------------------------------- head view
+
+
+def test_head_view_draws_one_line_per_visible_pair_above_the_threshold(browser, bert_page):
+    d = browser.open(bert_page["path"])
+    attn = bert_page["attn"]  # (layers, H, L, L)
+    H = attn.shape[1]
+    got = lines(d)
+    assert got == expected_lines(attn[0], range(H), 0.01)
+    assert int(d.find_element(By.ID, "head-svg").get_attribute("data-lines")) == len(got)
+    select(d, "layer", 2)
+    set_threshold(d, 0.2)
+    got = lines(d)
+    assert got == expected_lines(attn[2], range(H), 0.2)
+    assert 0 < len(got) < len(expected_lines(attn[2], range(H), 0.01))
+
+
+def test_selecting_a_token_and_toggling_a_head(browser, bert_page):
+    d = browser.open(bert_page["path"])
+    attn = bert_page["attn"][0]  # layer 0: (H, L, L)
+    H, L = attn.shape[0], attn.shape[1]
+    all_heads = set(range(H))
+    ActionChains(d).move_to_element(token(d, "q", 3)).perform()  # hover: only token 3's lines
+    assert lines(d) == expected_lines(attn, all_heads, 0.01, query=3)
+    token(d, "q", 5).click()  # click pins token 5, the mouse stays on it
+    pinned = expected_lines(attn, all_heads, 0.01, query=5)
+    assert lines(d) == pinned and pinned
+    d.find_element(By.CSS_SELECTOR, "#heads input[data-head='2']").click()  # head 2 off
+    assert lines(d) == {x for x in pinned if x[2] != 2}
+    ActionChains(d).move_to_element(token(d, "k", 1)).perform()  # hovering elsewhere keeps the pin
+    assert lines(d) == {x for x in pinned if x[2] != 2}
+    token(d, "q", 5).click()  # unpin: every query, head 2 still off
+    ActionChains(d).move_to_element(d.find_element(By.TAG_NAME, "h1")).perform()
+    assert lines(d) == expected_lines(attn, all_heads - {2}, 0.01)
+    ActionChains(d).move_to_element(token(d, "k", L - 1)).perform()  # a key: only the lines into it
+    assert lines(d) == {x for x in expected_lines(attn, all_heads - {2}, 0.01) if x[1] == L - 1}
+    d.find_element(By.ID, "no-heads").click()
+    assert lines(d) == set()
+
+
+# --------------------------------------------------------------------------- model view
+
+
+def test_model_view_has_every_map_and_opens_the_clicked_head(browser, bert_page):
+    d = browser.open(bert_page["path"])
+    attn = bert_page["attn"]
+    n_layers, H = attn.shape[:2]
+    d.find_element(By.ID, "tab-model").click()
+    assert len(d.find_elements(By.CSS_SELECTOR, "canvas.thumb")) == n_layers * H
+    d.find_element(By.CSS_SELECTOR, "canvas.thumb[data-layer='3'][data-head='7']").click()
+    assert d.execute_script("return document.body.dataset.view") == "head"
+    assert d.find_element(By.ID, "layer").get_attribute("value") == "3"
+    checked = d.execute_script("return [...document.querySelectorAll('#heads input')].filter(b => b.checked).length")
+    assert checked == 1 and d.find_element(By.CSS_SELECTOR, "#heads input[data-head='7']").is_selected()
+    assert lines(d) == expected_lines(attn[3], {7}, 0.01)
+
+
+# --------------------------------------------------------------------------- neuron view
+
+
+def neuron_rows(driver) -> list[dict]:
+    script = """return [...document.querySelectorAll('#neuron-table tr[data-j]')].map(r => ({
+        j: +r.dataset.j, masked: r.classList.contains('masked'),
+        products: [...r.querySelectorAll('.strip.prod .cell')].map(c => +c.dataset.v),
+        dot: +r.querySelector('td.dot').dataset.v, score: r.querySelector('td.score').dataset.v,
+        scoreText: r.querySelector('td.score').textContent, weight: +r.querySelector('td.weight').dataset.v}))"""
+    return driver.execute_script(script)
+
+
+def test_neuron_view_products_sum_to_the_score_mha_numpy_computed(browser, mha_page):
+    mha, cache = mha_page["mha"], mha_page["cache"]
+    d = browser.open(mha_page["path"])
+    d.find_element(By.ID, "tab-neuron").click()
+    h, i = 1, 2
+    select(d, "neuron-head", h)
+    select(d, "neuron-query", i)
+    scale = 1 / np.sqrt(mha.head_dim)
+    scores, _ = F.attention_scores_forward(cache.Q, cache.K, scale)  # (1, H, Lq, Lk)
+    Q, K = cache.Q[0, h], cache.K[0, h]  # (Lq, d), (Lk, d)
+    q_step, k_step = np.abs(Q).max() / 2047, np.abs(K).max() / 2047  # the page's rounding of q and k
+    rows = neuron_rows(d)
+    assert [r["j"] for r in rows] == list(range(LK))
+    for r in rows:
+        j = r["j"]
+        assert len(r["products"]) == mha.head_dim
+        assert sum(r["products"]) == pytest.approx(r["dot"], rel=1e-6, abs=1e-9)
+        bound = scale * np.sum(np.abs(Q[i]) * k_step / 2 + np.abs(K[j]) * q_step / 2 + q_step * k_step / 4)
+        if j == PAD_KEY:
+            assert r["masked"] and r["score"] == "-inf" and "masked" in r["scoreText"] and r["weight"] == 0
+        else:
+            assert not r["masked"]
+            assert abs(float(r["score"]) - scores[0, h, i, j]) <= bound
+            assert abs(r["dot"] * scale - scores[0, h, i, j]) <= bound
+            assert r["weight"] == pytest.approx(cache.attn_weights[0, h, i, j], abs=2e-3)
+
+
+def test_neuron_view_value_weighted_switch(browser, mha_page):
+    mha, cache = mha_page["mha"], mha_page["cache"]
+    d = browser.open(mha_page["path"])
+    d.find_element(By.ID, "tab-neuron").click()
+    h, i, dh = 0, 1, mha.head_dim
+    select(d, "neuron-query", i)
+    d.find_element(By.ID, "value-weighted").click()
+    W_o_h = mha.params["W_o"][:, h * dh : (h + 1) * dh]  # (E, d): the columns of W_o that read head h
+    alpha = cache.attn_weights[0, h, i]  # (Lk,)
+    norms = np.array([np.linalg.norm(alpha[j] * W_o_h @ cache.V[0, h, j]) for j in range(LK)])  # ||a_ij v_j W_o,hᵀ||
+    expected = norms / norms.sum()
+    got = np.array([r["weight"] for r in neuron_rows(d)])
+    np.testing.assert_allclose(got, expected, atol=3e-3)
+    assert np.abs(expected - alpha).max() > 0.01  # the switch shows something else than the weights
+
+
+# --------------------------------------------------------------------------- masks
+
+
+def test_fully_masked_row_and_padded_key_are_drawn_as_masked(browser, mha_page):
+    d = browser.open(mha_page["path"])
+    q_full = token(d, "q", FULL_ROW)
+    assert "fully-masked" in q_full.get_attribute("class") and "⊘" in q_full.text
+    assert all("fully-masked" not in token(d, "q", i).get_attribute("class") for i in range(LQ) if i != FULL_ROW)
+    assert "masked" in token(d, "k", PAD_KEY).get_attribute("class").split()
+    assert all(q != FULL_ROW and k != PAD_KEY for q, k, _ in lines(d))
+    token(d, "q", FULL_ROW).click()  # its keys are all masked, and it has no line
+    assert lines(d) == set()
+    assert all("masked" in token(d, "k", j).get_attribute("class").split() for j in range(LK))
+    d.find_element(By.ID, "tab-neuron").click()
+    select(d, "neuron-query", FULL_ROW)
+    rows = neuron_rows(d)
+    assert all(r["masked"] and r["weight"] == 0 for r in rows)
+    assert "Fully masked row" in d.find_element(By.ID, "neuron-caption").text
