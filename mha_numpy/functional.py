@@ -75,15 +75,14 @@ def fused_linear_forward(x: np.ndarray, Ws: list[np.ndarray], bs: list[np.ndarra
 def fused_linear_backward(dys: list[np.ndarray], cache):
     """[dyᵢ: (..., outᵢ)] -> ([dxᵢ: (..., in)] one per output, [dWᵢ], [dbᵢ] or None).
 
-    The weight gradients are one GEMM; the input gradient is kept per output (the three paths of
+    Each output's gradients are those of ``linear_backward`` on its rows of the stacked weight (nothing of
+    size (N, Σ outᵢ) is assembled); the input gradient is kept per output (the three paths of
     self-attention), each dyᵢ Wᵢ.
     """
     (x2, W, has_bias, x_shape), cuts = cache
-    dy2 = np.concatenate([d.reshape(-1, d.shape[-1]) for d in dys], axis=1)  # ← F2: (N, Σ outᵢ)
-    dW = dy2.T @ x2  # ← F1: (Σ outᵢ, N) @ (N, in) -> (Σ outᵢ, in), one GEMM
-    dxs = [(d @ w).reshape(x_shape) for d, w in zip(np.split(dy2, cuts, axis=1), np.split(W, cuts))]  # ← F1
-    dbs = np.split(dy2.sum(axis=0), cuts) if has_bias else None  # ← F1: (outᵢ,) each
-    return dxs, np.split(dW, cuts), dbs
+    grads = [linear_backward(dy, (x2, w, has_bias, x_shape)) for dy, w in zip(dys, np.split(W, cuts))]  # ← F2, F1
+    dxs, dWs, dbs = (list(g) for g in zip(*grads))  # [(..., in)], [(outᵢ, in)], [(outᵢ,) or None]
+    return dxs, dWs, dbs if has_bias else None
 
 
 # --------------------------------------------------------------------------- heads

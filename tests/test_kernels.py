@@ -39,9 +39,22 @@ class ToyKernel(kernels.Kernel):
 kernels.register("toy", ToyKernel)
 
 # (registered name, options): every registered kernel, the chunked one with tiles smaller than L
-KERNEL_CASES = [(name, {}) for name in kernels.KERNELS if name != "chunked"]
+KERNEL_CASES = [(name, {}) for name in kernels.KERNELS if name not in ("chunked", "auto")]
 KERNEL_CASES += [("chunked", dict(block_size=3, num_threads=1)), ("chunked", dict(block_size=2, num_threads=2))]
+KERNEL_CASES += [("auto", dict(min_chunked_scores=12))]  # tiny threshold: the suite's shapes reach both kernels
 IDS = [n + "".join(f"-{k[0]}{v}" for k, v in o.items()) for n, o in KERNEL_CASES]
+
+
+def test_auto_picks_vectorized_for_small_scores_and_chunked_for_large():
+    auto = kernels.get_kernel("auto")
+    assert auto.choose((8, 12, 128, 128)) is auto.vectorized
+    assert auto.choose((1, 4, 2048, 2048)) is auto.chunked
+    q = np.zeros((1, 1, 600, 2))
+    assert (
+        auto.forward(q, q, q)[1].kernel is auto.chunked and auto.forward(q[:, :, :4], q, q)[1].kernel is auto.vectorized
+    )
+
+
 B, H, LQ, LK, D = 2, 2, 5, 4, 3
 
 
@@ -202,7 +215,9 @@ def test_backward_refuses_a_wrong_d_context(impl, options, rng):
 def module_case(rng, impl, options, self_attention, bias, dtype=np.float64, **kw):
     E = 6
     kdim, vdim = (None, None) if self_attention else (4, 3)
-    mha = MultiHeadAttention(E, H, bias=bias, kdim=kdim, vdim=vdim, dtype=dtype, rng=3, impl=impl, **options, **kw)
+    mha = MultiHeadAttention(
+        E, H, bias=bias, kdim=kdim, vdim=vdim, dtype=dtype, rng=3, impl=kernels.get_kernel(impl, **options), **kw
+    )
     for name, p in mha.params.items():
         if name.startswith("b_"):
             p[...] = rng.normal(0, 0.5, p.shape)  # nonzero biases, so bias bugs show
@@ -280,7 +295,9 @@ def test_random_shapes_and_masks_on_every_kernel(cfg):
     H, d, B, Lq, Lk, kdim, vdim, bias, mask_shape, impl, seed = cfg
     name, options = KERNEL_CASES[impl]
     rng = np.random.default_rng(seed)
-    mha = MultiHeadAttention(H * d, H, bias=bias, kdim=kdim, vdim=vdim, rng=rng, impl=name, **options)
+    mha = MultiHeadAttention(
+        H * d, H, bias=bias, kdim=kdim, vdim=vdim, rng=rng, impl=kernels.get_kernel(name, **options)
+    )
     for n, p in mha.params.items():
         if n.startswith("b_"):
             p[...] = rng.normal(size=p.shape)

@@ -3,6 +3,7 @@
     vectorized  ``functional``'s pairs batched over (B, H): the whole (B, H, Lq, Lk) score tensor
     naive       the same pairs one (batch item, head) at a time: the formula read literally
     chunked     blocked online softmax (FlashAttention-style) on a thread pool: memory O(L · block)
+    auto        one of the two above per call, by a documented rule on the shape (``auto.py``)
 
 The protocol (``base.Kernel``): ``forward(q, k, v, mask=None, scale=None, dropout_p=0.0, rng=None,
 dropout_mask=None, bias=None) -> (context, cache)`` and ``backward(d_context, cache) -> (dq, dk, dv,
@@ -13,6 +14,7 @@ kernel is one file here and one ``register`` call; the conformance tests pick it
 
 from __future__ import annotations
 
+from .auto import AutoKernel
 from .base import AttentionArgs, Kernel, check_args
 from .chunked import ChunkedKernel
 from .naive import NaiveKernel
@@ -46,6 +48,7 @@ def get_kernel(impl="vectorized", **options) -> Kernel:
 register("vectorized", VectorizedKernel)
 register("naive", NaiveKernel)
 register("chunked", ChunkedKernel)
+register("auto", AutoKernel)
 
 __all__ = ["AttentionArgs", "Kernel", "KERNELS", "register", "get_kernel", "check_args"]
-__all__ += ["VectorizedKernel", "NaiveKernel", "ChunkedKernel"]
+__all__ += ["VectorizedKernel", "NaiveKernel", "ChunkedKernel", "AutoKernel"]

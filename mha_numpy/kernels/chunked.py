@@ -116,14 +116,15 @@ class _Tiles:
 # --------------------------------------------------------------------------- one query block, forward
 
 
-def _forward_rows(q, k, v, tiles: _Tiles, i0: int, bk: int, out, m_out, inv_ell_out) -> None:
+def _forward_rows(q, k, v, scale: float, tiles: _Tiles, i0: int, bk: int, out, m_out, inv_ell_out) -> None:
     """Online softmax of one query block against all key blocks.
 
-    q: (n, d) scaled queries, rows i0 ... i0 + n - 1   k: (Lk, d)   v: (Lk, dv)
+    q: (n, d) queries, rows i0 ... i0 + n - 1   k: (Lk, d)   v: (Lk, dv)   (any row strides)
     writes out: (n, dv) the context rows, m_out: (n,) the row max and inv_ell_out: (n,) 1 / row sum
     (0 for a row where nothing is allowed).
     """
     n, Lk, dt = q.shape[0], k.shape[0], q.dtype
+    q = q * scale  # (n, d) the block's scaled queries: no tile is rescaled
     m = np.full(n, -np.inf, dtype=dt)  # running row max
     ell = np.zeros(n, dtype=dt)  # running row sum of exp(s - m)
     acc = np.zeros((n, v.shape[1]), dtype=dt)  # running unnormalised context, Σ exp(s - m) v
@@ -158,10 +159,10 @@ def _forward_rows(q, k, v, tiles: _Tiles, i0: int, bk: int, out, m_out, inv_ell_
 # --------------------------------------------------------------------------- one head, backward
 
 
-def _backward_head(q, k, v, d_out, m, inv_ell, D, tiles: _Tiles, bq: int, bk: int, dq, dk, dv, d_bias) -> None:
+def _backward_head(q, k, v, scale, d_out, m, inv_ell, D, tiles: _Tiles, bq, bk, dq, dk, dv, d_bias) -> None:
     """Backward of one head, tile by tile, recomputing P = exp(S - m) / ℓ (FlashAttention-2 order).
 
-    q: (Lq, d) scaled   k: (Lk, d)   v: (Lk, dv)   d_out: (Lq, dv)   m, inv_ell, D: (Lq,)
+    q: (Lq, d) queries (scaled here, once per head)   k: (Lk, d)   v: (Lk, dv)   d_out: (Lq, dv)   m, inv_ell, D: (Lq,)
     writes dq: (Lq, d) (gradient w.r.t. the scaled q), dk: (Lk, d), dv: (Lk, dv); all start at 0;
     d_bias: None or the (Lq, Lk) gradient of this head's bias tile by tile (start at 0).
     The 1/ℓ of each row rides along in the rows of dO and q (dV = Eᵀ (dO/ℓ), dK = dS'ᵀ (q/ℓ)) and is
@@ -171,6 +172,7 @@ def _backward_head(q, k, v, d_out, m, inv_ell, D, tiles: _Tiles, bq: int, bk: in
     Lq, Lk, dt = q.shape[0], k.shape[0], q.dtype
     dropout = tiles.keep is not None or tiles.seed is not None
     scale_drop = 1.0 / (1.0 - tiles.p) if tiles.p > 0 else 1.0
+    q = q * scale  # (Lq, d) this head's scaled queries, as the forward's tiles saw them
     do_l = d_out * inv_ell[:, None]  # (Lq, dv) dO / ℓ
     q_l = q * inv_ell[:, None]  # (Lq, d) q / ℓ
     da = np.concatenate([d_out, -D[:, None]], axis=1)  # (Lq, dv + 1)
@@ -212,16 +214,16 @@ def _backward_head(q, k, v, d_out, m, inv_ell, D, tiles: _Tiles, bq: int, bk: in
 
 @dataclass
 class ChunkedCache:
-    """What the chunked backward needs: the scaled q, k, v, the context, each row's m and 1/ℓ.
+    """What the chunked backward needs: q, k, v (as given: views, no copy), the context, each row's m and 1/ℓ.
 
     Nothing of size Lq × Lk is stored. ``attn_weights``, ``scores``, ``masked_scores`` and
     ``dropout_mask`` are (B, H, Lq, Lk) and computed only when read.
     """
 
-    q_scaled: np.ndarray  # (B, H, Lq, d) q · scale
+    q: np.ndarray  # (B, H, Lq, d)
     k: np.ndarray  # (B, H, Lk, d)
     v: np.ndarray  # (B, H, Lk, dv)
-    context: np.ndarray  # (B, H, Lq, dv)
+    context: np.ndarray  # (B, H, Lq, dv), stored (B, Lq, H, dv): the head merge is then a view
     m: np.ndarray  # (B, H, Lq) row max of the masked scores
     inv_ell: np.ndarray  # (B, H, Lq) 1 / row sum of exp(S - m); 0 for a fully masked row
     args: AttentionArgs
@@ -234,7 +236,7 @@ class ChunkedCache:
     @property
     def scores(self) -> np.ndarray:
         """(B, H, Lq, Lk) q kᵀ · scale (+ bias) before the mask (computed now, Lq × Lk memory)."""
-        s = self.q_scaled @ self.k.swapaxes(-1, -2)  # (B, H, Lq, d) @ (B, H, d, Lk) -> (B, H, Lq, Lk)
+        s = (self.q * self.args.scale) @ self.k.swapaxes(-1, -2)  # (B, H, Lq, d) @ (B, H, d, Lk) -> (B, H, Lq, Lk)
         return s if self.args.bias is None else s + self.args.bias
 
     @property
@@ -258,7 +260,7 @@ class ChunkedCache:
         if self.args.keep is not None or self.seed is None:
             return self.args.keep
         B, H, Lq, Lk = self.args.shape
-        bs = self.kernel.block(self.q_scaled.dtype)
+        bs = self.kernel.block(self.q.dtype)
         out = np.empty((B, H, Lq, Lk), dtype=bool)
         for b in range(B):
             for h in range(H):
@@ -270,9 +272,12 @@ class ChunkedCache:
         return out
 
 
-def _heads_contiguous(x: np.ndarray) -> np.ndarray:
-    """(B, H, L, d) -> the same values with each head's (L, d) rows contiguous (a copy if needed)."""
-    return x if x.size == 0 or x[0, 0].flags.c_contiguous else np.ascontiguousarray(x)
+def _merged_layout(shape, dtype, fill=None) -> np.ndarray:
+    """A (B, H, L, d) array stored as (B, L, H, d): what ``merge_heads`` and ``split_heads_backward`` turn into
+    (B, L, E) without a copy (a reshape of the transposed view)."""
+    B, H, L, d = shape
+    out = np.empty((B, L, H, d), dtype=dtype) if fill is None else np.full((B, L, H, d), fill, dtype=dtype)
+    return out.transpose(0, 2, 1, 3)  # (B, H, L, d) view
 
 
 class ChunkedKernel(Kernel):
@@ -297,17 +302,15 @@ class ChunkedKernel(Kernel):
     def run(self, q, k, v, args: AttentionArgs):
         B, H, Lq, Lk = args.shape
         bs, dt = self.block(q.dtype), q.dtype
-        q_scaled = np.multiply(q, args.scale, dtype=dt, out=np.empty(q.shape, dtype=dt))  # (B, H, Lq, d)
-        k, v = _heads_contiguous(k), _heads_contiguous(v)  # (B, H, Lk, ·)
-        context = np.empty((B, H, Lq, v.shape[3]), dtype=dt)
+        context = _merged_layout((B, H, Lq, v.shape[3]), dt)  # (B, H, Lq, dv)
         m, inv_ell = np.empty((B, H, Lq), dtype=dt), np.empty((B, H, Lq), dtype=dt)
-        cache = ChunkedCache(q_scaled, k, v, context, m, inv_ell, args, args.seed(), self)
+        cache = ChunkedCache(q, k, v, context, m, inv_ell, args, args.seed(), self)  # q, k, v kept as views
 
         def work(item):
             b, h, i0 = item
             rows = slice(i0, min(i0 + bs, Lq))
             _forward_rows(
-                q_scaled[b, h, rows], k[b, h], v[b, h], cache._tiles(b, h), i0, bs,
+                q[b, h, rows], k[b, h], v[b, h], args.scale, cache._tiles(b, h), i0, bs,
                 context[b, h, rows], m[b, h, rows], inv_ell[b, h, rows],
             )  # fmt: skip
 
@@ -315,10 +318,10 @@ class ChunkedKernel(Kernel):
         return context, cache
 
     def backward(self, d_context, cache: ChunkedCache):
-        q, k, v, o = cache.q_scaled, cache.k, cache.v, cache.context
+        q, k, v, o = cache.q, cache.k, cache.v, cache.context
         d_context = check_d_context(d_context, o.shape, o.dtype)  # (B, H, Lq, dv)
         B, H, Lq, Lk = cache.args.shape
-        dq, dk, dv = np.zeros(q.shape, dtype=q.dtype), np.zeros(k.shape, dtype=q.dtype), np.zeros(v.shape, q.dtype)
+        dq, dk, dv = (_merged_layout(x.shape, q.dtype, fill=0) for x in (q, k, v))  # (B, H, L, ·), split_heads views
         bias = cache.args.bias
         d_bias = None if bias is None else np.zeros(np.shape(bias), dtype=q.dtype)  # the bias's own shape
         D = np.einsum("bhld,bhld->bhl", d_context, o)  # (B, H, Lq) rowsum(dO ∘ O)
@@ -327,8 +330,9 @@ class ChunkedKernel(Kernel):
         def work(item):
             b, h = item
             db = None if bias is None else np.zeros((Lq, Lk), dtype=q.dtype)  # this head's dS
+            rows = (cache.m[b, h], cache.inv_ell[b, h], D[b, h])  # (Lq,) each
             _backward_head(
-                q[b, h], k[b, h], v[b, h], d_context[b, h], cache.m[b, h], cache.inv_ell[b, h], D[b, h],
+                q[b, h], k[b, h], v[b, h], cache.args.scale, d_context[b, h], *rows,
                 cache._tiles(b, h), bs, bs, dq[b, h], dk[b, h], dv[b, h], db,
             )  # fmt: skip
             if db is not None:
@@ -336,7 +340,7 @@ class ChunkedKernel(Kernel):
                     _add_reduced(d_bias, b, h, db)
 
         run_items(work, [(b, h) for b in range(B) for h in range(H)], cache.kernel.threads())
-        dq *= cache.args.scale  # q_scaled = q · scale  ->  dq = dq_scaled · scale
+        dq *= cache.args.scale  # the tiles saw q · scale  ->  dq = dq_scaled · scale
         return dq, dk, dv, d_bias
 
 

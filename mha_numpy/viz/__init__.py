@@ -6,7 +6,8 @@ a returned Figure displays itself; elsewhere call ``fig.savefig("name.png")``.
 
 Functions: ``plot_attention`` (one map per head), ``plot_model_view`` (layers x heads),
 ``plot_mask``, ``plot_step`` (any intermediate), ``plot_gradcheck`` (a ``GradcheckReport``),
-the training figures of ``mha_numpy.train``, and
+the training figures of ``mha_numpy.train``, the presentation style for slides (``presentation``,
+``enlarge_fonts``, ``export_figure``: ``mha_numpy.viz.style``), and
 ``explorer_html`` (the interactive HTML explorer, ``mha_numpy.viz.explorer``).
 
 Conventions in every picture:
@@ -35,6 +36,7 @@ from .checks import plot_gradcheck
 from .explorer import ExplorerPage, explorer_html, write_explorer
 from .explorer_sources import explore_attention, explore_bert, explore_tiny
 from .maps import plot_attention, plot_mask, plot_model_view, plot_step
+from .style import enlarge_fonts, export_figure, presentation
 from .training import plot_attention_over_training, plot_training_history
 
 __all__ = [
@@ -45,10 +47,12 @@ __all__ = [
     "WEIGHT_CMAP",
     "ExplorerPage",
     "blocked_cells",
+    "enlarge_fonts",
     "explore_attention",
     "explore_bert",
     "explore_tiny",
     "explorer_html",
+    "export_figure",
     "plot_attention",
     "plot_attention_over_training",
     "plot_gradcheck",
@@ -56,5 +60,6 @@ __all__ = [
     "plot_model_view",
     "plot_step",
     "plot_training_history",
+    "presentation",
     "write_explorer",
 ]

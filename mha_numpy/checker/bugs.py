@@ -1,0 +1,427 @@
+"""The classic backward bugs, each a buggy variant of a reference function, switchable by its key.
+
+The checker recognises a student's mistake by running these variants on the same inputs and
+finding the one the student's output matches; the bug gallery (notebooks/10_bug_gallery.ipynb)
+switches them on one at a time and measures which checks catch them. ``BUGS`` lists them all;
+``sdpa_pair(key)`` is attention (softmax(q kᵀ·scale + mask) v) composed from the reference
+pairs with the step that ``key`` names replaced by its buggy variant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import functional as F
+from . import reference as R
+
+
+@dataclass(frozen=True)
+class Bug:
+    """``function`` (e.g. "softmax_backward") written the way ``wrote`` says; ``see``: how to notice it."""
+
+    key: str
+    function: str
+    title: str
+    wrote: str
+    see: str
+    impl: Callable
+    forward: Callable | None = None  # makes the cache a buggy backward reads (default: the reference forward)
+
+    @property
+    def pair(self) -> str:
+        return self.function.rsplit("_", 1)[0]
+
+    def diagnosis(self) -> str:
+        return f"{self.title}. You probably wrote {self.wrote}. How to see it: {self.see}"
+
+
+# --------------------------------------------------------------------------- the buggy steps
+
+
+def softmax_backward_diagonal(dp, cache):
+    p = cache
+    return p * (1 - p) * dp  # BUG: only the diagonal of the Jacobian; the -p_i p_j terms are missing
+
+
+def softmax_backward_mean(dp, cache):
+    p = cache
+    return p * (dp - dp.mean(axis=-1, keepdims=True))  # BUG: an unweighted mean where sum(p * dp) belongs
+
+
+def softmax_forward_nan(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))  # BUG: a row of -inf gives -inf - (-inf) = NaN
+    p = e / e.sum(axis=-1, keepdims=True)
+    return p, p
+
+
+def scores_backward_swapped_dq(d_scores, cache):
+    q, k, scale = cache
+    d_raw = d_scores * scale
+    return d_raw.swapaxes(-1, -2) @ k, d_raw.swapaxes(-1, -2) @ q  # BUG: dq from Sᵀ (defined only if Lq = Lk)
+
+
+def scores_backward_swapped_dk(d_scores, cache):
+    q, k, scale = cache
+    d_raw = d_scores * scale
+    return d_raw @ k, d_raw @ q  # BUG: dk from S, not Sᵀ (defined only if Lq = Lk)
+
+
+def scores_backward_no_scale(d_scores, cache):
+    q, k, _ = cache
+    return d_scores @ k, d_scores.swapaxes(-1, -2) @ q  # BUG: the forward multiplied by scale, the backward forgot
+
+
+def split_heads_forward_reshape(x, num_heads):
+    B, L, E = x.shape
+    return x.reshape(B, num_heads, L, E // num_heads), (B, L, E)  # BUG: reshape to (B, H, L, d) directly
+
+
+def split_heads_backward_reshape(d_out, cache):
+    return d_out.reshape(cache)  # BUG: the mirror of the reshape-only forward
+
+
+def merge_heads_forward_reshape(x):
+    B, H, L, d = x.shape
+    return x.reshape(B, L, H * d), (B, H, L, d)  # BUG: no transpose back to (B, L, H, d) first
+
+
+def merge_heads_backward_reshape(d_out, cache):
+    return d_out.reshape(cache)  # BUG: the mirror of the reshape-only forward
+
+
+def dropout_backward_no_scale(d_out, cache):
+    keep_mask, _ = cache
+    return d_out * keep_mask  # BUG: the forward scaled survivors by 1/(1-p), the backward must too
+
+
+def linear_backward_bias_batch_only(dy, cache):
+    dx, dW, _ = F.linear_backward(dy, cache)
+    return dx, dW, dy.sum(axis=0)  # BUG: sums over the batch axis only; (B, L, out) gives (L, out)
+
+
+def embedding_backward_fancy_add(d_out, cache):
+    ids, shape = cache
+    d_table = np.zeros(shape, dtype=d_out.dtype)
+    d_table[ids] += d_out  # BUG: with repeated ids only one of the writes survives
+    return d_table
+
+
+def apply_mask_backward_leak(d_out, cache):
+    return d_out  # BUG: blocked positions did not influence the output, they must get gradient 0
+
+
+def self_attention_backward_paths(paths: tuple[str, ...]):
+    """A self-attention backward whose dx adds only ``paths`` of ("query", "key", "value")."""
+
+    def backward(d_out, cache):
+        mha, mha_cache = cache
+        grads = mha.backward(d_out, mha_cache)
+        dx = sum(grads[p] for p in paths)  # BUG: x feeds all three projections; every path adds to dx
+        return {"x": dx, **{k: g for k, g in grads.items() if k not in ("query", "key", "value")}}
+
+    return backward
+
+
+def online_update_no_rescale(m, l_sum, acc, s, v):
+    m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+    safe = np.where(np.isfinite(m_new), m_new, 0.0)
+    e = np.exp(s - safe)
+    return m_new, l_sum + e.sum(-1, keepdims=True), acc + e @ v  # BUG: old l and acc not rescaled by exp(m - m_new)
+
+
+def online_update_nan(m, l_sum, acc, s, v):
+    m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+    alpha = np.exp(m - m_new)  # BUG: while a row has seen only -inf, m = m_new = -inf and this is NaN
+    e = np.exp(s - m_new)
+    return m_new, alpha * l_sum + e.sum(-1, keepdims=True), alpha * acc + e @ v
+
+
+# --------------------------------------------------------------------------- attention with one step swapped
+
+
+STEP_BUGS = {  # key -> (the functional pair's function it replaces, the buggy function)
+    "softmax_diagonal": ("softmax_backward", softmax_backward_diagonal),
+    "softmax_mean": ("softmax_backward", softmax_backward_mean),
+    "softmax_nan": ("softmax_forward", softmax_forward_nan),
+    "scores_swapped_dq": ("attention_scores_backward", scores_backward_swapped_dq),
+    "scores_swapped_dk": ("attention_scores_backward", scores_backward_swapped_dk),
+    "scores_no_scale": ("attention_scores_backward", scores_backward_no_scale),
+    "mask_leak": ("apply_mask_backward", apply_mask_backward_leak),
+    "dropout_no_scale": ("dropout_backward", dropout_backward_no_scale),
+}
+
+
+def sdpa_pair(*keys: str):
+    """(forward, backward) of attention composed from the reference pairs, with the steps in ``keys`` buggy.
+
+    forward(q, k, v, mask=None, scale=None, dropout_p=0.0, keep_mask=None) -> (context, cache);
+    backward(d_context, cache) -> (dq, dk, dv). q (B, H, Lq, d), k (B, H, Lk, d), v (B, H, Lk, dv).
+    """
+    step = {name: getattr(F, name) for name in dict(STEP_BUGS.values())}
+    step.update(STEP_BUGS[key] for key in keys)
+
+    def forward(q, k, v, mask=None, scale=None, dropout_p=0.0, keep_mask=None):
+        scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+        s, c1 = F.attention_scores_forward(q, k, scale)  # (B, H, Lq, Lk)
+        s, c2 = F.apply_mask_forward(s, mask)
+        p, c3 = step["softmax_forward"](s)
+        p, c4 = F.dropout_forward(p, dropout_p, keep_mask=keep_mask) if dropout_p else (p, None)
+        out, c5 = F.attention_context_forward(p, v)  # (B, H, Lq, dv)
+        return out, (c1, c2, c3, c4, c5)
+
+    def backward(d_out, cache):
+        c1, c2, c3, c4, c5 = cache
+        dp, dv = F.attention_context_backward(d_out, c5)
+        dp = step["dropout_backward"](dp, c4) if c4 is not None else dp
+        ds = step["apply_mask_backward"](step["softmax_backward"](dp, c3), c2)
+        dq, dk = step["attention_scores_backward"](ds, c1)
+        return dq, dk, dv
+
+    return forward, backward
+
+
+def _sdpa_bug(key: str, direction: str, see: str) -> Bug:
+    step = _STEP_BUG[key]
+    fwd, bwd = sdpa_pair(key)
+    return Bug(
+        key,
+        f"scaled_dot_product_attention_{direction}",
+        f"Inside attention: {step.title[0].lower()}{step.title[1:]}",
+        step.wrote,
+        see,
+        fwd if direction == "forward" else bwd,
+        fwd,
+    )
+
+
+_STEP_LIST = [
+    Bug(
+        "softmax_diagonal",
+        "softmax_backward",
+        "The diagonal-only softmax backward dx = p(1-p)·dp",
+        "`p * (1 - p) * dp`, the derivative of each p_i with respect to its own x_i only",
+        "softmax couples a row: dp_i/dx_j = p_i(δ_ij - p_j). Use dx = p * (dp - sum(p * dp, axis=-1, keepdims=True)); "
+        "a test: each row of dx sums to 0 in the correct backward, not in yours",
+        softmax_backward_diagonal,
+    ),
+    Bug(
+        "softmax_mean",
+        "softmax_backward",
+        "The softmax backward with an unweighted mean",
+        "`p * (dp - dp.mean(-1))`, the mean of dp where the p-weighted sum Σ_j p_j dp_j belongs",
+        "the subtracted term is E_p[dp], the average of dp under the weights p, not its plain mean. An all-ones dp "
+        "cannot show it (both give 0 there); a random dp does",
+        softmax_backward_mean,
+    ),
+    Bug(
+        "softmax_nan",
+        "softmax_forward",
+        "A fully masked row gives NaN",
+        "`e = exp(x - x.max(-1)); e / e.sum(-1)`: for a row of -inf, -inf - (-inf) = NaN",
+        "mask a whole row and print it. Shift by 0 where the row max is not finite and divide by 1 where the sum is 0: "
+        "a row with nothing to attend to gets weights 0",
+        softmax_forward_nan,
+    ),
+    Bug(
+        "scores_swapped_dq",
+        "attention_scores_backward",
+        "Swapped transpose in the scores backward: dQ computed from Sᵀ",
+        "`dq = dS.T @ k` (and maybe `dk = dS @ q`)",
+        "S = Q Kᵀ gives dQ = dS K (Lq×Lk @ Lk×d) and dK = dSᵀ Q. Your product only exists when Lq = Lk, and a unit "
+        "check with an all-ones dS cannot see it (that dS equals its transpose): test Lq ≠ Lk with a random dS",
+        scores_backward_swapped_dq,
+    ),
+    Bug(
+        "scores_swapped_dk",
+        "attention_scores_backward",
+        "Swapped transpose in the scores backward: dK computed from S",
+        "`dk = dS @ q` instead of `dS.T @ q`",
+        "dK must be dSᵀ Q (Lk×Lq @ Lq×d); yours only exists when Lq = Lk. Test Lq ≠ Lk with a random upstream gradient",
+        scores_backward_swapped_dk,
+    ),
+    Bug(
+        "scores_no_scale",
+        "attention_scores_backward",
+        "Missing scale in the scores backward",
+        "`dq = dS @ k; dk = dS.T @ q` without multiplying dS by the scale 1/√d",
+        "your gradients are exactly √d times too large (the ratio to the reference is constant); multiply dS by the "
+        "scale first",
+        scores_backward_no_scale,
+    ),
+    Bug(
+        "split_heads_reshape",
+        "split_heads_forward",
+        "split_heads by reshape without the transpose",
+        "`x.reshape(B, H, L, d)` instead of `x.reshape(B, L, H, d).transpose(0, 2, 1, 3)`",
+        "the shapes are right but head h then holds a mix of tokens: look at out[0, 0] next to x[0, :, :d]. A finite-"
+        "difference check of this pair PASSES (reshape is linear): only a comparison with the reference catches it",
+        split_heads_forward_reshape,
+    ),
+    Bug(
+        "split_heads_reshape",
+        "split_heads_backward",
+        "split_heads backward by reshape without the transpose",
+        "`d_out.reshape(B, L, E)`, the mirror of a reshape-only forward",
+        "undo F2 (transpose back to (B, L, H, d)) before undoing F1 (reshape)",
+        split_heads_backward_reshape,
+    ),
+    Bug(
+        "merge_heads_reshape",
+        "merge_heads_forward",
+        "merge_heads by reshape without the transpose",
+        "`x.reshape(B, L, H * d)` straight from (B, H, L, d)",
+        "token l must get the d features of every head at position l: transpose to (B, L, H, d) first",
+        merge_heads_forward_reshape,
+    ),
+    Bug(
+        "merge_heads_reshape",
+        "merge_heads_backward",
+        "merge_heads backward by reshape without the transpose",
+        "`d_out.reshape(B, H, L, d)`",
+        "reshape to (B, L, H, d), then transpose to (B, H, L, d)",
+        merge_heads_backward_reshape,
+    ),
+    Bug(
+        "dropout_no_scale",
+        "dropout_backward",
+        "Dropout backward without the 1/(1-p)",
+        "`d_out * keep_mask`",
+        "your gradient is exactly (1-p) times the reference where kept; the forward multiplied "
+        "by keep_mask / (1-p), so the backward multiplies by the same",
+        dropout_backward_no_scale,
+    ),
+    Bug(
+        "bias_batch_only",
+        "linear_backward",
+        "Bias gradient summed over the batch only",
+        "`db = dy.sum(axis=0)`",
+        "for x of shape (B, L, in) that leaves db with shape (L, out); b is added at every "
+        "position of every batch element, so sum over every axis but the last: dy.reshape(-1, out).sum(0)",
+        linear_backward_bias_batch_only,
+    ),
+    Bug(
+        "embedding_fancy_add",
+        "embedding_backward",
+        "`+=` with repeated indices instead of np.add.at",
+        "`d_table[ids] += d_out`",
+        "with ids = [1, 1] NumPy keeps one of the two writes, so a repeated token's "
+        "gradient is counted once; np.add.at(d_table, ids, d_out) accumulates every occurrence",
+        embedding_backward_fancy_add,
+    ),
+    Bug(
+        "mask_leak",
+        "apply_mask_backward",
+        "The mask backward lets gradient through blocked positions",
+        "`return d_out` (the mask's backward as the identity)",
+        "a blocked score was replaced by -inf, so it cannot change the output: its gradient is 0. Inside attention the "
+        "softmax backward hides this (p = 0 there); a unit check with a random upstream gradient shows it",
+        apply_mask_backward_leak,
+    ),
+]
+_STEP_BUG = {b.key: b for b in _STEP_LIST if b.key in STEP_BUGS}
+
+BUGS: list[Bug] = [
+    *_STEP_LIST,
+    _sdpa_bug("softmax_diagonal", "backward", "check softmax_backward on its own (it sums to 0 over each row)"),
+    _sdpa_bug("softmax_mean", "backward", "check softmax_backward on its own with a random upstream gradient"),
+    _sdpa_bug("softmax_nan", "forward", "mask every key of one query and look at that row of the context"),
+    _sdpa_bug("scores_swapped_dq", "backward", "check attention_scores_backward on its own with Lq ≠ Lk"),
+    _sdpa_bug("scores_swapped_dk", "backward", "check attention_scores_backward on its own with Lq ≠ Lk"),
+    _sdpa_bug("scores_no_scale", "backward", "dq and dk are √d times the reference; dv is right"),
+    *[
+        Bug(
+            "self_attention_paths",
+            "self_attention_backward",
+            "The three self-attention paths not summed",
+            f"dx = {' + '.join(f'd_{p}' for p in paths)}",
+            "x is the query, the key and the value at once, so dx = d_query + d_key + d_value; a finite-difference "
+            "check on x (perturb x everywhere it is used) shows the gap",
+            self_attention_backward_paths(paths),
+            R.self_attention_forward,
+        )
+        for paths in [("query",), ("key",), ("value",), ("query", "key"), ("query", "value"), ("key", "value")]
+    ],
+    Bug(
+        "online_no_rescale",
+        "online_softmax_update",
+        "The running sums are not rescaled when the max grows",
+        "`l + sum(exp(s - m_new))` and `acc + exp(s - m_new) @ v`",
+        "l and acc were accumulated relative to the old max; multiply both by exp(m_old - m_new) before adding the new "
+        "block. Scores that grow from block to block show it",
+        online_update_no_rescale,
+    ),
+    Bug(
+        "online_nan",
+        "online_softmax_update",
+        "A row that has seen only -inf gives NaN",
+        "`alpha = exp(m - m_new)` with m = m_new = -inf",
+        "exp(-inf - (-inf)) = NaN: use 0 in place of a max that is "
+        "not finite (the row's l and acc are still 0, so any finite shift is right)",
+        online_update_nan,
+    ),
+]
+
+
+def find(key: str, function: str | None = None) -> Bug:
+    """The bug ``key`` (for ``function`` when a key covers a forward and a backward)."""
+    for bug in BUGS:
+        if bug.key == key and (function is None or bug.function == function):
+            return bug
+    raise KeyError(key)
+
+
+def for_function(function: str) -> list[Bug]:
+    return [b for b in BUGS if b.function == function]
+
+
+MODULE_BUGS = {  # key -> {the pair function it replaces: the buggy function}, for self_attention_pair
+    "bias_batch_only": {"linear_backward": linear_backward_bias_batch_only},
+    "split_heads_reshape": {
+        "split_heads_forward": split_heads_forward_reshape,
+        "split_heads_backward": split_heads_backward_reshape,
+    },
+    "merge_heads_reshape": {
+        "merge_heads_forward": merge_heads_forward_reshape,
+        "merge_heads_backward": merge_heads_backward_reshape,
+    },
+}
+
+
+def self_attention_pair(*keys: str):
+    """(forward, backward) of self-attention composed from the pairs, with the steps ``keys`` name buggy.
+
+    forward(x, params, num_heads, mask=None, dropout_p=0.0, keep_mask=None) -> (out, cache), x (B, L, E);
+    backward(d_out, cache) -> {"x", "W_q", ..., "b_o"}. Keys: those of STEP_BUGS and MODULE_BUGS, and
+    "self_attention_paths" (dx keeps the query path only).
+    """
+    step = {"linear_backward": F.linear_backward, "split_heads_forward": F.split_heads_forward}
+    step.update(split_heads_backward=F.split_heads_backward, merge_heads_forward=F.merge_heads_forward)
+    step.update(merge_heads_backward=F.merge_heads_backward)
+    for key in keys:
+        step.update(MODULE_BUGS.get(key, {}))
+    attend, attend_back = sdpa_pair(*(k for k in keys if k in STEP_BUGS))
+    paths = ("query",) if "self_attention_paths" in keys else ("query", "key", "value")
+
+    def forward(x, params, num_heads, mask=None, dropout_p=0.0, keep_mask=None):
+        proj = {n: F.linear_forward(x, params[f"W_{n[0]}"], params[f"b_{n[0]}"]) for n in ("query", "key", "value")}
+        heads = {n: step["split_heads_forward"](y, num_heads) for n, (y, _) in proj.items()}  # (B, H, L, d) each
+        ctx, c_att = attend(*(h for h, _ in heads.values()), mask, None, dropout_p, keep_mask)  # (B, H, L, d)
+        merged, c_merge = step["merge_heads_forward"](ctx)  # (B, L, E)
+        out, c_out = F.linear_forward(merged, params["W_o"], params["b_o"])
+        return out, (proj, heads, c_att, c_merge, c_out)
+
+    def backward(d_out, cache):
+        proj, heads, c_att, c_merge, c_out = cache
+        grads = {}
+        d_merged, grads["W_o"], grads["b_o"] = step["linear_backward"](d_out, c_out)
+        d_heads = attend_back(step["merge_heads_backward"](d_merged, c_merge), c_att)  # dq, dk, dv
+        dx = {}
+        for (n, (_, c_proj)), d_h in zip(proj.items(), d_heads):
+            d_y = step["split_heads_backward"](d_h, heads[n][1])  # (B, L, E)
+            dx[n], grads[f"W_{n[0]}"], grads[f"b_{n[0]}"] = step["linear_backward"](d_y, c_proj)
+        return {"x": sum(dx[p] for p in paths), **grads}
+
+    return forward, backward

@@ -1,0 +1,168 @@
+"""The checker: a correct file passes, each known bug is caught with its diagnosis, the CLI's exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mha_numpy.checker import NOT_DONE, bugs, check_file, check_namespace
+from mha_numpy.checker import reference as R
+from mha_numpy.checker.cases import PAIRS
+from mha_numpy.checker.runner import reference_pair
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS = ROOT / "exercises" / "solutions"
+BUGGY = Path(__file__).parent / "data" / "students" / "buggy_softmax_scores.py"
+
+
+def correct_namespace() -> dict:
+    """Every function the checker knows, written correctly: the exercise solutions."""
+    ns: dict = {}
+    for path in sorted(SOLUTIONS.glob("*.py")):
+        ns.update({k: v for k, v in vars(_load(path)).items() if callable(v)})
+    return ns
+
+
+def _load(path: Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _spec(name: str):
+    return next(p for p in PAIRS if p.name == name)
+
+
+def _pair(function: str) -> str:
+    return "online_softmax" if function == "online_softmax_update" else function.rsplit("_", 1)[0]
+
+
+def test_the_solutions_pass_every_function_the_checker_knows():
+    report = check_namespace(correct_namespace())
+    names = {r.function for r in report.rows}
+    expected = {f"{p.name}_{s}" for p in PAIRS for s in ("forward", "backward")} | {"online_softmax_update"}
+    assert names == expected, f"the solutions miss {expected - names}"
+    assert report.passed, str(report)
+
+
+@pytest.mark.parametrize("bug", bugs.BUGS, ids=lambda b: f"{b.function}:{b.key}:{b.wrote[:20]}")
+def test_each_known_bug_is_caught_with_its_diagnosis(bug):
+    ns = correct_namespace()
+    ns[bug.function] = bug.impl
+    if bug.function.endswith("_backward"):  # the forward whose cache the buggy backward reads
+        ns[bug.function.replace("_backward", "_forward")] = bug.forward or reference_pair(_spec(bug.pair))[0]
+    report = check_namespace(ns, only=[_pair(bug.function)])
+    row = report[bug.function]
+    assert row.status == "FAIL"
+    assert row.bug == bug, f"diagnosed {row.bug and row.bug.title!r}, expected {bug.title!r}: {row.detail}"
+    assert bug.wrote in str(report)
+    others = [
+        r.function
+        for r in report.rows
+        if r.function != bug.function and r.status != "PASS" and "fix " + bug.function not in r.detail
+    ]
+    assert not others, f"only {bug.function} should fail, also failed: {others}"
+
+
+def test_a_correct_function_gets_no_diagnosis_when_another_one_fails():
+    ns = correct_namespace()
+    ns["softmax_backward"] = bugs.softmax_backward_diagonal
+    report = check_namespace(ns, only=["softmax", "linear"])
+    assert report["softmax_forward"].status == "PASS" and report["linear_backward"].status == "PASS"
+    assert report["linear_backward"].bug is None and not report.passed
+
+
+def test_not_implemented_is_not_done_yet_not_a_crash():
+    def blank(*args):
+        raise NotImplementedError
+
+    report = check_namespace({"softmax_forward": blank, "softmax_backward": blank, "online_softmax_update": blank})
+    assert [r.status for r in report.rows] == [NOT_DONE] * 3
+    assert not report.passed
+
+
+def test_the_composed_attention_without_bugs_is_the_reference():
+    from mha_numpy import functional as F
+
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((2, 2, 3, 4)), rng.standard_normal((2, 2, 5, 4)), rng.standard_normal((2, 2, 5, 4))
+    mask = rng.random((2, 1, 3, 5)) > 0.3
+    fwd, bwd = bugs.sdpa_pair()
+    out, cache = fwd(q, k, v, mask)
+    ref, ref_cache = F.scaled_dot_product_attention_forward(q, k, v, mask)
+    d = rng.standard_normal(out.shape)
+    assert np.abs(out - ref).max() <= 1e-14 * np.abs(ref).max()
+    for a, b in zip(bwd(d, cache), F.scaled_dot_product_attention_backward(d, ref_cache)):
+        assert np.abs(a - b).max() <= 1e-14 * np.abs(b).max()
+
+
+def test_online_softmax_reference_loop_matches_the_direct_softmax_with_the_solution():
+    update = correct_namespace()["online_softmax_update"]
+    rng = np.random.default_rng(3)
+    s, v = rng.standard_normal((2, 3, 7)), rng.standard_normal((2, 7, 4))
+    s[0, 0, :] = -np.inf
+    got = R.online_softmax_attention(update, s, v, 3)
+    assert np.abs(got - R.direct_attention(s, v)).max() <= 1e-14 and np.all(got[0, 0] == 0)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mha_numpy", "check", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_cli_on_a_buggy_file_prints_the_diagnoses_and_exits_1():
+    r = run_cli(str(BUGGY))
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert any(line.startswith("softmax_forward") and "FAIL" in line for line in lines)
+    assert "A fully masked row gives NaN" in r.stdout
+    assert "The diagonal-only softmax backward" in r.stdout
+    assert "dQ computed from Sᵀ" in r.stdout
+    assert any(line.startswith("linear_backward") and NOT_DONE in line for line in lines)
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_cli_on_the_solutions_exits_0(tmp_path):
+    student = tmp_path / "student.py"
+    student.write_text("".join(p.read_text() for p in sorted(SOLUTIONS.glob("*.py"))))
+    r = run_cli(str(student))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "FAIL" not in r.stdout
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "no such file"),
+        ("def softmax_forward(x):\n    return x +\n", "syntax error"),
+        ("import nope_xyz\n", "import"),
+    ],
+)
+def test_cli_a_file_it_cannot_load_is_one_line_and_exit_2(tmp_path, content, message):
+    path = tmp_path / "student.py"
+    if content is not None:
+        path.write_text(content)
+    r = run_cli(str(path))
+    assert r.returncode == 2
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""
+
+
+def test_check_file_from_python_returns_a_printable_report():
+    report = check_file(BUGGY)
+    assert not report.passed and "softmax_backward" in str(report)
+    assert report["softmax_backward"].bug.key == "softmax_diagonal"
+
+
+def test_functions_of_unknown_pairs_are_listed_not_failed():
+    ns = {"softmax_forward": correct_namespace()["softmax_forward"], "my_helper_forward": lambda x: (x, None)}
+    report = check_namespace(ns)
+    assert report.passed and report.ignored == ["my_helper_forward"]
+    assert "my_helper_forward" in str(report)
