@@ -1,17 +1,21 @@
-"""The NumPy BERT against transformers.BertModel: sentences per second, all-MiniLM-L6-v2, float32, same threads.
+"""The NumPy BERT against transformers.BertModel: all-MiniLM-L6-v2, sentences per second, same threads.
 
-    python benchmarks/bench_bert.py            # batch 32 × ~20 tokens and 4 × ~256 tokens
+    python benchmarks/bench_bert.py                          # batch 32 × ~20 tokens and 4 × ~256 tokens, 2 threads
+    python benchmarks/bench_bert.py --batch 16 --length 32 --threads 1 2 --dtype float32
 
 Inference (``mha_numpy.bert.BertModel(ids, mask, types)`` against ``transformers.BertModel`` under
-``torch.no_grad``, eager and sdpa attention), and forward + backward when ``BertModel.backward`` exists
-(``model.forward(...) -> (output, cache)``, ``model.backward(d_last_hidden_state, cache)``; torch: backward of
-the last hidden state into every parameter). Before timing, the last hidden states must agree (float32: 1e-4
-relative to the largest). The three run in interleaved rounds; the table gives sentences per second and our time
-over each transformers variant's, with the spread over rounds.
+``torch.no_grad``, eager and sdpa attention) and forward + backward (``BertModel.forward`` + ``BertModel.backward``,
+every parameter gradient, against ``last_hidden_state.backward`` with every parameter requiring a gradient, eval
+mode). The same weights (transformers loads the same directory), the same sentences (tokenized with the model's
+own tokenizer; padded to the longest), the same upstream gradient. NumPy's BLAS threads (threadpoolctl) and
+``torch.set_num_threads`` are set to the same count. Before timing, the last hidden states must agree (1e-4
+relative to the largest in float32). Ours and the two transformers variants run in interleaved rounds; the table
+gives sentences per second and our time over each variant's (median of the per-round ratios, min..max).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -19,6 +23,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench_compare import interleaved, ratio_spread  # noqa: E402
 
@@ -35,19 +41,26 @@ def sentences(n: int, tokens: int) -> list[str]:
     return [" ".join(rng.choice(WORDS, size=tokens - 2 - int(rng.integers(0, 3)))) for _ in range(n)]
 
 
-def run(batches=BATCHES, rounds: int = 3, threads: int = 2) -> list[dict]:
+def run(batches=BATCHES, rounds: int = 3, threads: int = 2, dtype: str = "float32") -> list[dict]:
     import torch
     import transformers
+    from threadpoolctl import threadpool_limits
 
+    transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(threads)
-    ours = BertModel.from_pretrained()
+    ours = BertModel.from_pretrained(dtype=np.dtype(dtype))
     theirs = {
         impl: transformers.BertModel.from_pretrained(
-            str(default_model_dir()), attn_implementation=impl, dtype=torch.float32
+            str(default_model_dir()), attn_implementation=impl, dtype=getattr(torch, dtype)
         ).eval()
         for impl in ("eager", "sdpa")
     }
-    modes = ["inference"] + (["forward+backward"] if hasattr(BertModel, "backward") else [])
+    with threadpool_limits(limits=threads, user_api="blas"):
+        return _run(ours, theirs, torch, batches, rounds, threads)
+
+
+def _run(ours, theirs, torch, batches, rounds, threads) -> list[dict]:
+    modes = ["inference", "forward+backward"]
     rows = []
     for n, tokens in batches:
         inputs = ours.tokenize(sentences(n, tokens))
@@ -60,15 +73,16 @@ def run(batches=BATCHES, rounds: int = 3, threads: int = 2) -> list[dict]:
             print(f"  BERT {n} × {ids.shape[1]} tokens: transformers {impl} agrees with ours to {err:.1e}", flush=True)
             if err > 1e-4:
                 raise SystemExit(f"transformers {impl} disagrees with the NumPy BERT ({err:.1e}): not timed")
-        d = np.random.default_rng(0).standard_normal(ref.shape).astype(np.float32)
+        d = np.random.default_rng(0).standard_normal(ref.shape).astype(ours.dtype)
         for mode in modes:
             fns = {"numpy": _ours(ours, ids, mask, types, d, mode)}
             fns.update({f"torch-{impl}": _theirs(torch, m, feed, d, mode) for impl, m in theirs.items()})
             t = interleaved(fns, rounds)
             for impl in theirs:
                 ratio, lo, hi = ratio_spread(t["numpy"], t[f"torch-{impl}"])
-                rows.append(dict(batch=n, tokens=ids.shape[1], mode=mode, vs=impl, ratio=ratio, lo=lo, hi=hi,
-                                 ours_sps=n / min(t["numpy"]), theirs_sps=n / min(t[f"torch-{impl}"])))  # fmt: skip
+                sps = {"ours_sps": n / min(t["numpy"]), "theirs_sps": n / min(t[f"torch-{impl}"])}
+                rows.append(dict(batch=n, tokens=ids.shape[1], threads=threads, mode=mode, vs=impl, ratio=ratio,
+                                 lo=lo, hi=hi, **sps))  # fmt: skip
                 r = rows[-1]
                 print(f"  BERT {n} × {r['tokens']} {mode}: numpy {r['ours_sps']:.1f} sentences/s, torch-{impl} "
                       f"{r['theirs_sps']:.1f}; time ratio {ratio:.2f}× [{lo:.2f}..{hi:.2f}]", flush=True)  # fmt: skip
@@ -104,13 +118,29 @@ def _theirs(torch, model, feed, d, mode):
 
 
 def table(rows: list[dict]) -> list[str]:
-    lines = ["| batch × tokens | mode | numpy sentences/s | transformers | its sentences/s | numpy / its time "
-             "| spread |",
-             "| --- | --- | ---: | --- | ---: | ---: | --- |"]  # fmt: skip
-    lines += [f"| {r['batch']} × {r['tokens']} | {r['mode']} | {r['ours_sps']:.1f} | {r['vs']} | "
+    lines = ["| batch × tokens | threads | mode | numpy sentences/s | transformers | its sentences/s "
+             "| numpy / its time | spread |",
+             "| --- | ---: | --- | ---: | --- | ---: | ---: | --- |"]  # fmt: skip
+    lines += [f"| {r['batch']} × {r['tokens']} | {r['threads']} | {r['mode']} | {r['ours_sps']:.1f} | {r['vs']} | "
               f"{r['theirs_sps']:.1f} | {r['ratio']:.2f}× | {r['lo']:.2f}..{r['hi']:.2f} |" for r in rows]  # fmt: skip
     return lines
 
 
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=None, help="one batch of this many sentences (with --length)")
+    p.add_argument("--length", type=int, default=32, help="about this many tokens per sentence")
+    p.add_argument("--threads", type=int, nargs="+", default=[2])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    args = p.parse_args(argv)
+    batches = [(args.batch, args.length)] if args.batch else BATCHES
+    rows = [r for threads in args.threads for r in run(batches, args.rounds, threads, args.dtype)]
+    print("\n".join(table(rows)))
+    return 0
+
+
 if __name__ == "__main__":
-    print("\n".join(table(run())))
+    sys.exit(main())

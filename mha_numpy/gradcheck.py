@@ -16,6 +16,7 @@ import numpy as np
 from . import functional as F
 from ._checks import as_generator
 from .attention import MultiHeadAttention
+from .models import layers as LY
 
 
 def numerical_gradient(f: Callable[[np.ndarray], np.ndarray], x: np.ndarray, d_out: np.ndarray, eps: float = 1e-6):
@@ -115,15 +116,16 @@ class GradcheckReport:
         return row
 
     def __str__(self) -> str:
+        w = max([10, *(len(r.name) for r in self.rows)])
         head = (
-            f"{'name':<10} {'shape':<16} {'max abs err':>11} {'max rel err':>11} "
+            f"{'name':<{w}} {'shape':<16} {'max abs err':>11} {'max rel err':>11} "
             f"{'worst index':<16} {'numerical':>13} {'analytic':>13}  ok"
         )
         lines = [head, "-" * len(head)]
         for r in self.rows:
             rel = " zero grad" if r.zero_gradient else f"{r.max_rel_err:11.2e}"
             lines.append(
-                f"{r.name:<10} {str(r.shape):<16} {r.max_abs_err:11.2e} {rel:>11} "
+                f"{r.name:<{w}} {str(r.shape):<16} {r.max_abs_err:11.2e} {rel:>11} "
                 f"{str(r.worst_index):<16} {r.numerical:13.6e} {r.analytic:13.6e}  {'PASS' if r.passed else 'FAIL'}"
             )
         lines.append(f"pass rule: |analytic - numerical| <= {self.atol:g} + {self.rtol:g} * |numerical|, element-wise")
@@ -287,4 +289,39 @@ def check_functional(
         dict(q=randn(B, H, Lq, d), k=randn(B, H, Lk, d), v=randn(B, H, Lk, d)),
         ["q", "k", "v"],
     )
+    _check_block_pairs(check, randn, gen, B, Lq, E)
     return r
+
+
+def _check_block_pairs(check, randn, gen, B: int, L: int, E: int) -> None:
+    """The rows of the non-attention pairs of ``models.layers`` (the rest of a Transformer block)."""
+    I, V = 2 * E + 1, 7
+    check("add", LY.add_forward, LY.add_backward, dict(a=randn(B, L, E), b=randn(B, L, E)), ["a", "b"])
+    ids = gen.integers(0, V, (B, L))
+    ids[0, :2] = 3  # a repeated id: its gradient rows must accumulate
+    check("embedding", LY.embedding_forward, LY.embedding_backward, dict(ids=ids, table=randn(V, E)), ["table"])
+    check(
+        "bert_embeddings",
+        LY.bert_embeddings_forward,
+        LY.bert_embeddings_backward,
+        dict(
+            input_ids=ids,
+            token_type_ids=gen.integers(0, 2, (B, L)),
+            word=randn(V, E),
+            position=randn(L + 2, E),
+            token_type=randn(2, E),
+        ),  # fmt: skip
+        ["word", "position", "token_type"],
+    )
+    ln_inputs = dict(x=randn(B, L, E), gamma=randn(E), beta=randn(E))
+    check("layer_norm", lambda **kw: LY.layer_norm_forward(**kw, eps=1e-5), LY.layer_norm_backward, ln_inputs,
+          ["x", "gamma", "beta"])  # fmt: skip
+    for approximate in ("none", "tanh"):
+        name = "gelu" if approximate == "none" else "gelu_tanh"
+        gelu = lambda x, a=approximate: LY.gelu_forward(x, a)  # noqa: E731
+        check(name, gelu, LY.gelu_backward, dict(x=3 * randn(B, L, I)), ["x"])
+    ffn_inputs = dict(x=randn(B, L, E), W1=randn(I, E), b1=randn(I), W2=randn(E, I), b2=randn(E))
+    check("feed_forward", LY.feed_forward_forward, LY.feed_forward_backward, ffn_inputs, list(ffn_inputs))
+    keep = np.ones((B, L), np.int64)
+    keep[-1, L // 2 :] = 0  # padding in the last sequence
+    check("mean_pool", lambda x: LY.mean_pool_forward(x, keep), LY.mean_pool_backward, dict(x=randn(B, L, E)), ["x"])

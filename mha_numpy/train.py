@@ -101,6 +101,41 @@ class Adam:
             p -= self.lr * m_hat / (np.sqrt(v_hat) + self.eps)
 
 
+class AdamW(Adam):
+    """Adam with decoupled weight decay, as torch.optim.AdamW: first p ← p · (1 - lr · weight_decay), then
+    the Adam step. Names in ``no_decay`` (e.g. biases and LayerNorm weights, as BERT fine-tuning does) are
+    not decayed. ``lr`` may be changed between steps (a schedule: ``warmup_linear``)."""
+
+    def __init__(
+        self,
+        params: dict[str, np.ndarray],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        no_decay: tuple[str, ...] | set[str] = (),
+    ) -> None:
+        super().__init__(params, lr, betas, eps)
+        if not weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        self.weight_decay, self.no_decay = weight_decay, set(no_decay)
+
+    def step(self, grads: dict[str, np.ndarray]) -> None:
+        """Decay, then the Adam update; every parameter in place."""
+        for name, p in self.params.items():
+            if name not in self.no_decay:
+                p *= 1 - self.lr * self.weight_decay
+        super().step(grads)
+
+
+def warmup_linear(step: int, total: int, warmup: int) -> float:
+    """The learning-rate factor of step ``step`` (0-based, as torch's LambdaLR sees it): a linear rise over
+    ``warmup`` steps, then a linear decay to 0 at ``total`` (BERT's schedule)."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    return max(0.0, (total - step) / max(1, total - warmup))
+
+
 # --------------------------------------------------------------------------- toy tasks
 
 TASKS = ("reverse", "shift")
@@ -216,6 +251,7 @@ def train(
     snapshot_steps: tuple[int, ...] | None = None,
     eval_size: int = 1000,
     log: Callable[[str], None] | None = print,
+    block: str | None = None,
 ) -> TrainResult:
     """Train a ``TinyAttentionModel`` on a toy task with fresh random batches; print progress via ``log``.
 
@@ -223,12 +259,15 @@ def train(
     snapshot_steps: steps after which to store the attention maps (default: 0, i.e. before training,
     and after 5%, 15%, 40% and 100% of the steps). The seed fixes the initial weights, every batch
     and the held-out evaluation batch (``eval_size`` sequences) behind ``accuracy`` and the maps.
+    block: None (attention + residual) or "post" / "pre": a full Transformer block (LayerNorm, feed-forward).
     """
     if optimizer not in ("adam", "sgd"):
         raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
     seq_init, seq_data, seq_eval = np.random.SeedSequence(seed).spawn(3)
     data_rng = np.random.default_rng(seq_data)
-    model = TinyAttentionModel(vocab_size, length, embed_dim, num_heads, rng=np.random.default_rng(seq_init))
+    model = TinyAttentionModel(
+        vocab_size, length, embed_dim, num_heads, rng=np.random.default_rng(seq_init), block=block
+    )
     opt = Adam(model.params, lr=lr) if optimizer == "adam" else SGD(model.params, lr=lr, momentum=momentum)
     eval_tokens, eval_targets = make_batch(task, np.random.default_rng(seq_eval), eval_size, length, vocab_size, shift)
     if snapshot_steps is None:
@@ -254,6 +293,7 @@ def train(
     config = dict(
         task=task, length=length, vocab_size=vocab_size, embed_dim=embed_dim, num_heads=num_heads, steps=steps,
         batch_size=batch_size, optimizer=optimizer, lr=lr, max_grad_norm=max_grad_norm, shift=shift, seed=seed,
+        block=block,
     )  # fmt: skip
     ideal = ideal_attention(task, length, shift)
     return TrainResult(model, task, history, attention, snapshots, accuracy, ideal, config)

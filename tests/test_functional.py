@@ -200,8 +200,10 @@ def test_check_functional_covers_every_pair():
     report = check_functional()
     assert report.passed, str(report)
     pairs = {row.name.split(":")[0] for row in report.rows}
-    expected = {"linear", "split", "merge", "scores", "mask", "softmax", "dropout", "context", "sdpa"}
-    assert pairs == expected | {"repeat_kv", "rope"}
+    attention = {"linear", "split", "merge", "scores", "mask", "softmax", "dropout", "context", "sdpa"}
+    variants = {"repeat_kv", "rope"}
+    block = {"add", "embedding", "bert_embeddings", "layer_norm", "gelu", "gelu_tanh", "feed_forward", "mean_pool"}
+    assert pairs == attention | variants | block
 
 
 def test_float32_stays_float32_through_every_pair():

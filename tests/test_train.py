@@ -107,6 +107,34 @@ def test_model_parameter_gradients_against_central_differences():
     assert_tight(report)
 
 
+@pytest.mark.parametrize("block", ["post", "pre"])
+def test_full_block_model_gradients_against_central_differences(block):
+    """The tiny model with a whole Transformer block (LayerNorm, feed-forward): every parameter."""
+    rng = np.random.default_rng(6)
+    model = TinyAttentionModel(5, 4, embed_dim=8, num_heads=2, rng=rng, block=block)
+    for name, p in model.params.items():  # nonzero biases, LayerNorm gains away from 1
+        p[...] += rng.normal(0, 0.3, p.shape) if ("bias" in name or "LayerNorm" in name) else 0.0
+    assert "block.output.LayerNorm.weight" in model.params and "W_q" not in model.params
+    assert model.mha.params["W_q"] is model.params["block.attention.self.query.weight"]
+    tokens = np.array([[1, 3, 1, 0], [4, 4, 2, 1], [0, 1, 2, 3]])
+    logits, cache = model.forward(tokens)
+    assert cache.attn_weights.shape == (3, 2, 4, 4)
+    d_logits = rng.standard_normal(logits.shape)
+    grads = model.backward(d_logits, cache)
+    assert list(grads) == list(model.params) and len(grads) == 4 + 16
+    report = GradcheckReport()
+    for name, param in model.params.items():
+        report.add(name, grads[name], numerical_gradient(lambda _p: model.forward(tokens)[0], param, d_logits))
+    assert_tight(report)
+
+
+def test_full_block_model_trains_on_reverse():
+    result = T.train("reverse", steps=150, block="pre", seed=0, log=None, eval_size=200)
+    assert result.accuracy >= 0.9 and result.config["block"] == "pre"
+    with pytest.raises(ValueError, match="block"):
+        TinyAttentionModel(5, 4, block="sandwich")
+
+
 def test_model_loss_gradients_against_central_differences():
     """The loss itself (d_loss = 1) through cross-entropy, read-out, attention and embeddings."""
     model, rng = small_model(seed=5, num_heads=1)

@@ -4,8 +4,6 @@
   array is query, key and value, so its gradient is the sum of the three paths).
 - ``online_softmax_attention``: drives a student's ``online_softmax_update`` over key blocks, as the
   chunked kernel does, so the result can be compared with a direct softmax.
-- ``layer_norm_forward``: a fallback built on ``models.layers.layer_norm`` for as long as that module
-  has no ``layer_norm_forward`` pair; its backward is then judged by finite differences alone.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ import numpy as np
 
 from .. import functional as F
 from ..attention import MultiHeadAttention
-from ..models import layers
 
 
 def self_attention_forward(x: np.ndarray, params: dict, num_heads: int, mask=None):
@@ -52,8 +49,3 @@ def online_softmax_attention(update, scores: np.ndarray, v: np.ndarray, block: i
     for j in range(0, scores.shape[-1], block):
         m, l_sum, acc = update(m, l_sum, acc, scores[..., j : j + block], v[..., j : j + block, :])
     return acc / np.where(l_sum > 0, l_sum, 1.0)  # (..., Lq, dv)
-
-
-def layer_norm_forward(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float = 1e-12):
-    """Fallback reference forward (no backward): x (..., E), gamma, beta (E,) -> (..., E), cache None."""
-    return layers.layer_norm(x, gamma, beta, eps), None

@@ -51,7 +51,7 @@ def reference_pair(pair: cases.Pair):
     """(forward, backward or None) of the reference, looked up by name (a later pair is picked up when it lands)."""
     home = importlib.import_module(pair.home)
     fwd, bwd = getattr(home, f"{pair.name}_forward", None), getattr(home, f"{pair.name}_backward", None)
-    if fwd is None:  # e.g. layer_norm before models.layers has the pair: finite differences only
+    if fwd is None:  # a pair its home does not have (yet): a forward in checker.reference, finite differences only
         return getattr(R, f"{pair.name}_forward"), None
     return fwd, bwd
 

@@ -4,6 +4,6 @@ Commands import their heavy dependencies (matplotlib, torch, ...) inside ``run``
 ``python -m mha_numpy --help`` stays fast and works without them.
 """
 
-from . import bert, check, crosscheck, gradcheck, tour, train
+from . import bert, check, crosscheck, finetune, gradcheck, tour, train
 
-COMMANDS = [tour, gradcheck, bert, crosscheck, train, check]
+COMMANDS = [tour, gradcheck, bert, crosscheck, train, finetune, check]

@@ -52,6 +52,13 @@ def add_parser(sub) -> None:
     g.add_argument("--embed-dim", type=positive_int, default=32, help="embed dim E (default %(default)s)")
     g.add_argument("--heads", type=positive_int, default=1, help="number of heads H (default %(default)s)")
     g.add_argument("--shift", type=int, default=1, help="k for --task shift (default %(default)s)")
+    g.add_argument(
+        "--block",
+        choices=("none", "post", "pre"),
+        default="none",
+        help="none: attention + residual; post / pre: a full Transformer block with LayerNorm and feed-forward "
+        "(post- or pre-norm) (default %(default)s)",
+    )
     g = p.add_argument_group("optimisation")
     g.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="(default %(default)s)")
     g.add_argument("--lr", type=positive_float, default=None, help="learning rate (default 3e-3 for adam, 0.1 for sgd)")
@@ -94,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         shift=args.shift,
         seed=args.seed,
         log_every=args.log_every,
+        block=None if args.block == "none" else args.block,
     )
     seconds = time.perf_counter() - start
     share = attention_share(result.attention, result.ideal)

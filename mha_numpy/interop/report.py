@@ -84,12 +84,13 @@ class CrosscheckReport:
         return row
 
     def __str__(self) -> str:
-        head = f"{'quantity':<22} {'theirs':<34} {'shape':<15} {'max abs err':>11} {'max rel err':>11}  ok"
+        w = max([22, *(len(r.name) for r in self.rows)])  # long names (a BERT checkpoint's) keep the columns
+        head = f"{'quantity':<{w}} {'theirs':<34} {'shape':<15} {'max abs err':>11} {'max rel err':>11}  ok"
         lines = [f"{self.title}  [{self.dtype.name}, pass: max rel err <= {self.rtol:g}]", head, "-" * len(head)]
         for r in self.rows:
             rel = "  zero grad" if r.zero else f"{r.max_rel_err:11.2e}"
             lines.append(
-                f"{r.name:<22} {r.theirs:<34} {str(r.shape):<15} {r.max_abs_err:11.2e} {rel:>11}  "
+                f"{r.name:<{w}} {r.theirs:<34} {str(r.shape):<15} {r.max_abs_err:11.2e} {rel:>11}  "
                 f"{'PASS' if r.passed else 'FAIL'}" + (f"  ({r.note})" if r.note else "")
             )
         lines += self.notes

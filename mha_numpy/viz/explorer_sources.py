@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import masks
 from .explorer import ExplorerPage, explorer_html
 
 
@@ -66,32 +67,13 @@ def explore_attention(
 
 
 def bert_caches(model, inputs) -> tuple[object, list]:
-    """Run ``model`` (a ``BertModel``) on ``inputs`` (BertInputs) -> (BertOutput, one attention cache per layer).
-
-    Each layer's ``MultiHeadAttention.forward`` is wrapped for this one call to keep the cache it returns.
-    """
-    caches: list = []
-    for layer in model.layers:
-        forward = layer.attention.forward
-
-        def keep(*args, _forward=forward, **kwargs):
-            out, cache = _forward(*args, **kwargs)
-            caches.append(cache)
-            return out, cache
-
-        layer.attention.forward = keep  # an instance attribute, shadowing the method for this call
-    try:
-        out = model(inputs.input_ids, inputs.attention_mask, inputs.token_type_ids)
-    finally:
-        for layer in model.layers:
-            del layer.attention.forward
-    return out, caches
+    """Run ``model`` (a ``BertModel``) on ``inputs`` (BertInputs) -> (BertOutput, one attention cache per layer)."""
+    out, cache = model.forward(inputs.input_ids, inputs.attention_mask, inputs.token_type_ids)
+    return out, [layer.attention for layer in cache.layers]  # each layer's MHACache
 
 
 def explore_bert(model, text: str, *, title: str | None = None) -> ExplorerPage:
     """The explorer of a ``BertModel`` on one sentence: every layer and head, with the neuron view."""
-    from .. import masks
-
     inputs = model.tokenize(text)
     _, caches = bert_caches(model, inputs)
     pairs = [(layer.attention, c) for layer, c in zip(model.layers, caches)]

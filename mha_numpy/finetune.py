@@ -1,0 +1,160 @@
+"""Fine-tune the pretrained MiniLM in NumPy: a sentence task, AdamW with warm-up, the hand-written backward.
+
+The task ("sentiment"): template sentences about a thing, e.g. "i thought the concert was really dreadful .";
+the label (0 = negative, 1 = positive) is decided by one adjective, the word the model must attend to.
+Held-out sentences use templates, adjectives and nouns that never occur in training, so the accuracy
+measures what the model learned about the word's meaning, not the templates.
+
+The loop: ``BertClassifier`` (mean pooling + a linear head) on all 6 layers, softmax cross-entropy, gradient
+clipping by global norm, AdamW (no decay on biases and LayerNorm weights) with a linear warm-up and decay.
+The word-embedding table (12M of MiniLM's 22M parameters) is frozen: the held-out words' rows would get no
+gradient anyway, and moving only the training words' rows would pull them away from the held-out ones.
+``model.params`` are updated in memory only; the weights on disk are never written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .models.bert import BertModel
+from .models.classifier import BertClassifier
+from .train import AdamW, clip_grad_norm, global_norm, one_blas_thread, warmup_linear
+
+TASK = "sentiment"
+POSITIVE = {
+    "train": "good great wonderful excellent lovely pleasant delightful fantastic nice superb".split(),
+    "heldout": "amazing brilliant marvelous charming splendid perfect enjoyable beautiful".split(),
+}
+NEGATIVE = {
+    "train": "bad terrible awful horrible poor dreadful nasty unpleasant miserable disappointing".split(),
+    "heldout": "boring dull ugly annoying pathetic rotten weak sad".split(),
+}
+NOUNS = {
+    "train": "movie meal hotel concert book trip show game dinner party".split(),
+    "heldout": "song play hike class museum lecture flight room coffee album".split(),
+}
+TEMPLATES = {
+    "train": [
+        "the {noun} was {adj} .",
+        "i thought the {noun} was really {adj} .",
+        "what a {adj} {noun} that was !",
+        "everyone agreed that the {noun} felt {adj} .",
+        "we all found the {noun} {adj} yesterday .",
+        "my sister said the {noun} was {adj} .",
+    ],
+    "heldout": [
+        "honestly , the {noun} seemed {adj} to me .",
+        "after a long day , that {noun} was simply {adj} .",
+        "our neighbours called the {noun} {adj} .",
+        "it was such a {adj} {noun} .",
+    ],
+}
+
+
+def make_sentences(split: str, n: int, rng: np.random.Generator) -> tuple[list[str], np.ndarray, list[str]]:
+    """n sentences of ``split`` ('train' or 'heldout'), half positive: -> texts, labels (n,) int64, key adjectives."""
+    if split not in TEMPLATES:
+        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    labels = rng.permutation(np.arange(n) % 2)
+    texts, words = [], []
+    for label in labels:
+        adj = rng.choice((POSITIVE if label else NEGATIVE)[split])
+        template, noun = rng.choice(TEMPLATES[split]), rng.choice(NOUNS[split])
+        texts.append(template.format(noun=noun, adj=adj))
+        words.append(str(adj))
+    return texts, labels.astype(np.int64), words
+
+
+def no_decay_names(params) -> set[str]:
+    """Biases and LayerNorm weights: not decayed (as in BERT's fine-tuning recipe)."""
+    return {n for n in params if n.endswith(".bias") or "LayerNorm" in n}
+
+
+@dataclass
+class FinetuneResult:
+    """history: per step "step", "loss", "accuracy" (on that step's batch, before the update), "grad_norm", "lr".
+    accuracy / accuracy_before: on the held-out sentences after / before fine-tuning.
+    example: a held-out sentence, its tokens, its key word's position and its attentions (layers, H, L, L)
+    before and after."""
+
+    classifier: BertClassifier
+    history: dict[str, list]
+    accuracy: float
+    accuracy_before: float
+    example: dict
+    config: dict = field(default_factory=dict)
+
+
+def evaluate(clf: BertClassifier, texts: list[str], labels: np.ndarray, batch_size: int = 64) -> float:
+    """Accuracy of ``clf`` (eval mode) on ``texts``."""
+    correct = 0
+    for s in range(0, len(texts), batch_size):
+        inputs = clf.bert.tokenize(texts[s : s + batch_size])
+        logits, _ = clf.forward(inputs.input_ids, inputs.attention_mask, inputs.token_type_ids)
+        correct += int((logits.argmax(-1) == labels[s : s + batch_size]).sum())
+    return correct / len(texts)
+
+
+def _attentions(clf: BertClassifier, text: str) -> np.ndarray:
+    inputs = clf.bert.tokenize(text)
+    _, cache = clf.forward(inputs.input_ids, inputs.attention_mask, inputs.token_type_ids)
+    return np.stack([a[0] for a in cache.attentions])  # (layers, H, L, L)
+
+
+def finetune(
+    model: BertModel,
+    *,
+    steps: int = 60,
+    batch_size: int = 16,
+    lr: float = 1e-4,
+    warmup: int | None = None,
+    weight_decay: float = 0.01,
+    max_grad_norm: float = 1.0,
+    dropout: bool = True,
+    eval_size: int = 256,
+    seed: int = 0,
+    log_every: int = 10,
+    log: Callable[[str], None] | None = print,
+) -> FinetuneResult:
+    """Fine-tune ``model`` (its ``params`` change in memory) on the sentiment task; -> FinetuneResult.
+
+    warmup: warm-up steps (default 10% of ``steps``). dropout: BERT's dropouts while training (masks from the seed).
+    """
+    if model.tokenizer is None:
+        raise ValueError(f"model has no tokenizer, so it cannot read the task's sentences: {model!r}")
+    if steps <= 0 or batch_size <= 0:
+        raise ValueError(f"steps and batch_size must be positive, got steps={steps}, batch_size={batch_size}")
+    seq_head, seq_data, seq_eval, seq_drop = np.random.SeedSequence(seed).spawn(4)
+    data_rng, drop_rng = np.random.default_rng(seq_data), np.random.default_rng(seq_drop)
+    clf = BertClassifier(model, 2, rng=np.random.default_rng(seq_head))
+    trainable = {n: p for n, p in clf.params.items() if n != "embeddings.word_embeddings.weight"}
+    opt = AdamW(trainable, lr=lr, weight_decay=weight_decay, no_decay=no_decay_names(trainable))
+    warmup = max(1, steps // 10) if warmup is None else warmup
+    eval_texts, eval_labels, eval_words = make_sentences("heldout", eval_size, np.random.default_rng(seq_eval))
+    history: dict[str, list] = {"step": [], "loss": [], "accuracy": [], "grad_norm": [], "lr": []}
+
+    with one_blas_thread():
+        example = {"text": eval_texts[0], "word": eval_words[0], "tokens": model.tokenize(eval_texts[0]).tokens[0]}
+        example["before"] = _attentions(clf, example["text"])
+        accuracy_before = evaluate(clf, eval_texts, eval_labels)
+        if log:
+            log(f"held-out accuracy before fine-tuning: {accuracy_before:.3f} ({eval_size} sentences)")
+        for step in range(steps):
+            texts, labels, _ = make_sentences("train", batch_size, data_rng)
+            opt.lr = lr * warmup_linear(step, steps, warmup)
+            loss, logits, grads, _ = clf.loss_and_grads(model.tokenize(texts), labels, dropout, drop_rng)
+            norm = global_norm({n: grads[n] for n in trainable})
+            opt.step(clip_grad_norm({n: grads[n] for n in trainable}, max_grad_norm)[0])
+            accuracy = float((logits.argmax(-1) == labels).mean())
+            for key, value in zip(history, (step + 1, loss, accuracy, norm, opt.lr)):
+                history[key].append(value)
+            if log and ((step + 1) % log_every == 0 or step in (0, steps - 1)):
+                log(f"step {step + 1:4d}/{steps}  loss {loss:.4f}  accuracy {accuracy:.3f}  grad norm {norm:.2f}")
+        accuracy = evaluate(clf, eval_texts, eval_labels)
+        example["after"] = _attentions(clf, example["text"])
+    config = dict(task=TASK, steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, weight_decay=weight_decay,
+                  max_grad_norm=max_grad_norm, dropout=dropout, eval_size=eval_size, seed=seed)  # fmt: skip
+    return FinetuneResult(clf, history, accuracy, accuracy_before, example, config)
