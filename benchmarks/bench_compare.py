@@ -8,10 +8,10 @@ A side is one of
     ../main@impl=auto                another checkout with a setting
     torch                            torch.nn.MultiheadAttention(need_weights=False), the same threads
 
-Every measurement is a fresh subprocess (PYTHONPATH = the side's checkout) that times self-attention forward +
-backward (one warm-up, then the best of ``--repeats``); the two sides alternate round by round (A B, B A, ...), so a
-change of machine load hits both. Per case the table gives each side's median, the median of the per-round ratios
-B / A and their spread (min..max): judge a change by the ratio, not by one noisy time.
+Every measurement is a fresh subprocess (run in the side's checkout, PYTHONPATH = it) that times self-attention
+forward + backward (one warm-up, then the best of ``--repeats``); the two sides alternate round by round (A B,
+B A, ...), so a change of machine load hits both. Per case the table gives each side's median, the median of the
+per-round ratios B / A and their spread (min..max): judge a change by the ratio, not by one noisy time.
 """
 
 from __future__ import annotations
@@ -95,7 +95,9 @@ def measure(side: dict, case: dict, repeats: int, threads: int, clock: str = "wa
     but blind to how well the threads overlap."""
     spec = dict(case, kwargs=side["kwargs"], torch=side["torch"], repeats=repeats, threads=threads, clock=clock)
     env = dict(os.environ, PYTHONPATH=str(side["path"]))
-    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], env=env, capture_output=True, text=True)
+    r = subprocess.run(  # cwd: python -c puts the current directory ahead of PYTHONPATH on sys.path
+        [sys.executable, "-c", CHILD, json.dumps(spec)], env=env, cwd=side["path"], capture_output=True, text=True
+    )
     if r.returncode != 0:
         raise SystemExit(f"{side['label']} on {case}: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
