@@ -34,7 +34,13 @@ print(json.dumps(min(once() for _ in range(2))))
 
 def measure(checkout: str, case: str) -> float:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(checkout))
-    out = subprocess.run([sys.executable, "-c", CHILD, *case.split(":")], env=env, capture_output=True, text=True)
+    out = subprocess.run(  # cwd: python -c puts the current directory first on sys.path
+        [sys.executable, "-c", CHILD, *case.split(":")],
+        env=env,
+        cwd=os.path.abspath(checkout),
+        capture_output=True,
+        text=True,
+    )
     if out.returncode != 0:
         raise SystemExit(f"{checkout} {case}: {out.stderr.strip().splitlines()[-1]}")
     return json.loads(out.stdout)
