@@ -7,7 +7,8 @@ at long sequences (see ``chunked`` for the blocked version).
 from __future__ import annotations
 
 from .. import functional as F
-from .base import AttentionArgs, Kernel, check_d_context
+from .._checks import check_d_context
+from .base import AttentionArgs, Kernel
 
 
 class VectorizedKernel(Kernel):
