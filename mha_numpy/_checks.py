@@ -116,3 +116,14 @@ def check_probability(p, name: str) -> float:
     if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)) or not 0.0 <= p < 1.0:
         raise ValueError(f"{name} must be in [0, 1) (a number), got {p!r}")
     return float(p)
+
+
+def check_d_context(d_context, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """d_context must have the context's shape and dtype (no silent broadcast, no dtype mix)."""
+    d_context = as_float_array(d_context, "d_context", ndim=4)
+    if d_context.shape != tuple(shape) or d_context.dtype != dtype:
+        raise ValueError(
+            f"d_context has shape {d_context.shape} and dtype {d_context.dtype}; expected {tuple(shape)} and "
+            f"{np.dtype(dtype)} like the context"
+        )
+    return d_context

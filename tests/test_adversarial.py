@@ -11,6 +11,7 @@ from helpers import rel_err
 from reference import attention
 
 from mha_numpy import MultiHeadAttention, kernels
+from mha_numpy import functional as F
 
 KERNELS = sorted(kernels.KERNELS)
 SHAPE = (2, 2, 4, 3)  # (B, H, L, d)
@@ -119,3 +120,11 @@ def test_module_with_an_empty_memory_and_an_empty_batch(impl, rng):
     assert np.all(g["query"] == 0) and np.all(g["W_q"] == 0) and g["key"].shape == (2, 0, 4)
     out, cache = mha.forward(np.zeros((0, 3, 6)), np.zeros((0, 2, 4)), np.zeros((0, 2, 3)))
     assert out.shape == (0, 3, 6) and all(np.all(x == 0) for x in mha.backward(out, cache).values())
+
+
+def test_functional_backward_refuses_a_d_context_that_would_broadcast(rng):
+    ctx, cache = F.scaled_dot_product_attention_forward(*qkv(rng))
+    with pytest.raises(ValueError, match=r"d_context has shape \(1, 2, 4, 3\)"):
+        F.scaled_dot_product_attention_backward(np.ones((1, *ctx.shape[1:])), cache)
+    with pytest.raises(ValueError, match="d_context has shape .* and dtype float32"):
+        F.scaled_dot_product_attention_backward(np.ones(ctx.shape, np.float32), cache)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import as_float_array, as_generator, check_dropout, check_mask, check_qkv, default_scale
+from .._checks import as_generator, check_dropout, check_mask, check_qkv, default_scale
 
 
 @dataclass(frozen=True)
@@ -62,17 +62,6 @@ def check_args(shape, head_dim: int, mask=None, scale=None, dropout_p=0.0, rng=N
     keep = check_dropout(shape, dropout_p, rng, dropout_mask)
     rng = None if rng is None else as_generator(rng)
     return AttentionArgs(shape, default_scale(head_dim, scale), mask, bias, float(dropout_p), keep, rng)
-
-
-def check_d_context(d_context, shape: tuple[int, ...], dtype) -> np.ndarray:
-    """d_context must have the context's shape and dtype (no silent broadcast, no dtype mix)."""
-    d_context = as_float_array(d_context, "d_context", ndim=4)
-    if d_context.shape != tuple(shape) or d_context.dtype != dtype:
-        raise ValueError(
-            f"d_context has shape {d_context.shape} and dtype {d_context.dtype}; expected {tuple(shape)} and "
-            f"{np.dtype(dtype)} like the context"
-        )
-    return d_context
 
 
 class Kernel:

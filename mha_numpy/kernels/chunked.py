@@ -48,8 +48,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._checks import check_d_context
 from ._threads import AVAILABLE_CORES, run_items
-from .base import AttentionArgs, Kernel, check_d_context
+from .base import AttentionArgs, Kernel
 
 # Both picked by measurement on the 2-core machine of docs/performance.md (block-size sweep there):
 # big tiles amortise the ~15 NumPy calls (and their moments holding the GIL) per tile; the best was

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import functional as F
-from .base import AttentionArgs, Kernel, check_d_context
+from .._checks import check_d_context
+from .base import AttentionArgs, Kernel
 
 
 @dataclass

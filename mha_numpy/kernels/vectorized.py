@@ -15,8 +15,9 @@ from __future__ import annotations
 import contextlib
 
 from .. import functional as F
+from .._checks import check_d_context
 from ._threads import blas_single_threaded
-from .base import AttentionArgs, Kernel, check_d_context
+from .base import AttentionArgs, Kernel
 
 SMALL_HEAD_SCORES = 256 * 256  # Lq · Lk per head up to which BLAS runs on one thread here
 
