@@ -17,9 +17,7 @@ NumPy allocations during the call (the (L, L) bool mask is built before and not 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -28,18 +26,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench_attention import median_time  # noqa: E402
+
 from mha_numpy import KVCache, MultiHeadAttention, masks  # noqa: E402
 
 MiB = 2**20
 
 
 def timed(fn, repeats: int = 1) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """Median wall time of ``repeats`` calls, no warm-up (``bench_attention.median_time``)."""
+    return median_time(fn, repeats, warmup=0)
 
 
 def peak_mib(fn) -> float:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mha_numpy.gradcheck import check_function
+
 
 def require_torch():
     """Import torch or skip the calling test with a clear reason (a failure under CI)."""
@@ -17,3 +19,23 @@ def rel_err(a, b) -> float:
     scale = np.abs(b).max() if b.size else 0.0
     diff = np.abs(a - b).max() if b.size else 0.0
     return float(diff / scale) if scale > 0 else float(diff)
+
+
+RTOL_TARGET = 1e-7  # the project's target for the max relative error of a float64 gradient
+
+
+def grad_check(forward, backward, inputs, names, seed=0, allow_zero=True):
+    """Random upstream gradient, analytic backward, central differences; every row <= RTOL_TARGET.
+
+    ``allow_zero=False`` also fails a row whose true gradient is 0 (a check that could not fail there).
+    """
+    rng = np.random.default_rng(seed)
+    out, cache = forward(**inputs)
+    d_out = rng.standard_normal(out.shape)
+    grads = backward(d_out, cache)
+    grads = grads if isinstance(grads, tuple) else (grads,)
+    report = check_function(lambda **kw: forward(**kw)[0], dict(zip(names, grads)), inputs, d_out)
+    assert report.passed, str(report)
+    for row in report.rows:
+        assert (allow_zero or not row.zero_gradient) and row.max_rel_err <= RTOL_TARGET, str(report)
+    return report

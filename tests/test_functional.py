@@ -4,29 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import grad_check
 
 from mha_numpy import functional as F
-from mha_numpy.gradcheck import check_function, check_functional
-
-RTOL_TARGET = 1e-7  # the project's target for the max relative error of a float64 gradient
+from mha_numpy.gradcheck import check_functional
 
 
 def randn(rng, *shape):
     return rng.standard_normal(shape)
-
-
-def grad_check(forward, backward, inputs, names, seed=0):
-    """Random upstream gradient, analytic backward, central differences; returns the report."""
-    rng = np.random.default_rng(seed)
-    out, cache = forward(**inputs)
-    d_out = rng.standard_normal(out.shape)
-    grads = backward(d_out, cache)
-    grads = grads if isinstance(grads, tuple) else (grads,)
-    report = check_function(lambda **kw: forward(**kw)[0], dict(zip(names, grads)), inputs, d_out)
-    assert report.passed, str(report)
-    for row in report.rows:
-        assert row.max_rel_err <= RTOL_TARGET, str(report)
-    return report
 
 
 @pytest.mark.parametrize("lead", [(), (3,), (2, 3), (2, 2, 3)])
