@@ -240,15 +240,17 @@ class MultiHeadAttention:
             (B, H, Lq, Lk_all), self.head_dim, mask, None, p_drop, self.rng, dropout_mask
         )  # before arithmetic
         pos_q, pos_k = VAR.positions_of(positions, Lq, Lk, 0 if kv_cache is None else len(kv_cache))
+        kernel = self.kernel.choose(args.shape)  # the kernel of this call (``auto`` picks one by the shape)
+        mm = kernel.matmul  # the projections' products run on the kernel's threads (kernels/_threads.py)
         s: dict = {}  # each step's cache, by name
 
         if query is key is value and self.kdim == self.vdim == self.embed_dim:  # self-attention: one GEMM
             biases = [P["b_q"], P["b_k"], P["b_v"]] if self.bias else None
-            (q, k, v), s["qkv_proj"] = F.fused_linear_forward(query, [P["W_q"], P["W_k"], P["W_v"]], biases)
+            (q, k, v), s["qkv_proj"] = F.fused_linear_forward(query, [P["W_q"], P["W_k"], P["W_v"]], biases, mm)
         else:
-            q, s["q_proj"] = F.linear_forward(query, P["W_q"], P.get("b_q"))  # (B, Lq, E)
-            k, s["k_proj"] = F.linear_forward(key, P["W_k"], P.get("b_k"))  # (B, Lk, Ekv), Ekv = Hkv·d
-            v, s["v_proj"] = F.linear_forward(value, P["W_v"], P.get("b_v"))  # (B, Lk, Ekv)
+            q, s["q_proj"] = F.linear_forward(query, P["W_q"], P.get("b_q"), mm)  # (B, Lq, E)
+            k, s["k_proj"] = F.linear_forward(key, P["W_k"], P.get("b_k"), mm)  # (B, Lk, Ekv), Ekv = Hkv·d
+            v, s["v_proj"] = F.linear_forward(value, P["W_v"], P.get("b_v"), mm)  # (B, Lk, Ekv)
         Q, s["q_split"] = F.split_heads_forward(q, H)  # (B, H, Lq, d)
         K, s["k_split"] = F.split_heads_forward(k, Hkv)  # (B, Hkv, Lk, d)
         V, s["v_split"] = F.split_heads_forward(v, Hkv)  # (B, Hkv, Lk, d)
@@ -266,9 +268,9 @@ class MultiHeadAttention:
             args = replace(args, bias=bias)
         if self.alibi:  # ALiBi: a fixed distance penalty per head, added to the scores
             args = VAR.with_alibi(args, self.dtype)  # bias (1, H, Lq, Lk_all), no gradient
-        context, attention = self.kernel.run(Q, K_heads, V_heads, args)  # (B, H, Lq, d)
+        context, attention = kernel.run(Q, K_heads, V_heads, args)  # (B, H, Lq, d)
         merged, s["merge"] = F.merge_heads_forward(context)  # (B, Lq, E)
-        output, s["out_proj"] = F.linear_forward(merged, P["W_o"], P.get("b_o"))  # (B, Lq, E)
+        output, s["out_proj"] = F.linear_forward(merged, P["W_o"], P.get("b_o"), mm)  # (B, Lq, E)
         return output, MHACache(Q, K, V, attention, context, s, owner=self)
 
     __call__ = forward
@@ -281,10 +283,10 @@ class MultiHeadAttention:
         as query, key and value) its gradient is grads["query"] + grads["key"] + grads["value"].
         """
         d_output = self._check_cache(d_output, cache)
-        s, g = cache.steps, {}
-        d_merged, g["W_o"], g["b_o"] = F.linear_backward(d_output, s["out_proj"])  # (B, Lq, E)
+        s, g, kernel = cache.steps, {}, cache.attention.kernel  # the kernel that ran the forward
+        d_merged, g["W_o"], g["b_o"] = F.linear_backward(d_output, s["out_proj"], kernel.matmul)  # (B, Lq, E)
         d_context = F.merge_heads_backward(d_merged, s["merge"])  # (B, H, Lq, d)
-        dQ, dK, dV, d_bias = cache.attention.kernel.backward(d_context, cache.attention)  # (B, H, L, d)
+        dQ, dK, dV, d_bias = kernel.backward(d_context, cache.attention)  # (B, H, L, d)
         if "rel_bias" in s:  # (with ALiBi too: ALiBi's part of d_bias is the same, the table's gradient)
             g["rel_bias"] = F.relative_position_bias_backward(d_bias, s["rel_bias"])  # (H, 2R + 1)
         if "k_repeat" in s:
@@ -297,11 +299,13 @@ class MultiHeadAttention:
         dk = F.split_heads_backward(dK, s["k_split"])  # (B, Lk, Ekv)
         dv = F.split_heads_backward(dV, s["v_split"])  # (B, Lk, Ekv)
         if "qkv_proj" in s:
-            (g["query"], g["key"], g["value"]), dWs, dbs = F.fused_linear_backward([dq, dk, dv], s["qkv_proj"])
+            (g["query"], g["key"], g["value"]), dWs, dbs = F.fused_linear_backward(
+                [dq, dk, dv], s["qkv_proj"], kernel.matmul
+            )
             g["W_q"], g["W_k"], g["W_v"] = dWs
             g["b_q"], g["b_k"], g["b_v"] = dbs if dbs is not None else (None, None, None)
         else:
-            g["query"], g["W_q"], g["b_q"] = F.linear_backward(dq, s["q_proj"])  # (B, Lq, E)
-            g["key"], g["W_k"], g["b_k"] = F.linear_backward(dk, s["k_proj"])  # (B, Lk, kdim)
-            g["value"], g["W_v"], g["b_v"] = F.linear_backward(dv, s["v_proj"])  # (B, Lk, vdim)
+            g["query"], g["W_q"], g["b_q"] = F.linear_backward(dq, s["q_proj"], kernel.matmul)  # (B, Lq, E)
+            g["key"], g["W_k"], g["b_k"] = F.linear_backward(dk, s["k_proj"], kernel.matmul)  # (B, Lk, kdim)
+            g["value"], g["W_v"], g["b_v"] = F.linear_backward(dv, s["v_proj"], kernel.matmul)  # (B, Lk, vdim)
         return {name: g[name] for name in ("query", "key", "value", *self.params)}

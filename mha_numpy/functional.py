@@ -29,10 +29,12 @@ from ._checks import (
 # --------------------------------------------------------------------------- linear
 
 
-def linear_forward(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None):
+def linear_forward(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None, matmul=np.matmul):
     """y = x Wᵀ + b, with W in PyTorch layout.
 
     x: (..., in)   W: (out, in)   b: (out,) or None   ->   y: (..., out)
+    matmul: the 2-D product to use (``MultiHeadAttention`` passes its kernel's, so that every product of a
+    call runs on the same threads); the backward takes the same.
     """
     x = as_float_array(x, "x")
     W = as_float_array(W, "W", ndim=2)
@@ -45,35 +47,35 @@ def linear_forward(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None):
         if b.shape[0] != W.shape[0]:
             raise ValueError(f"b with shape {b.shape} does not match W with shape {W.shape}")
     x2 = x.reshape(-1, W.shape[1])  # (N, in), N = product of the leading dims: one GEMM, not one per batch item
-    y = x2 @ W.T  # F1: (N, in) @ (in, out) -> (N, out)
+    y = matmul(x2, W.T)  # F1: (N, in) @ (in, out) -> (N, out)
     if b is not None:
         y += b  # F2: (N, out) + (out,), in place on the fresh product
     return y.reshape(*x.shape[:-1], W.shape[0]), (x2, W, b is not None, x.shape)  # (..., out)
 
 
-def linear_backward(dy: np.ndarray, cache):
+def linear_backward(dy: np.ndarray, cache, matmul=np.matmul):
     """dy: (..., out)  ->  dx: (..., in), dW: (out, in), db: (out,) or None."""
     x2, W, has_bias, x_shape = cache
     dy2 = dy.reshape(-1, W.shape[0])  # (N, out)
-    dx = (dy2 @ W).reshape(x_shape)  # ← F1: (N, out) @ (out, in) -> (N, in) -> (..., in)
-    dW = dy2.T @ x2  # ← F1: (out, N) @ (N, in) -> (out, in)
+    dx = matmul(dy2, W).reshape(x_shape)  # ← F1: (N, out) @ (out, in) -> (N, in) -> (..., in)
+    dW = matmul(dy2.T, x2)  # ← F1: (out, N) @ (N, in) -> (out, in)
     db = dy2.sum(axis=0) if has_bias else None  # ← F2: (out,), summed over every leading axis
     return dx, dW, db
 
 
-def fused_linear_forward(x: np.ndarray, Ws: list[np.ndarray], bs: list[np.ndarray] | None = None):
+def fused_linear_forward(x: np.ndarray, Ws: list[np.ndarray], bs: list[np.ndarray] | None = None, matmul=np.matmul):
     """[y₁, ..., yₙ] with yᵢ = x Wᵢᵀ + bᵢ, as one GEMM over the stacked weights (q, k, v of self-attention).
 
     x: (..., in)   Wᵢ: (outᵢ, in)   bᵢ: (outᵢ,)   ->   [yᵢ: (..., outᵢ)] (views of one array), cache
     """
     W = np.concatenate(Ws)  # (Σ outᵢ, in)
     b = None if bs is None else np.concatenate(bs)  # (Σ outᵢ,)
-    y, c = linear_forward(x, W, b)  # F1: (..., Σ outᵢ)
+    y, c = linear_forward(x, W, b, matmul)  # F1: (..., Σ outᵢ)
     cuts = np.cumsum([w.shape[0] for w in Ws])[:-1]
     return np.split(y, cuts, axis=-1), (c, cuts)  # F2: split the columns
 
 
-def fused_linear_backward(dys: list[np.ndarray], cache):
+def fused_linear_backward(dys: list[np.ndarray], cache, matmul=np.matmul):
     """[dyᵢ: (..., outᵢ)] -> ([dxᵢ: (..., in)] one per output, [dWᵢ], [dbᵢ] or None).
 
     Each output's gradients are those of ``linear_backward`` on its rows of the stacked weight (nothing of
@@ -81,7 +83,8 @@ def fused_linear_backward(dys: list[np.ndarray], cache):
     self-attention), each dyᵢ Wᵢ.
     """
     (x2, W, has_bias, x_shape), cuts = cache
-    grads = [linear_backward(dy, (x2, w, has_bias, x_shape)) for dy, w in zip(dys, np.split(W, cuts))]  # ← F2, F1
+    caches = [(x2, w, has_bias, x_shape) for w in np.split(W, cuts)]  # ← F2: each output's rows of W
+    grads = [linear_backward(dy, c, matmul) for dy, c in zip(dys, caches)]  # ← F1
     dxs, dWs, dbs = (list(g) for g in zip(*grads))  # [(..., in)], [(outᵢ, in)], [(outᵢ,) or None]
     return dxs, dWs, dbs if has_bias else None
 

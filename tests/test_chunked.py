@@ -166,6 +166,48 @@ def test_concurrent_callers_leave_blas_threads_as_they_found_them():
     assert not errors and after == before
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n, threads", [(1, 2), (2, 2), (7, 2), (64, 3), (5, 1)])
+def test_pooled_matmul_is_the_product_on_bands_of_rows(n, threads, dtype):
+    from mha_numpy.kernels._threads import pooled_matmul
+
+    rng = np.random.default_rng(n)
+    a, b = rng.standard_normal((n, 9)).astype(dtype), rng.standard_normal((6, 9)).astype(dtype).T
+    a_before = a.copy()
+    out = pooled_matmul(a, b, threads)
+    assert out.dtype == dtype and out.shape == (n, 6) and np.array_equal(a, a_before)
+    np.testing.assert_allclose(
+        out, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5 if dtype == np.float32 else 1e-13
+    )
+    np.testing.assert_allclose(pooled_matmul(b.T, a.T, threads), (a @ b).T, rtol=1e-5, atol=1e-6)  # a transposed view
+
+
+def test_the_module_runs_every_product_of_a_call_on_its_kernels_matmul():
+    """Projections included: with the chunked kernel's pool, no product leaves BLAS's threads spinning."""
+    calls = []
+
+    class Counting(ChunkedKernel):
+        def matmul(self, a, b):
+            calls.append((a.shape, b.shape))
+            return super().matmul(a, b)
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 6, 8))
+    for impl, kv in ((Counting(block_size=4, num_threads=2), x), (Counting(block_size=4, num_threads=2), x[:, :5])):
+        calls.clear()
+        mha = MultiHeadAttention(8, 2, rng=0, impl=impl)
+        ref = MultiHeadAttention(8, 2, rng=0)
+        out, cache = mha.forward(x, kv, kv)
+        n_forward = len(calls)
+        grads = mha.backward(out, cache)
+        ref_out, ref_cache = ref.forward(x, kv, kv)
+        ref_grads = ref.backward(out, ref_cache)
+        assert (n_forward, len(calls)) == ((2, 2 + 2 + 3 * 2) if kv is x else (4, 4 + 2 + 3 * 2))
+        scale = max(np.abs(g).max() for g in ref_grads.values())  # db_k is 0 in theory: judged against the largest
+        assert rel_err(out, ref_out) < 1e-13
+        assert all(np.abs(grads[n] - ref_grads[n]).max() < 1e-12 * scale for n in ref_grads)
+
+
 def test_matches_torch_sdpa_and_mha_in_float64():
     torch = require_torch()
     rng = np.random.default_rng(7)

@@ -38,11 +38,11 @@ def get_kernel(impl="vectorized", **options) -> Kernel:
             return KERNELS[impl](**options)
         except TypeError:
             raise ValueError(f"impl={impl!r} takes no options {sorted(options)}") from None
-    if callable(getattr(impl, "forward", None)) and callable(getattr(impl, "backward", None)):
+    if isinstance(impl, Kernel):  # its run, backward, choose and matmul are what the module calls
         if any(value is not None for value in options.values()):
             raise ValueError(f"options {sorted(options)} apply to a kernel name, not to the kernel object {impl!r}")
         return impl
-    raise ValueError(f"impl must be one of {tuple(KERNELS)} or an object with forward and backward, got {impl!r}")
+    raise ValueError(f"impl must be one of {tuple(KERNELS)} or a mha_numpy.kernels.Kernel object, got {impl!r}")
 
 
 register("vectorized", VectorizedKernel)

@@ -78,6 +78,15 @@ class Kernel:
     def run(self, q, k, v, args: AttentionArgs):  # pragma: no cover - the protocol
         raise NotImplementedError
 
+    def choose(self, shape) -> Kernel:
+        """The kernel that runs a call with scores of ``shape`` (B, H, Lq, Lk): itself (``auto`` picks one)."""
+        return self
+
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """a (N, K) @ b (K, M) for the module's projections around this kernel: on the threads its tiles use
+        (``MultiHeadAttention`` passes it to ``functional.linear_*``). Here BLAS's own threads."""
+        return a @ b  # (N, K) @ (K, M) -> (N, M)
+
     def backward(self, d_context, cache):  # pragma: no cover - the protocol
         """d_context (B, H, Lq, dv) -> dq (B, H, Lq, d), dk (B, H, Lk, d), dv (B, H, Lk, dv), d_bias or None."""
         raise NotImplementedError

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._checks import check_d_context
-from ._threads import AVAILABLE_CORES, run_items
+from ._threads import AVAILABLE_CORES, pooled_matmul, run_items
 from .base import AttentionArgs, Kernel
 
 # Both picked by measurement on the 2-core machine of docs/performance.md (block-size sweep there):
@@ -317,11 +317,12 @@ class ChunkedCache:
         return out
 
 
-def _merged_layout(shape, dtype, fill=None) -> np.ndarray:
+def _merged_layout(shape, dtype, zeros=False) -> np.ndarray:
     """A (B, H, L, d) array stored as (B, L, H, d): what ``merge_heads`` and ``split_heads_backward`` turn into
-    (B, L, E) without a copy (a reshape of the transposed view)."""
+    (B, L, E) without a copy (a reshape of the transposed view). ``zeros``: start at 0 (np.zeros: the pages are
+    zeroed as they are first written, not in a separate pass)."""
     B, H, L, d = shape
-    out = np.empty((B, L, H, d), dtype=dtype) if fill is None else np.full((B, L, H, d), fill, dtype=dtype)
+    out = np.zeros((B, L, H, d), dtype=dtype) if zeros else np.empty((B, L, H, d), dtype=dtype)
     return out.transpose(0, 2, 1, 3)  # (B, H, L, d) view
 
 
@@ -343,6 +344,10 @@ class ChunkedKernel(Kernel):
 
     def threads(self) -> int:
         return self.num_threads or DEFAULT_NUM_THREADS
+
+    def matmul(self, a, b):
+        """The module's products on this kernel's pool (see ``_threads``: no BLAS thread left spinning)."""
+        return pooled_matmul(a, b, self.threads())  # (N, K) @ (K, M) -> (N, M)
 
     def groups(self, args: AttentionArgs, dtype) -> list[tuple[int, slice]]:
         """The work items' (b, heads): one head each, or several when a head's scores are smaller than a tile."""
@@ -375,7 +380,8 @@ class ChunkedKernel(Kernel):
         q, k, v, o = cache.q, cache.k, cache.v, cache.context
         d_context = check_d_context(d_context, o.shape, o.dtype)  # (B, H, Lq, dv)
         B, H, Lq, Lk = cache.args.shape
-        dq, dk, dv = (_merged_layout(x.shape, q.dtype, fill=0) for x in (q, k, v))  # (B, H, L, ·), split_heads views
+        # (B, H, L, ·) each, stored so that split_heads_backward is a view
+        dq, dk, dv = (_merged_layout(x.shape, q.dtype, zeros=True) for x in (q, k, v))
         bias = cache.args.bias
         d_bias = None if bias is None else np.zeros(np.shape(bias), dtype=q.dtype)  # the bias's own shape
         D = np.einsum("bhld,bhld->bhl", d_context, o)  # (B, H, Lq) rowsum(dO ∘ O)
