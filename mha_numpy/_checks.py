@@ -127,3 +127,12 @@ def check_d_context(d_context, shape: tuple[int, ...], dtype) -> np.ndarray:
             f"{np.dtype(dtype)} like the context"
         )
     return d_context
+
+
+def positive_int_or_none(value, name: str) -> int | None:
+    """A positive int (e.g. ``num_threads``, ``block_size``), or None for "the default"."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+    return int(value)

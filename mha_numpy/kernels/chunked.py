@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._checks import check_d_context
+from .._checks import check_d_context, positive_int_or_none
 from ._threads import AVAILABLE_CORES, pooled_matmul, run_items
 from .base import AttentionArgs, Kernel
 
@@ -60,14 +60,6 @@ DEFAULT_BLOCK_SIZE = {4: 512, 8: 256}  # by itemsize
 DEFAULT_NUM_THREADS = AVAILABLE_CORES
 
 _EMPTY, _FULL, _PARTIAL = 0, 1, 2  # a mask tile: nothing allowed / everything allowed / mixed
-
-
-def _positive_int_or_none(value, name: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{name} must be a positive int or None, got {value!r}")
-    return int(value)
 
 
 # --------------------------------------------------------------------------- tiles
@@ -332,8 +324,8 @@ class ChunkedKernel(Kernel):
     name = "chunked"
 
     def __init__(self, block_size: int | None = None, num_threads: int | None = None):
-        self.block_size = _positive_int_or_none(block_size, "block_size")
-        self.num_threads = _positive_int_or_none(num_threads, "num_threads")
+        self.block_size = positive_int_or_none(block_size, "block_size")
+        self.num_threads = positive_int_or_none(num_threads, "num_threads")
         self._bias_lock = threading.Lock()
 
     def __repr__(self) -> str:
