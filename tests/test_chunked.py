@@ -35,6 +35,45 @@ def test_causal_mask_skips_the_tiles_above_the_diagonal():
     assert rel_err(ctx[0, 0, :4], ref[0, 0]) <= 1e-12
 
 
+@pytest.mark.parametrize("kind", ["causal", "window", "float causal", "padding", "per head", "dropout mask"])
+def test_tiles_with_blocked_and_allowed_positions_are_cut_and_stay_exact(monkeypatch, kind):
+    """Parts of mixed tiles (down to 2 × 2 here) give the vectorized kernel's outputs and gradients, bias included."""
+    from mha_numpy.kernels import chunked
+
+    monkeypatch.setattr(chunked, "MIN_PART", 2)
+    sizes = []
+    parts = chunked._Tiles.parts
+
+    def recording(self, *tile):
+        for part in parts(self, *tile):
+            sizes.append((part[1] - part[0], part[3] - part[2]))
+            yield part
+
+    monkeypatch.setattr(chunked._Tiles, "parts", recording)
+    rng = np.random.default_rng(17)
+    B_, H_, L, d = 2, 3, 19, 4
+    q, k, v = (rng.standard_normal((B_, H_, L, d)) for _ in range(3))
+    bias = rng.standard_normal((1, H_, L, L))
+    mask = {
+        "causal": masks.causal_mask(L),
+        "window": masks.sliding_window_mask(L, L, 5),
+        "float causal": np.where(masks.causal_mask(L), 0.0, -np.inf),
+        "padding": np.arange(L) < np.array([7, 0])[:, None, None, None],  # (B, 1, 1, L): batch item 1 fully masked
+        "per head": rng.random((1, H_, L, L)) < 0.5,
+        "dropout mask": masks.causal_mask(L),
+    }[kind]
+    extra = dict(dropout_p=0.25, dropout_mask=rng.random((B_, H_, L, L)) >= 0.25) if kind == "dropout mask" else {}
+    kernel = ChunkedKernel(block_size=8, num_threads=2)
+    ctx, cache = kernel.forward(q, k, v, mask, bias=bias, **extra)
+    ref, ref_cache = kernels.VectorizedKernel().forward(q, k, v, mask, bias=bias, **extra)
+    assert any(r in (2, 4) for r, _ in sizes), sizes  # tiles are 8 or 3 wide (L = 19): a 4 or a 2 is a cut part
+    d_ctx = rng.standard_normal(ctx.shape)
+    grads, ref_grads = kernel.backward(d_ctx, cache), kernels.VectorizedKernel().backward(d_ctx, ref_cache)
+    scale = max(np.abs(g).max() for g in ref_grads)
+    assert np.abs(ctx - ref).max() <= 1e-13 * np.abs(ref).max()
+    assert all(np.abs(a - b).max() <= 1e-13 * scale for a, b in zip(grads, ref_grads))
+
+
 @pytest.mark.parametrize("block_size", [1, 3, 64])
 def test_dropout_regenerates_the_same_tiles_in_the_backward(block_size):
     rng = np.random.default_rng(5)

@@ -24,9 +24,10 @@ with the row term D = rowsum(dO ∘ O) (= Σⱼ Pᵢⱼ dPᵢⱼ, the softmax VJ
 
 Masks (bool True = may attend, or float added) are cut into the same tiles: a tile with no
 allowed position is skipped entirely (so a causal mask skips the blocks above the diagonal), a
-tile with every position allowed is not touched. A row with no allowed key gets ℓ = 0 and 1/ℓ is
-stored as 0, which makes its recomputed weights exactly 0: zero weights, zero context, zero
-(finite) gradients. A float ``bias`` (ALiBi, a relative-position table) is added like a float mask,
+tile with every position allowed is not touched, and a tile with both is cut in four, and again,
+down to 128 × 128 parts (``_Tiles.parts``): a causal diagonal tile costs little more than its lower
+half. A row with no allowed key gets ℓ = 0 and 1/ℓ is stored as 0, which makes its recomputed
+weights exactly 0: zero weights, zero context, zero (finite) gradients. A float ``bias`` (ALiBi, a relative-position table) is added like a float mask,
 and its gradient, the sum of dS over the bias's broadcast axes, is accumulated tile by tile.
 
 Dropout (training): the keep-mask of a tile is either cut from a given ``dropout_mask`` or drawn
@@ -60,6 +61,7 @@ DEFAULT_BLOCK_SIZE = {4: 512, 8: 256}  # by itemsize
 DEFAULT_NUM_THREADS = AVAILABLE_CORES
 
 _EMPTY, _FULL, _PARTIAL = 0, 1, 2  # a mask tile: nothing allowed / everything allowed / mixed
+MIN_PART = 128  # the smallest side of a tile cut by ``_Tiles.parts``
 
 
 # --------------------------------------------------------------------------- tiles
@@ -88,16 +90,42 @@ class _Tiles:
         Found once per tile of each distinct mask and remembered (forward and backward, every head sharing it).
         The heads of a group share their mask, so the first head's tile stands for all of them.
         """
+        return self._lookup(i0, i1, j0, j1)[:2]
+
+    def _lookup(self, i0, i1, j0, j1):
+        """-> (state, mask tile or None, mixed: the tile has blocked and allowed positions), remembered."""
         if self.mask is None:
-            return _FULL, None
-        key = (*self.key, i0, j0)
-        state = self.states.get(key)
-        if state is None:
+            return _FULL, None, False
+        key = (*self.key, i0, i1, j0, j1)
+        found = self.states.get(key)
+        if found is None:
             m = self.mask[0, i0:i1, j0:j1]
             blocked = ~m if m.dtype == np.bool_ else np.isneginf(m)
-            state = _EMPTY if blocked.all() else (_FULL if m.dtype == np.bool_ and not blocked.any() else _PARTIAL)
-            self.states[key] = state  # one dict item set: safe from several threads
-        return state, (self.mask[0, i0:i1, j0:j1] if state == _PARTIAL else None)
+            nothing, something = blocked.all(), blocked.any()
+            state = _EMPTY if nothing else (_FULL if m.dtype == np.bool_ and not something else _PARTIAL)
+            found = self.states[key] = (state, something and not nothing)  # one dict item set: thread-safe
+        state, mixed = found
+        return state, (self.mask[0, i0:i1, j0:j1] if state == _PARTIAL else None), mixed
+
+    def parts(self, i0: int, i1: int, j0: int, j1: int):
+        """The rectangles of the tile [i0, i1) × [j0, j1) that need work: (r0, r1, c0, c1, state, mask tile).
+
+        A tile holding both blocked and allowed positions (a causal mask's diagonal, a window's edge) is cut
+        in four, each looked up again, down to ``MIN_PART`` rows or columns: a quarter with nothing allowed is
+        skipped and a fully allowed one computed without the mask. On a causal diagonal this skips a quarter
+        of the tile at the first cut and most of the rest below. Not with sampled dropout, whose keep-mask is
+        drawn per whole tile.
+        """
+        state, mtile, mixed = self._lookup(i0, i1, j0, j1)
+        if state == _EMPTY:
+            return  # nothing allowed here: not even the product is computed
+        if not mixed or self.seed is not None or min(i1 - i0, j1 - j0) < 2 * MIN_PART:
+            yield i0, i1, j0, j1, state, mtile
+            return
+        im, jm = (i0 + i1) // 2, (j0 + j1) // 2
+        for r0, r1 in ((i0, im), (im, i1)):
+            for c0, c1 in ((j0, jm), (jm, j1)):
+                yield from self.parts(r0, r1, c0, c1)
 
     def finish_scores(self, s: np.ndarray, i0: int, j0: int, state: int, m) -> None:
         """Add the bias and apply a _PARTIAL mask tile m (n, bk) to the score tile s = S[:, i0:, j0:] (g, n, bk)."""
@@ -146,26 +174,25 @@ def _forward_rows(q, k, v, scale: float, tiles: _Tiles, i0: int, bk: int, out, m
     buf = np.empty((g, n, min(bk, Lk)), dtype=dt)  # the score tile, reused
     scale_drop = 1.0 / (1.0 - tiles.p) if tiles.p > 0 else 1.0
     for j0 in range(0, Lk, bk):
-        j1 = min(j0 + bk, Lk)
-        state, mtile = tiles.mask_state(i0, i0 + n, j0, j1)
-        if state == _EMPTY:
-            continue  # nothing allowed here: not even the product is computed
-        s = buf[..., : j1 - j0]
-        np.matmul(q, k[:, j0:j1].swapaxes(1, 2), out=s)  # (g, n, d) @ (g, d, bk) -> (g, n, bk), scale in q
-        tiles.finish_scores(s, i0, j0, state, mtile)
-        m_new = np.maximum(m, s.max(axis=2))  # (g, n)
-        m_new[np.isneginf(m_new)] = 0.0  # row with nothing allowed yet: shift by 0, exp(-inf) = 0
-        alpha = np.exp(m - m_new)  # (g, n) rescales what was summed with the old max
-        np.subtract(s, m_new[..., None], out=s)
-        np.exp(s, out=s)  # (g, n, bk) P tile, not yet normalised
-        acc *= alpha[..., None]  # (g, n, dv [+ 1]); without dropout this rescales ℓ too
-        if dropout:
-            ell *= alpha
-            ell += s.sum(axis=2)
-            s *= tiles.keep_tile(i0, i0 + n, j0, j1)  # dropout acts on the weights after the softmax, not on ℓ
-            s *= scale_drop
-        acc += s @ va[:, j0:j1]  # (g, n, bk) @ (g, bk, dv [+ 1]) -> (g, n, dv [+ 1])
-        m = m_new
+        for r0, r1, c0, c1, state, mtile in tiles.parts(i0, i0 + n, j0, min(j0 + bk, Lk)):
+            rows = slice(r0 - i0, r1 - i0)  # the part's rows within the block
+            s = buf[:, : r1 - r0, : c1 - c0]
+            np.matmul(q[:, rows], k[:, c0:c1].swapaxes(1, 2), out=s)  # (g, n, d) @ (g, d, bk) -> (g, n, bk), scale in q
+            tiles.finish_scores(s, r0, c0, state, mtile)
+            m_old = m[:, rows]  # (g, n)
+            m_new = np.maximum(m_old, s.max(axis=2))  # (g, n)
+            m_new[np.isneginf(m_new)] = 0.0  # row with nothing allowed yet: shift by 0, exp(-inf) = 0
+            alpha = np.exp(m_old - m_new)  # (g, n) rescales what was summed with the old max
+            np.subtract(s, m_new[..., None], out=s)
+            np.exp(s, out=s)  # (g, n, bk) P tile, not yet normalised
+            acc[:, rows] *= alpha[..., None]  # (g, n, dv [+ 1]); without dropout this rescales ℓ too
+            if dropout:
+                ell[:, rows] *= alpha
+                ell[:, rows] += s.sum(axis=2)
+                s *= tiles.keep_tile(r0, r1, c0, c1)  # dropout acts on the weights after the softmax, not on ℓ
+                s *= scale_drop
+            acc[:, rows] += s @ va[:, c0:c1]  # (g, n, bk) @ (g, bk, dv [+ 1]) -> (g, n, dv [+ 1])
+            m[:, rows] = m_new
     inv_ell = np.divide(1.0, ell, out=np.zeros_like(ell), where=ell != 0)  # (g, n); rows with nothing allowed: 0
     np.multiply(acc[..., :dv], inv_ell[..., None], out=out)  # (g, n, dv); rows with nothing allowed stay 0
     m_out[...] = np.where(np.isneginf(m), 0.0, m)
@@ -198,33 +225,29 @@ def _backward_heads(q, k, v, scale, d_out, m, inv_ell, D, tiles: _Tiles, bq, bk,
     e_buf = np.empty((g, min(bq, Lq), min(bk, Lk)), dtype=dt)
     dp_buf = np.empty_like(e_buf)
     for j0 in range(0, Lk, bk):
-        j1 = min(j0 + bk, Lk)
-        kj, vj = k[:, j0:j1], va[:, j0:j1]  # (g, bk, d), (g, bk, dv [+ 1])
         for i0 in range(0, Lq, bq):
-            i1 = min(i0 + bq, Lq)
-            state, mtile = tiles.mask_state(i0, i1, j0, j1)
-            if state == _EMPTY:
-                continue  # all weights 0 here: no gradient flows through this tile
-            e = e_buf[:, : i1 - i0, : j1 - j0]
-            dp = dp_buf[:, : i1 - i0, : j1 - j0]
-            np.matmul(q[:, i0:i1], kj.swapaxes(1, 2), out=e)  # (g, bq, d) @ (g, d, bk) -> (g, bq, bk) S
-            tiles.finish_scores(e, i0, j0, state, mtile)
-            np.subtract(e, m[:, i0:i1, None], out=e)
-            np.exp(e, out=e)  # (g, bq, bk) E = exp(S - m); the forward's weights are E / ℓ
-            np.matmul(da[:, i0:i1], vj.swapaxes(1, 2), out=dp)  # (g, bq, dv+1) @ (g, dv+1, bk) -> dP - D
-            if not dropout:
-                dv[:, j0:j1] += e.swapaxes(1, 2) @ do_l[:, i0:i1]  # (g, bk, bq) @ (g, bq, dv) -> (g, bk, dv)
-            else:
-                keep = tiles.keep_tile(i0, i1, j0, j1)
-                dv[:, j0:j1] += (e * keep * scale_drop).swapaxes(1, 2) @ do_l[:, i0:i1]  # the dropped weights
-                dp *= keep  # back through dropout: dP = dP_dropped ∘ keep / (1 - p)
-                dp *= scale_drop
-                np.subtract(dp, D[:, i0:i1, None], out=dp)
-            np.multiply(dp, e, out=dp)  # (g, bq, bk) dS' = E ∘ (dP - D) = ℓ · dS, the softmax VJP
-            dq[:, i0:i1] += dp @ kj  # (g, bq, bk) @ (g, bk, d) -> (g, bq, d), divided by ℓ below
-            dk[:, j0:j1] += dp.swapaxes(1, 2) @ q_l[:, i0:i1]  # (g, bk, bq) @ (g, bq, d) -> (g, bk, d)
-            if d_bias is not None:
-                d_bias[:, i0:i1, j0:j1] += dp * inv_ell[:, i0:i1, None]  # dS = dS' / ℓ
+            for r0, r1, c0, c1, state, mtile in tiles.parts(i0, min(i0 + bq, Lq), j0, min(j0 + bk, Lk)):
+                kj, vj = k[:, c0:c1], va[:, c0:c1]  # (g, bk, d), (g, bk, dv [+ 1])
+                e = e_buf[:, : r1 - r0, : c1 - c0]
+                dp = dp_buf[:, : r1 - r0, : c1 - c0]
+                np.matmul(q[:, r0:r1], kj.swapaxes(1, 2), out=e)  # (g, bq, d) @ (g, d, bk) -> (g, bq, bk) S
+                tiles.finish_scores(e, r0, c0, state, mtile)
+                np.subtract(e, m[:, r0:r1, None], out=e)
+                np.exp(e, out=e)  # (g, bq, bk) E = exp(S - m); the forward's weights are E / ℓ
+                np.matmul(da[:, r0:r1], vj.swapaxes(1, 2), out=dp)  # (g, bq, dv+1) @ (g, dv+1, bk) -> dP - D
+                if not dropout:
+                    dv[:, c0:c1] += e.swapaxes(1, 2) @ do_l[:, r0:r1]  # (g, bk, bq) @ (g, bq, dv) -> (g, bk, dv)
+                else:
+                    keep = tiles.keep_tile(r0, r1, c0, c1)
+                    dv[:, c0:c1] += (e * keep * scale_drop).swapaxes(1, 2) @ do_l[:, r0:r1]  # the dropped weights
+                    dp *= keep  # back through dropout: dP = dP_dropped ∘ keep / (1 - p)
+                    dp *= scale_drop
+                    np.subtract(dp, D[:, r0:r1, None], out=dp)
+                np.multiply(dp, e, out=dp)  # (g, bq, bk) dS' = E ∘ (dP - D) = ℓ · dS, the softmax VJP
+                dq[:, r0:r1] += dp @ kj  # (g, bq, bk) @ (g, bk, d) -> (g, bq, d), divided by ℓ below
+                dk[:, c0:c1] += dp.swapaxes(1, 2) @ q_l[:, r0:r1]  # (g, bk, bq) @ (g, bq, d) -> (g, bk, d)
+                if d_bias is not None:
+                    d_bias[:, r0:r1, c0:c1] += dp * inv_ell[:, r0:r1, None]  # dS = dS' / ℓ
     dq *= inv_ell[..., None]
 
 
@@ -265,7 +288,7 @@ class ChunkedCache:
     args: AttentionArgs
     seed: int | None
     kernel: ChunkedKernel
-    tile_states: dict = field(default_factory=dict)  # (mask b, mask h, i0, j0) -> _EMPTY | _FULL | _PARTIAL
+    tile_states: dict = field(default_factory=dict)  # (mask b, mask h, i0, i1, j0, j1) -> (state, mixed)
 
     def _tiles(self, b: int, hs: slice) -> _Tiles:
         return _Tiles(self.args, b, hs, self.seed, self.tile_states)
