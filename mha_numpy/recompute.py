@@ -151,7 +151,7 @@ def backward(module, d_output: np.ndarray, cache: RecomputeCache) -> dict[str, n
         context, s, attention = _group_forward(module, cache, hs)  # recomputed: (B, g, Lq, d)
         rows, kv_rows = _rows(module, hs)  # the group's columns of W_o and rows of W_q; rows of W_k, W_v
         merged, merge = F.merge_heads_forward(context)  # F13: (B, Lq, g·d)
-        g["W_o"][:, rows] = dy2.T @ merged.reshape(len(dy2), -1)  # ← F14: (E, B·Lq) @ (B·Lq, g·d) -> (E, g·d)
+        g["W_o"][:, rows] = dy2.T @ merged.reshape(len(dy2), rows.stop - rows.start)  # ← F14: (E, B·Lq) @ (B·Lq, g·d)
         d_merged = d_output @ P["W_o"][:, rows]  # ← F14: (B, Lq, E) @ (E, g·d) -> (B, Lq, g·d)
         d_context = F.merge_heads_backward(d_merged, merge)  # ← F13: (B, g, Lq, d)
         del context, merged, d_merged
