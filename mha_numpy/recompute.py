@@ -34,9 +34,10 @@ from .kernels import AttentionArgs
 class RecomputeCache:
     """What the recomputing backward needs: the inputs and the call's arguments (nothing of size L × d).
 
-    query (B, Lq, E), key (B, Lk, kdim), value (B, Lk, vdim) as given; args: the checked arguments of the
-    whole call (mask, bias-free, dropout p and a given keep-mask); seed: the call's dropout seed or None;
-    positions: RoPE positions of queries and keys; owner: the module.
+    query (B, Lq, E), key (B, Lk, kdim), value (B, Lk, vdim) as given (references: change them in place between
+    forward and backward and the backward sees the new values); args: the checked arguments of the whole call
+    (mask, dropout p, a given keep-mask; the score biases are made per group); seed: the call's dropout seed or
+    None; positions: RoPE positions of queries and keys; owner: the module.
     ``attn_weights`` and ``dropout_mask`` (B, H, Lq, Lk) are recomputed group by group when read.
     """
 
