@@ -193,24 +193,27 @@ class _HeadRows:
     """What every key range of a group of g heads reads in the backward (made once per group, read-only).
 
     q: (g, Lq, d) the scaled queries, as the forward's tiles saw them   k: (g, Lk, d)   v: (g, Lk, dv)
-    d_out: (g, Lq, dv)   da: (g, Lq, dv + 1) = [dO, -D] (dO alone with dropout)   m, inv_ell, D: (g, Lq)
+    da: (g, Lq, dv + 1) = [dO, -D] / ℓ, each row divided by its ℓ (with dropout dO / ℓ alone, (g, Lq, dv))
+    D_l: (g, Lq) D / ℓ   m: (g, Lq) the forward's row max
     """
 
     q: np.ndarray
     k: np.ndarray
     v: np.ndarray
-    d_out: np.ndarray
     da: np.ndarray
+    D_l: np.ndarray
     m: np.ndarray
-    inv_ell: np.ndarray
-    D: np.ndarray
     tiles: _Tiles
 
     @classmethod
     def make(cls, q, k, v, scale, d_out, m, inv_ell, D, tiles: _Tiles) -> _HeadRows:
-        dropout = tiles.keep is not None or tiles.seed is not None  # dropout scales dP before D is subtracted
-        da = d_out if dropout else np.concatenate([d_out, -D[..., None]], axis=2)  # (g, Lq, dv [+ 1])
-        return cls(q * scale, k, v, d_out, da, m, inv_ell, D, tiles)  # q * scale: (g, Lq, d)
+        (g, Lq, dv), dropout = d_out.shape, tiles.keep is not None or tiles.seed is not None
+        D_l = D * inv_ell  # (g, Lq)
+        da = np.empty((g, Lq, dv if dropout else dv + 1), dtype=d_out.dtype)  # dropout scales dP before D goes
+        np.multiply(d_out, inv_ell[..., None], out=da[..., :dv])  # (g, Lq, dv) dO / ℓ
+        if not dropout:
+            np.negative(D_l, out=da[..., dv])  # the extra column -D / ℓ
+        return cls(q * scale, k, v, da, D_l, m, tiles)  # q * scale: (g, Lq, d)
 
 
 def _backward_keys(r: _HeadRows, bq: int, bk: int, j_start: int, j_stop: int, dq, dk, dv, d_bias) -> None:
@@ -220,16 +223,15 @@ def _backward_keys(r: _HeadRows, bq: int, bk: int, j_start: int, j_stop: int, dq
     writes dq: (g, Lq, d) (this key range's share of the gradient w.r.t. the scaled q), and the key range's rows
     of dk: (g, Lk, d), dv: (g, Lk, dv); all start at 0; d_bias: None or the (g, Lq, Lk) gradient of the group's
     bias, this key range's columns (starts at 0).
-    The 1/ℓ of each row rides along in the rows of dO and q (dV = Eᵀ (dO/ℓ), dK = dS'ᵀ (q/ℓ), made per query
-    block) and is applied to dQ once at the end, with E = exp(S - m) and dS' = E ∘ (dP - D) = ℓ dS. dP - D is
-    one GEMM with an extra column: [dO, -D] [v, 1]ᵀ.
+    The 1/ℓ of each row rides along in the rows of [dO, -D] / ℓ: with E = exp(S - m) (so P = E / ℓ), one GEMM
+    gives (dP - D) / ℓ = ([dO, -D] / ℓ) [v, 1]ᵀ, then dS = E ∘ (dP - D) / ℓ = P ∘ (dP - D) and dV = Eᵀ (dO / ℓ):
+    nothing of size (bq, bk) is divided by ℓ.
     """
-    (g, Lq, _), dt, tiles = r.q.shape, r.q.dtype, r.tiles
+    (g, Lq, _), dt, tiles, n_dv = r.q.shape, r.q.dtype, r.tiles, r.v.shape[2]
     dropout = tiles.keep is not None or tiles.seed is not None
     scale_drop = 1.0 / (1.0 - tiles.p) if tiles.p > 0 else 1.0
     e_buf = np.empty((g, min(bq, Lq), min(bk, j_stop - j_start)), dtype=dt)
     dp_buf = np.empty_like(e_buf)
-    q_l, do_l = np.empty((g, min(bq, Lq), r.q.shape[2]), dtype=dt), np.empty((g, min(bq, Lq), r.v.shape[2]), dtype=dt)
     for j0 in range(j_start, j_stop, bk):
         j1 = min(j0 + bk, j_stop)
         kj, vj = r.k[:, j0:j1], r.v[:, j0:j1]  # (g, bk, d), (g, bk, dv)
@@ -241,28 +243,25 @@ def _backward_keys(r: _HeadRows, bq: int, bk: int, j_start: int, j_stop: int, dq
             if state == _EMPTY:
                 continue  # all weights 0 here: no gradient flows through this tile
             e, dp = e_buf[:, : i1 - i0, : j1 - j0], dp_buf[:, : i1 - i0, : j1 - j0]
-            inv_ell = r.inv_ell[:, i0:i1, None]  # (g, bq, 1)
             np.matmul(r.q[:, i0:i1], kj.swapaxes(1, 2), out=e)  # (g, bq, d) @ (g, d, bk) -> (g, bq, bk) S
             tiles.finish_scores(e, i0, j0, state, mtile)
             np.subtract(e, r.m[:, i0:i1, None], out=e)
             np.exp(e, out=e)  # (g, bq, bk) E = exp(S - m); the forward's weights are E / ℓ
-            np.matmul(r.da[:, i0:i1], vj.swapaxes(1, 2), out=dp)  # (g, bq, dv+1) @ (g, dv+1, bk) -> dP - D
-            do_i = np.multiply(r.d_out[:, i0:i1], inv_ell, out=do_l[:, : i1 - i0])  # (g, bq, dv) dO / ℓ
+            np.matmul(r.da[:, i0:i1], vj.swapaxes(1, 2), out=dp)  # (g, bq, dv+1) @ (g, dv+1, bk) -> (dP - D) / ℓ
+            do_l = r.da[:, i0:i1, :n_dv]  # (g, bq, dv) dO / ℓ, a view
             if not dropout:
-                dv[:, j0:j1] += e.swapaxes(1, 2) @ do_i  # (g, bk, bq) @ (g, bq, dv) -> (g, bk, dv)
+                dv[:, j0:j1] += e.swapaxes(1, 2) @ do_l  # (g, bk, bq) @ (g, bq, dv) -> (g, bk, dv)
             else:
                 keep = tiles.keep_tile(i0, i1, j0, j1)
-                dv[:, j0:j1] += (e * keep * scale_drop).swapaxes(1, 2) @ do_i  # the dropped weights
+                dv[:, j0:j1] += (e * keep * scale_drop).swapaxes(1, 2) @ do_l  # the dropped weights
                 dp *= keep  # back through dropout: dP = dP_dropped ∘ keep / (1 - p)
                 dp *= scale_drop
-                np.subtract(dp, r.D[:, i0:i1, None], out=dp)
-            np.multiply(dp, e, out=dp)  # (g, bq, bk) dS' = E ∘ (dP - D) = ℓ · dS, the softmax VJP
-            dq[:, i0:i1] += dp @ kj  # (g, bq, bk) @ (g, bk, d) -> (g, bq, d), divided by ℓ below
-            q_i = np.multiply(r.q[:, i0:i1], inv_ell, out=q_l[:, : i1 - i0])  # (g, bq, d) q / ℓ
-            dk[:, j0:j1] += dp.swapaxes(1, 2) @ q_i  # (g, bk, bq) @ (g, bq, d) -> (g, bk, d)
+                np.subtract(dp, r.D_l[:, i0:i1, None], out=dp)
+            np.multiply(dp, e, out=dp)  # (g, bq, bk) dS = E ∘ (dP - D) / ℓ = P ∘ (dP - D), the softmax VJP
+            dq[:, i0:i1] += dp @ kj  # (g, bq, bk) @ (g, bk, d) -> (g, bq, d)
+            dk[:, j0:j1] += dp.swapaxes(1, 2) @ r.q[:, i0:i1]  # (g, bk, bq) @ (g, bq, d) -> (g, bk, d)
             if d_bias is not None:
-                d_bias[:, i0:i1, j0:j1] += dp * inv_ell  # dS = dS' / ℓ
-    dq *= r.inv_ell[..., None]
+                d_bias[:, i0:i1, j0:j1] += dp  # (g, bq, bk)
 
 
 def _key_ranges(tiles: _Tiles, Lq: int, Lk: int, block: int, n: int) -> list[tuple[int, int]]:
