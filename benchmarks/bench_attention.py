@@ -104,14 +104,15 @@ def median_time(fn, repeats: int, warmup: int = 1) -> float:
 # --------------------------------------------------------------------------- the variants
 
 
-def numpy_runner(variant: str, B: int, L: int, E: int, H: int, dtype, block_size=None, causal=False):
-    """-> (forward(), forward_backward(), x, d_output, mha) for a NumPy variant (``causal``: a causal mask)."""
+def numpy_runner(variant: str, B: int, L: int, E: int, H: int, dtype, block_size=None, causal=False, recompute=False):
+    """-> (forward(), forward_backward(), x, d_output, mha) for a NumPy variant (``causal``: a causal mask;
+    ``recompute``: ``MultiHeadAttention(recompute=True)``, head by head keeping only the inputs)."""
     kw = {}
     if variant.startswith("chunked"):
         kw = dict(impl="chunked", num_threads=int(variant[-1]), block_size=block_size)
     elif variant in ("naive", "auto"):
         kw = dict(impl=variant)
-    mha = MultiHeadAttention(E, H, dtype=dtype, rng=0, **kw)
+    mha = MultiHeadAttention(E, H, dtype=dtype, rng=0, recompute=recompute, **kw)
     mask = causal_mask(L) if causal else None
     rng = np.random.default_rng(1)
     x = rng.standard_normal((B, L, E)).astype(dtype)
@@ -160,10 +161,10 @@ def torch_runner(variant: str, B: int, L: int, E: int, H: int, dtype, causal=Fal
     return forward, forward_backward, mha, x
 
 
-def numpy_peak_mib(variant, B, L, E, H, dtype, block_size=None, fwd_bwd=None) -> dict:
+def numpy_peak_mib(variant, B, L, E, H, dtype, block_size=None, fwd_bwd=None, recompute=False) -> dict:
     """tracemalloc peak of one forward + backward; also the part beyond its output and gradients."""
     if fwd_bwd is None:
-        _, fwd_bwd, *_ = numpy_runner(variant, B, L, E, H, dtype, block_size)
+        _, fwd_bwd, *_ = numpy_runner(variant, B, L, E, H, dtype, block_size, recompute=recompute)
     tracemalloc.start()
     try:
         out, grads = fwd_bwd()
@@ -402,10 +403,14 @@ def ratio_rows(args) -> list[dict]:
 
 def memory_target(args) -> dict:
     """chunked forward + backward at B=1, L=16384, E=256, H=4, float32: tracemalloc peak beyond the
-    output and gradients (the inputs and parameters exist before tracing starts)."""
+    output and gradients (the inputs and parameters exist before tracing starts); by default and with
+    ``recompute=True`` (head by head, the cache keeping only the inputs)."""
     L = 4096 if args.quick else 16384
-    mem = numpy_peak_mib("chunked-t2" if args.threads >= 2 else "chunked-t1", 1, L, 256, 4, np.float32)
-    res = dict(L=L, **mem, score_tensor_mib=score_bytes(1, 4, L, 4) / MiB)
+    variant = "chunked-t2" if args.threads >= 2 else "chunked-t1"
+    mem = numpy_peak_mib(variant, 1, L, 256, 4, np.float32)
+    lean = numpy_peak_mib(variant, 1, L, 256, 4, np.float32, recompute=True)
+    res = dict(L=L, **mem, recompute_peak=lean["peak"], recompute_beyond=lean["beyond"])
+    res.update(score_tensor_mib=score_bytes(1, 4, L, 4) / MiB)
     if args.torch:  # the same measure for torch: RSS growth minus its output and gradients
         torch_peak = torch_peaks_mib(["torch-mha"], 1, [L], 256, 4, np.float32, args.threads).get(f"torch-mha/{L}")
         if torch_peak is not None:
@@ -416,7 +421,8 @@ def memory_target(args) -> dict:
             )
     print(
         f"memory target: chunked fwd+bwd at L={L}, E=256, H=4, float32: peak {mem['peak']:.1f} MiB, "
-        f"{mem['beyond']:.1f} MiB beyond output and gradients; one score tensor: {res['score_tensor_mib']:.0f} MiB"
+        f"{mem['beyond']:.1f} MiB beyond output and gradients; with recompute=True: peak {lean['peak']:.1f} MiB, "
+        f"{lean['beyond']:.1f} MiB beyond; one score tensor: {res['score_tensor_mib']:.0f} MiB"
     )
     return res
 

@@ -144,11 +144,16 @@ def targets(rows, mem, extra: dict) -> list[str]:
             lines.append(f"- causal / unmasked at L={r['L']}, E={r['E']}, float32 (≤ 0.6×): {r['ratio']:.2f}× "
                          f"[{r['lo']:.2f}..{r['hi']:.2f}]: **{'met' if r['ratio'] <= 0.6 else 'missed'}**")  # fmt: skip
     if mem:
-        verdict = ("met" if mem["beyond"] <= 64 else "missed") if mem["L"] == 16384 else "not judged (--quick)"
+
+        def verdict(beyond):
+            return ("met" if beyond <= 64 else "missed") if mem["L"] == 16384 else "not judged (--quick)"
+
+        lean = (f"with recompute=True: peak {mem['recompute_peak']:.1f} MiB, {mem['recompute_beyond']:.1f} MiB "
+                f"beyond: **{verdict(mem['recompute_beyond'])}**; " if "recompute_beyond" in mem else "")  # fmt: skip
         lines.append(
             f"- memory at L={mem['L']}, E=256, H=4, float32: chunked peak {mem['peak']:.1f} MiB, "
-            f"{mem['beyond']:.1f} MiB beyond output and gradients (≤ 64 MiB at L=16384): **{verdict}**; "
-            f"one vectorized score tensor: {mem['score_tensor_mib']:.0f} MiB"
+            f"{mem['beyond']:.1f} MiB beyond output and gradients (≤ 64 MiB at L=16384): **{verdict(mem['beyond'])}**; "
+            f"{lean}one vectorized score tensor: {mem['score_tensor_mib']:.0f} MiB"
             + (f"; torch-mha: {mem['torch_beyond']:.1f} MiB beyond" if "torch_beyond" in mem else "")
         )
     for r in extra.get("bert", []):

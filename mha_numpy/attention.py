@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import functional as F
+from . import recompute as RC
 from . import variants as VAR
 from ._checks import FLOAT_DTYPES, as_float_array, as_generator, check_probability
 from .kernels import check_args, get_kernel
@@ -90,6 +91,13 @@ class MultiHeadAttention:
     key/value head h // (H / Hkv); ``rope_theta`` rotates Q and K per head (RoPE, Hugging Face Llama convention,
     positions 0, 1, ... or ``forward(..., positions=)``); ``alibi=True`` adds ALiBi's distance penalty to the scores.
     ``forward(..., kv_cache=KVCache())`` decodes incrementally (forward only).
+
+    ``recompute=True`` trades one more forward of the projections and the kernel for memory (activation
+    checkpointing, ``mha_numpy/recompute.py``): forward and backward run one key/value head and its query heads
+    at a time (one head without grouped-query attention), the cache keeps only the inputs, and the backward
+    recomputes each group's Q, K, V and context. Same outputs and gradients (to rounding); sampled dropout draws
+    its own keep-masks per group (``cache.dropout_mask`` shows them); no ``kv_cache``. With the chunked kernel,
+    memory is then a few (L, d) arrays beyond the inputs, outputs and gradients.
     """
 
     def __init__(
@@ -109,6 +117,7 @@ class MultiHeadAttention:
         num_kv_heads: int | None = None,
         rope_theta: float | None = None,
         alibi: bool = False,
+        recompute: bool = False,
     ) -> None:
         kdim = embed_dim if kdim is None else kdim
         vdim = embed_dim if vdim is None else vdim
@@ -128,6 +137,8 @@ class MultiHeadAttention:
         if dtype not in FLOAT_DTYPES:
             raise ValueError(f"dtype must be np.float32 or np.float64, got {dtype}")
         num_kv_heads = VAR.check_variants(embed_dim, num_heads, num_kv_heads, rope_theta, alibi)
+        if not isinstance(recompute, (bool, np.bool_)):
+            raise ValueError(f"recompute must be True or False, got {recompute!r}")
         self.kernel = get_kernel(impl, block_size=block_size, num_threads=num_threads)
         self.impl = self.kernel.name
 
@@ -135,6 +146,7 @@ class MultiHeadAttention:
         self.kdim, self.vdim, self.bias, self.dropout, self.dtype = kdim, vdim, bias, float(dropout), dtype
         self.rng = as_generator(rng)
         self.num_kv_heads, self.rope_theta, self.alibi = num_kv_heads, rope_theta, bool(alibi)
+        self.recompute = bool(recompute)
 
         E, Ekv = embed_dim, num_kv_heads * self.head_dim  # Ekv = E unless grouped-query
         packed = kdim == E and vdim == E and Ekv == E  # torch initialises the packed (3E, E) in_proj_weight
@@ -159,6 +171,7 @@ class MultiHeadAttention:
             + ("" if self.num_kv_heads == self.num_heads else f", num_kv_heads={self.num_kv_heads}")
             + ("" if self.rope_theta is None else f", rope_theta={self.rope_theta:g}")
             + (", alibi=True" if self.alibi else "")
+            + (", recompute=True" if self.recompute else "")
             + ")"
         )
 
@@ -187,18 +200,22 @@ class MultiHeadAttention:
         return query, key, value
 
     def _check_cache(self, d_output, cache) -> np.ndarray:
-        if not isinstance(cache, MHACache):
+        if not isinstance(cache, (MHACache, RC.RecomputeCache)):
             raise ValueError(
                 f"cache must be the MHACache returned by this module's forward, got {type(cache).__name__}"
             )
         if cache.owner is not self:
             raise ValueError("cache was made by another MultiHeadAttention: pass the cache of this module's forward")
-        if "kv_cache" in cache.steps:
+        if isinstance(cache, MHACache) and "kv_cache" in cache.steps:
             raise ValueError(
                 "backward through a call with kv_cache is not supported: the cache is state (forward only)"
             )
         d_output = as_float_array(d_output, "d_output", ndim=3)
-        expected = (cache.context.shape[0], cache.context.shape[2], self.embed_dim)  # (B, Lq, E)
+        if isinstance(cache, RC.RecomputeCache):
+            B, Lq = cache.query.shape[:2]  # query (B, Lq, E)
+        else:
+            B, Lq = cache.context.shape[0], cache.context.shape[2]  # context (B, H, Lq, d)
+        expected = (B, Lq, self.embed_dim)
         if d_output.shape != expected or d_output.dtype != self.dtype:
             raise ValueError(
                 f"d_output has shape {d_output.shape} and dtype {d_output.dtype}; expected {expected} and "
@@ -235,11 +252,17 @@ class MultiHeadAttention:
         P, H, Hkv = self.params, self.num_heads, self.num_kv_heads
         B, Lq, Lk = query.shape[0], query.shape[1], key.shape[1]
         p_drop = self.dropout if training else 0.0
+        if self.recompute and kv_cache is not None:
+            raise ValueError(
+                "kv_cache with recompute=True is not supported: decoding keeps K and V, recompute does not"
+            )
         Lk_all = VAR.check_call(self, B, Lq, Lk, positions, kv_cache)  # + cached positions; before arithmetic
         args = check_args(
             (B, H, Lq, Lk_all), self.head_dim, mask, None, p_drop, self.rng, dropout_mask
         )  # before arithmetic
         pos_q, pos_k = VAR.positions_of(positions, Lq, Lk, 0 if kv_cache is None else len(kv_cache))
+        if self.recompute:  # head group by head group, keeping only the inputs (recompute.py)
+            return RC.forward(self, query, key, value, args, (pos_q, pos_k))
         kernel = self.kernel.choose(args.shape)  # the kernel of this call (``auto`` picks one by the shape)
         mm = kernel.matmul  # the projections' products run on the kernel's threads (kernels/_threads.py)
         s: dict = {}  # each step's cache, by name
@@ -283,6 +306,8 @@ class MultiHeadAttention:
         as query, key and value) its gradient is grads["query"] + grads["key"] + grads["value"].
         """
         d_output = self._check_cache(d_output, cache)
+        if isinstance(cache, RC.RecomputeCache):  # recompute each head group's forward, then its backward
+            return RC.backward(self, d_output, cache)
         s, g, kernel = cache.steps, {}, cache.attention.kernel  # the kernel that ran the forward
         d_merged, g["W_o"], g["b_o"] = F.linear_backward(d_output, s["out_proj"], kernel.matmul)  # (B, Lq, E)
         d_context = F.merge_heads_backward(d_merged, s["merge"])  # (B, H, Lq, d)

@@ -74,6 +74,30 @@ def test_tiles_with_blocked_and_allowed_positions_are_cut_and_stay_exact(monkeyp
     assert all(np.abs(a - b).max() <= 1e-13 * scale for a, b in zip(grads, ref_grads))
 
 
+def test_one_head_is_split_into_key_ranges_of_equal_work_and_the_result_does_not_depend_on_threads():
+    """B = 1, H = 1 on 3 threads: the key blocks are cut into 3 ranges with about as many non-empty tiles each
+    (under a causal mask the early key blocks have more), and every thread count gives the same gradients."""
+    from mha_numpy.kernels.chunked import _key_ranges
+
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((1, 1, 24, 3)) for _ in range(3))
+    mask = masks.causal_mask(24)
+    kernel = ChunkedKernel(block_size=2, num_threads=3)
+    _, cache = kernel.forward(q, k, v, mask)
+    ranges = _key_ranges(cache._tiles(0, slice(0, 1)), 24, 24, 2, 3)
+    assert ranges[0][0] == 0 and ranges[-1][1] == 24 and len(ranges) == 3
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))  # contiguous
+    tiles = [sum(12 - j // 2 for j in range(*r, 2)) for r in ranges]  # key block j//2 has 12 - j//2 tiles
+    assert max(tiles) - min(tiles) <= 12 and ranges[0][1] < 8  # equal work, not equal length (that is 8 each)
+    d_context = rng.standard_normal((1, 1, 24, 3))
+    grads = kernel.backward(d_context, cache)
+    again = kernel.backward(d_context, cache)
+    assert all(np.array_equal(a, b) for a, b in zip(grads[:3], again[:3]))  # a fixed order of summation
+    one = ChunkedKernel(block_size=2, num_threads=1)
+    ref = one.backward(d_context, one.forward(q, k, v, mask)[1])
+    assert all(rel_err(a, b) <= 1e-13 for a, b in zip(grads[:3], ref[:3]))
+
+
 @pytest.mark.parametrize("block_size", [1, 3, 64])
 def test_dropout_regenerates_the_same_tiles_in_the_backward(block_size):
     rng = np.random.default_rng(5)

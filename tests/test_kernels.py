@@ -151,6 +151,30 @@ def test_sampled_dropout_is_reproduced_by_its_own_mask(impl, options, rng):
     assert rel_err(ctx, attention(q, k, v, keep=keep, p=0.5)[0]) <= 1e-12
 
 
+@pytest.mark.parametrize("sampled", [False, True])
+@pytest.mark.parametrize("impl, options", KERNEL_CASES, ids=IDS)
+def test_one_head_with_a_causal_mask_bias_and_dropout(impl, options, sampled, rng):
+    """B = 1, H = 1 and several key blocks: the chunked kernel then splits the head's key blocks across threads."""
+    kernel = kernels.get_kernel(impl, **options)
+    Lq, Lk = 9, 11
+    q, k, v = (rng.standard_normal((1, 1, n, D + (i == 2))) for i, n in enumerate((Lq, Lk, Lk)))
+    mask = make_mask("causal", rng, 1, 1, Lq, Lk)
+    bias = rng.normal(0, 1, (1, 1, Lq, Lk))
+    given = None if sampled else rng.random((1, 1, Lq, Lk)) >= 0.3
+    drop = dict(dropout_p=0.3, dropout_mask=given, rng=np.random.default_rng(4) if sampled else None)
+    ctx, cache = kernel.forward(q, k, v, mask, bias=bias, **drop)
+    keep = cache.dropout_mask
+    assert keep.shape == (1, 1, Lq, Lk) and (sampled or np.array_equal(keep, given))
+    assert rel_err(ctx, attention(q, k, v, mask, bias=bias, keep=keep, p=0.3)[0]) <= 1e-12
+    d_context = rng.standard_normal(ctx.shape)
+    grads = kernel.backward(d_context, cache)
+    fixed = dict(dropout_p=0.3, dropout_mask=keep)
+    names = ("q", "k", "v", "bias")
+    report = check_function(lambda q, k, v, bias: kernel.forward(q, k, v, mask, bias=bias, **fixed)[0],
+                            dict(zip(names, grads)), dict(q=q, k=k, v=v, bias=bias), d_context)  # fmt: skip
+    assert report.passed and max(r.max_rel_err for r in report.rows) <= 1e-7, str(report)
+
+
 @pytest.mark.parametrize("impl, options", KERNEL_CASES, ids=IDS)
 def test_fully_masked_rows_are_zero_and_gradients_finite(impl, options, rng):
     kernel = kernels.get_kernel(impl, **options)

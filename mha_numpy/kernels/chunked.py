@@ -27,17 +27,23 @@ allowed position is skipped entirely (so a causal mask skips the blocks above th
 tile with every position allowed is not touched, and a tile with both is cut in four, and again,
 down to 128 × 128 parts (``_Tiles.parts``): a causal diagonal tile costs little more than its lower
 half. A row with no allowed key gets ℓ = 0 and 1/ℓ is stored as 0, which makes its recomputed
-weights exactly 0: zero weights, zero context, zero (finite) gradients. A float ``bias`` (ALiBi, a relative-position table) is added like a float mask,
-and its gradient, the sum of dS over the bias's broadcast axes, is accumulated tile by tile.
+weights exactly 0: zero weights, zero context, zero (finite) gradients. A float ``bias`` (ALiBi, a
+relative-position table) is added like a float mask, and its gradient, the sum of dS over the bias's
+broadcast axes, is accumulated tile by tile.
 
 Dropout (training): the keep-mask of a tile is either cut from a given ``dropout_mask`` or drawn
 from its own generator seeded by (seed, b, h, i, j), so the backward regenerates exactly the same
 tile without anything of size Lq × Lk being stored. ``cache.dropout_mask`` assembles it on request.
 
-Parallelism: work items are (b, h, query block) in the forward and (b, h) in the backward (a
-head's dQ receives a contribution from every key block, so a head stays on one thread). With
-``num_threads`` > 1 they run on a thread pool (NumPy releases the GIL inside BLAS and ufuncs) and
-BLAS is limited to one thread meanwhile (``_threads``), so the two levels do not oversubscribe.
+Parallelism: work items are (b, heads, query block) in the forward and (b, heads, key range) in the backward.
+A head's dQ receives a contribution from every key block, so a backward item normally takes all the key
+blocks of its heads; when there are fewer head groups than threads (B = 1 and one head, e.g. under
+``MultiHeadAttention(recompute=True)``), each group's key blocks are cut into contiguous ranges with about
+as many non-empty tiles each (FlashAttention-2's split): an item owns its range's dK, dV rows and sums its
+share of dQ into a partial of its own (the first range into dQ itself), added to dQ at the end in a fixed
+order, so the result does not depend on the threads. With ``num_threads`` > 1 the items run on a thread
+pool (NumPy releases the GIL inside BLAS and ufuncs) and BLAS is limited to one thread meanwhile
+(``_threads``), so the two levels do not oversubscribe.
 With ``num_threads`` = 1 the items run in the calling thread and BLAS uses its own threads.
 ``attn_weights`` / ``scores`` of the cache are computed only when asked for (they are Lq × Lk).
 """
@@ -202,53 +208,100 @@ def _forward_rows(q, k, v, scale: float, tiles: _Tiles, i0: int, bk: int, out, m
 # --------------------------------------------------------------------------- one head, backward
 
 
-def _backward_heads(q, k, v, scale, d_out, m, inv_ell, D, tiles: _Tiles, bq, bk, dq, dk, dv, d_bias) -> None:
-    """Backward of a group of g heads, tile by tile, recomputing P = exp(S - m) / ℓ (FlashAttention-2 order).
+@dataclass
+class _HeadRows:
+    """What every key range of a group of g heads reads in the backward (made once per group, read-only).
 
-    q: (g, Lq, d) queries (scaled here)   k: (g, Lk, d)   v: (g, Lk, dv)   d_out: (g, Lq, dv)   m, inv_ell, D: (g, Lq)
-    writes dq: (g, Lq, d) (gradient w.r.t. the scaled q), dk: (g, Lk, d), dv: (g, Lk, dv); all start at 0;
-    d_bias: None or the (g, Lq, Lk) gradient of the group's bias, tile by tile (starts at 0).
-    The 1/ℓ of each row rides along in the rows of dO and q (dV = Eᵀ (dO/ℓ), dK = dS'ᵀ (q/ℓ)) and is
-    applied to dQ once at the end, with E = exp(S - m) and dS' = E ∘ (dP - D) = ℓ dS. dP - D is one GEMM
-    with an extra column: [dO, -D] [v, 1]ᵀ.
+    q: (g, Lq, d) the scaled queries, as the forward's tiles saw them   k: (g, Lk, d)   v: (g, Lk, dv)
+    da: (g, Lq, dv + 1) = [dO, -D] / ℓ, each row divided by its ℓ (with dropout dO / ℓ alone, (g, Lq, dv))
+    D_l: (g, Lq) D / ℓ   m: (g, Lq) the forward's row max
     """
-    (g, Lq, _), Lk, dt = q.shape, k.shape[1], q.dtype
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    da: np.ndarray
+    D_l: np.ndarray
+    m: np.ndarray
+    tiles: _Tiles
+
+    @classmethod
+    def make(cls, q, k, v, scale, d_out, m, inv_ell, D, tiles: _Tiles) -> _HeadRows:
+        (g, Lq, dv), dropout = d_out.shape, tiles.keep is not None or tiles.seed is not None
+        D_l = D * inv_ell  # (g, Lq)
+        da = np.empty((g, Lq, dv if dropout else dv + 1), dtype=d_out.dtype)  # dropout scales dP before D goes
+        np.multiply(d_out, inv_ell[..., None], out=da[..., :dv])  # (g, Lq, dv) dO / ℓ
+        if not dropout:
+            np.negative(D_l, out=da[..., dv])  # the extra column -D / ℓ
+        return cls(q * scale, k, v, da, D_l, m, tiles)  # q * scale: (g, Lq, d)
+
+
+def _backward_keys(r: _HeadRows, bq: int, bk: int, j_start: int, j_stop: int, dq, dk, dv, d_bias) -> None:
+    """Backward of a group of g heads over the key rows j_start ... j_stop - 1, tile by tile, recomputing
+    P = exp(S - m) / ℓ (FlashAttention-2 order: key blocks outer, so dK, dV rows are finished in place).
+
+    writes dq: (g, Lq, d) (this key range's share of the gradient w.r.t. the scaled q), and the key range's rows
+    of dk: (g, Lk, d), dv: (g, Lk, dv); all start at 0; d_bias: None or the (g, Lq, Lk) gradient of the group's
+    bias, this key range's columns (starts at 0).
+    The 1/ℓ of each row rides along in the rows of [dO, -D] / ℓ: with E = exp(S - m) (so P = E / ℓ), one GEMM
+    gives (dP - D) / ℓ = ([dO, -D] / ℓ) [v, 1]ᵀ, then dS = E ∘ (dP - D) / ℓ = P ∘ (dP - D) and dV = Eᵀ (dO / ℓ):
+    nothing of size (bq, bk) is divided by ℓ.
+    """
+    (g, Lq, _), dt, tiles, n_dv = r.q.shape, r.q.dtype, r.tiles, r.v.shape[2]
     dropout = tiles.keep is not None or tiles.seed is not None
     scale_drop = 1.0 / (1.0 - tiles.p) if tiles.p > 0 else 1.0
-    q = q * scale  # (g, Lq, d) these heads' scaled queries, as the forward's tiles saw them
-    do_l = d_out * inv_ell[..., None]  # (g, Lq, dv) dO / ℓ
-    q_l = q * inv_ell[..., None]  # (g, Lq, d) q / ℓ
-    da = np.concatenate([d_out, -D[..., None]], axis=2)  # (g, Lq, dv + 1)
-    va = np.concatenate([v, np.ones((g, Lk, 1), dtype=dt)], axis=2)  # (g, Lk, dv + 1)
-    if dropout:  # dropout scales dP before D is subtracted: no extra column on that side
-        da, va = d_out, v
-    e_buf = np.empty((g, min(bq, Lq), min(bk, Lk)), dtype=dt)
+    e_buf = np.empty((g, min(bq, Lq), min(bk, j_stop - j_start)), dtype=dt)
     dp_buf = np.empty_like(e_buf)
-    for j0 in range(0, Lk, bk):
+    for j0 in range(j_start, j_stop, bk):
+        j1 = min(j0 + bk, j_stop)
+        kb, vb = r.k[:, j0:j1], r.v[:, j0:j1]  # (g, bk, d), (g, bk, dv)
+        if not dropout:
+            vb = np.concatenate([vb, np.ones((g, j1 - j0, 1), dtype=dt)], axis=2)  # (g, bk, dv + 1) [v, 1]
         for i0 in range(0, Lq, bq):
-            for r0, r1, c0, c1, state, mtile in tiles.parts(i0, min(i0 + bq, Lq), j0, min(j0 + bk, Lk)):
-                kj, vj = k[:, c0:c1], va[:, c0:c1]  # (g, bk, d), (g, bk, dv [+ 1])
-                e = e_buf[:, : r1 - r0, : c1 - c0]
-                dp = dp_buf[:, : r1 - r0, : c1 - c0]
-                np.matmul(q[:, r0:r1], kj.swapaxes(1, 2), out=e)  # (g, bq, d) @ (g, d, bk) -> (g, bq, bk) S
+            for r0, r1, c0, c1, state, mtile in tiles.parts(i0, min(i0 + bq, Lq), j0, j1):
+                kj, vj = kb[:, c0 - j0 : c1 - j0], vb[:, c0 - j0 : c1 - j0]  # the part's keys, (g, bk, ·)
+                e, dp = e_buf[:, : r1 - r0, : c1 - c0], dp_buf[:, : r1 - r0, : c1 - c0]
+                np.matmul(r.q[:, r0:r1], kj.swapaxes(1, 2), out=e)  # (g, bq, d) @ (g, d, bk) -> (g, bq, bk) S
                 tiles.finish_scores(e, r0, c0, state, mtile)
-                np.subtract(e, m[:, r0:r1, None], out=e)
+                np.subtract(e, r.m[:, r0:r1, None], out=e)
                 np.exp(e, out=e)  # (g, bq, bk) E = exp(S - m); the forward's weights are E / ℓ
-                np.matmul(da[:, r0:r1], vj.swapaxes(1, 2), out=dp)  # (g, bq, dv+1) @ (g, dv+1, bk) -> dP - D
+                np.matmul(r.da[:, r0:r1], vj.swapaxes(1, 2), out=dp)  # (g, bq, dv+1) @ (g, dv+1, bk) -> (dP - D) / ℓ
+                do_l = r.da[:, r0:r1, :n_dv]  # (g, bq, dv) dO / ℓ, a view
                 if not dropout:
-                    dv[:, c0:c1] += e.swapaxes(1, 2) @ do_l[:, r0:r1]  # (g, bk, bq) @ (g, bq, dv) -> (g, bk, dv)
+                    dv[:, c0:c1] += e.swapaxes(1, 2) @ do_l  # (g, bk, bq) @ (g, bq, dv) -> (g, bk, dv)
                 else:
                     keep = tiles.keep_tile(r0, r1, c0, c1)
-                    dv[:, c0:c1] += (e * keep * scale_drop).swapaxes(1, 2) @ do_l[:, r0:r1]  # the dropped weights
+                    dv[:, c0:c1] += (e * keep * scale_drop).swapaxes(1, 2) @ do_l  # the dropped weights
                     dp *= keep  # back through dropout: dP = dP_dropped ∘ keep / (1 - p)
                     dp *= scale_drop
-                    np.subtract(dp, D[:, r0:r1, None], out=dp)
-                np.multiply(dp, e, out=dp)  # (g, bq, bk) dS' = E ∘ (dP - D) = ℓ · dS, the softmax VJP
-                dq[:, r0:r1] += dp @ kj  # (g, bq, bk) @ (g, bk, d) -> (g, bq, d), divided by ℓ below
-                dk[:, c0:c1] += dp.swapaxes(1, 2) @ q_l[:, r0:r1]  # (g, bk, bq) @ (g, bq, d) -> (g, bk, d)
+                    np.subtract(dp, r.D_l[:, r0:r1, None], out=dp)
+                np.multiply(dp, e, out=dp)  # (g, bq, bk) dS = E ∘ (dP - D) / ℓ = P ∘ (dP - D), the softmax VJP
+                dq[:, r0:r1] += dp @ kj  # (g, bq, bk) @ (g, bk, d) -> (g, bq, d)
+                dk[:, c0:c1] += dp.swapaxes(1, 2) @ r.q[:, r0:r1]  # (g, bk, bq) @ (g, bq, d) -> (g, bk, d)
                 if d_bias is not None:
-                    d_bias[:, r0:r1, c0:c1] += dp * inv_ell[:, r0:r1, None]  # dS = dS' / ℓ
-    dq *= inv_ell[..., None]
+                    d_bias[:, r0:r1, c0:c1] += dp  # (g, bq, bk)
+
+
+def _key_ranges(tiles: _Tiles, Lq: int, Lk: int, block: int, n: int) -> list[tuple[int, int]]:
+    """Cut the key blocks into at most n contiguous ranges [j_start, j_stop) with about as many non-empty tiles
+    each (under a causal mask the early key blocks have the most)."""
+    starts = range(0, Lk, block)
+    if n <= 1 or len(starts) <= 1:
+        return [(0, Lk)]
+    work = [
+        sum(
+            tiles.mask_state(i0, min(i0 + block, Lq), j0, min(j0 + block, Lk))[0] != _EMPTY
+            for i0 in range(0, Lq, block)
+        )
+        for j0 in starts
+    ]  # non-empty tiles per key block (the states are remembered for the backward itself)
+    total, ranges, done, first = max(1, sum(work)), [], 0, 0
+    for idx, w in enumerate(work):
+        done += w
+        if (len(ranges) < n - 1 and done * n >= total * (len(ranges) + 1)) or idx == len(work) - 1:  # its share
+            ranges.append((starts[first], min(starts[idx] + block, Lk)))
+            first = idx + 1
+    return ranges
 
 
 def _group_size(args: AttentionArgs, block: int, threads: int) -> int:
@@ -400,23 +453,42 @@ class ChunkedKernel(Kernel):
         bias = cache.args.bias
         d_bias = None if bias is None else np.zeros(np.shape(bias), dtype=q.dtype)  # the bias's own shape
         D = np.einsum("bhld,bhld->bhl", d_context, o)  # (B, H, Lq) rowsum(dO ∘ O)
-        bs = cache.kernel.block(q.dtype)
+        bs, threads = cache.kernel.block(q.dtype), cache.kernel.threads()
+        groups = cache.kernel.groups(cache.args, q.dtype)
+        n_split = -(-threads // len(groups)) if 0 < len(groups) < threads else 1  # key ranges per group
+
+        def rows(b, hs) -> _HeadRows:
+            m_l_D = (cache.m[b, hs], cache.inv_ell[b, hs], D[b, hs])  # (g, Lq) each
+            return _HeadRows.make(q[b, hs], k[b, hs], v[b, hs], cache.args.scale, d_context[b, hs], *m_l_D,
+                                  cache._tiles(b, hs))  # fmt: skip
+
+        # items: (b, heads, key range); a group split into key ranges shares its rows, and each range after the
+        # first sums its share of dQ into a partial of its own, added to dq at the end (in order: deterministic)
+        shared, items, partials = {}, [], {}
+        for b, hs in groups:
+            ranges = _key_ranges(cache._tiles(b, hs), Lq, Lk, bs, n_split)
+            if len(ranges) > 1:
+                shared[b, hs.start] = rows(b, hs)
+            items += [(b, hs, j_start, j_stop, n) for n, (j_start, j_stop) in enumerate(ranges)]
 
         def work(item):
-            b, hs = item
+            b, hs, j_start, j_stop, n = item
             g = len(range(H)[hs])
+            r = shared.get((b, hs.start)) or rows(b, hs)
+            target = (
+                dq[b, hs] if n == 0 else partials.setdefault((b, hs.start, n), np.zeros((g, Lq, q.shape[3]), q.dtype))
+            )
             db = None if bias is None else np.zeros((g, Lq, Lk), dtype=q.dtype)  # these heads' dS
-            rows = (cache.m[b, hs], cache.inv_ell[b, hs], D[b, hs])  # (g, Lq) each
-            _backward_heads(
-                q[b, hs], k[b, hs], v[b, hs], cache.args.scale, d_context[b, hs], *rows,
-                cache._tiles(b, hs), bs, bs, dq[b, hs], dk[b, hs], dv[b, hs], db,
-            )  # fmt: skip
+            _backward_keys(r, bs, bs, j_start, j_stop, target, dk[b, hs], dv[b, hs], db)
             if db is not None:
                 with self._bias_lock:  # heads that share a bias entry add into it one at a time
                     for h, d_head in zip(range(H)[hs], db):
                         _add_reduced(d_bias, b, h, d_head)
 
-        run_items(work, cache.kernel.groups(cache.args, q.dtype), cache.kernel.threads())
+        run_items(work, items, threads)
+        for b, hs, _, _, n in items:  # the partials in the items' order: deterministic
+            if n > 0:
+                dq[b, hs] += partials.pop((b, hs.start, n))  # (g, Lq, d)
         dq *= cache.args.scale  # the tiles saw q · scale  ->  dq = dq_scaled · scale
         return dq, dk, dv, d_bias
 
