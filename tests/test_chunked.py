@@ -229,6 +229,28 @@ def test_concurrent_callers_leave_blas_threads_as_they_found_them():
     assert not errors and after == before
 
 
+def test_a_pool_item_that_calls_the_pool_again_runs_inline_instead_of_deadlocking():
+    """A chunked kernel (or a pooled product) inside a pool item, e.g. a BERT band: waiting for the pool from
+    one of its own threads would wait forever. Run in a thread with a timeout, so a regression fails, not hangs."""
+    from mha_numpy.kernels._threads import pooled_matmul, run_items
+
+    rng = np.random.default_rng(8)
+    q, k, v = (rng.standard_normal((1, 2, 64, 4)) for _ in range(3))
+    ref, _ = kernels.VectorizedKernel().forward(q, k, v)
+    a = rng.standard_normal((10, 3))
+    results = {}
+
+    def item(i):
+        results[i] = (ChunkedKernel(block_size=16, num_threads=2).forward(q, k, v)[0], pooled_matmul(a, a.T, 2))
+
+    t = threading.Thread(target=lambda: run_items(item, [0, 1, 2], 2), daemon=True)
+    t.start()
+    t.join(timeout=30)
+    assert not t.is_alive(), "nested use of the pool deadlocked"
+    assert sorted(results) == [0, 1, 2]
+    assert all(rel_err(ctx, ref) < 1e-13 and rel_err(prod, a @ a.T) < 1e-13 for ctx, prod in results.values())
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n, threads", [(1, 2), (2, 2), (7, 2), (64, 3), (5, 1)])
 def test_pooled_matmul_is_the_product_on_bands_of_rows(n, threads, dtype):

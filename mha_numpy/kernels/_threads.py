@@ -27,6 +27,7 @@ AVAILABLE_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 _LOCK = threading.Lock()
 _STATE = {"users": 0, "limiter": None, "controller": None}
+_WORKER = threading.local()  # .busy is True in a pool thread while it runs items
 
 
 def _controller():
@@ -68,9 +69,10 @@ def run_items(work, items, num_threads: int) -> None:
     Each pool thread takes the next item as soon as it is free (one shared iterator under a lock), so items
     of unequal cost (under a causal mask, a late query block has many more tiles than an early one) balance
     out: the threads finish at most one item apart. (Fixed groups of items did not: a group of late blocks
-    could be left running alone at the end.)
+    could be left running alone at the end.) Called from an item that already runs on the pool (a kernel
+    inside a BERT band), it runs the items in that thread: waiting for the pool from inside it would deadlock.
     """
-    if num_threads == 1 or len(items) <= 1:
+    if num_threads == 1 or len(items) <= 1 or getattr(_WORKER, "busy", False):
         for item in items:
             work(item)
         return
@@ -81,12 +83,16 @@ def run_items(work, items, num_threads: int) -> None:
     queue, queue_lock, done = iter(items), threading.Lock(), object()
 
     def worker(_) -> None:
-        while True:
-            with queue_lock:
-                item = next(queue, done)
-            if item is done:
-                return
-            work(item)
+        _WORKER.busy = True
+        try:
+            while True:
+                with queue_lock:
+                    item = next(queue, done)
+                if item is done:
+                    return
+                work(item)
+        finally:
+            _WORKER.busy = False
 
     with blas_single_threaded():
         for _ in pool.map(worker, range(min(num_threads, len(items)))):  # re-raises the first exception of a worker
