@@ -109,13 +109,12 @@ class AdamW(Adam):
     def __init__(
         self,
         params: dict[str, np.ndarray],
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
+        *,
         weight_decay: float = 1e-2,
         no_decay: tuple[str, ...] | set[str] = (),
+        **adam,
     ) -> None:
-        super().__init__(params, lr, betas, eps)
+        super().__init__(params, **adam)  # lr, betas, eps: Adam's, with its defaults and checks
         if not weight_decay >= 0:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
         self.weight_decay, self.no_decay = weight_decay, set(no_decay)

@@ -235,20 +235,7 @@ def _asset(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
-def explorer_html(
-    attentions,
-    tokens=None,
-    *,
-    key_tokens=None,
-    masks=None,
-    queries=None,
-    keys=None,
-    value_norms=None,
-    scale: float | None = None,
-    batch: int = 0,
-    layer_names: Sequence[str] | None = None,
-    title: str = "Attention explorer",
-) -> ExplorerPage:
+def explorer_html(attentions, tokens=None, **options) -> ExplorerPage:
     """One self-contained HTML page with the head, model and neuron views of these attention maps.
 
     attentions: a list with one (H, Lq, Lk) or (B, H, Lq, Lk) array per layer (as BertOutput.attentions
@@ -260,22 +247,12 @@ def explorer_html(
     queries / keys: (layers, H, Lq, d) / (layers, H, Lk, d) per-head q and k (same forms as attentions)
         for the neuron view; scale: the factor of q·k (default 1/sqrt(d)).
     value_norms: (layers, H, Lk) ||v_j W_o,hᵀ|| for the neuron view's value-weighted switch.
+    batch (default 0), layer_names (default "layer 0", ...), title: the rest. Every option is keyword-only and
+    is ``page_data``'s (its signature lists them with their defaults); an unknown one raises TypeError.
     Returns an ``ExplorerPage`` (a str; displays inline in a notebook). Raises ValueError naming the
     argument on wrong ranks, token counts that do not match, or rows that are not attention weights.
     """
-    data = page_data(
-        attentions,
-        tokens,
-        key_tokens=key_tokens,
-        masks=masks,
-        queries=queries,
-        keys=keys,
-        value_norms=value_norms,
-        scale=scale,
-        batch=batch,
-        layer_names=layer_names,
-        title=title,
-    )
+    data = page_data(attentions, tokens, **options)  # the keyword options above, checked there
     payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")  # never ends the <script>
     page = (
         "<!DOCTYPE html>\n<html lang='en'>\n<head>\n<meta charset='utf-8'>\n"
