@@ -264,7 +264,7 @@ class MultiHeadAttention:
         if self.recompute:  # head group by head group, keeping only the inputs (recompute.py)
             return RC.forward(self, query, key, value, args, (pos_q, pos_k))
         kernel = self.kernel.choose(args.shape)  # the kernel of this call (``auto`` picks one by the shape)
-        mm = kernel.matmul  # the projections' products run on the kernel's threads (kernels/_threads.py)
+        mm = kernel.matmul  # the projections' products run on the kernel's threads (mha_numpy/threads.py)
         s: dict = {}  # each step's cache, by name
 
         if query is key is value and self.kdim == self.vdim == self.embed_dim:  # self-attention: one GEMM

@@ -21,7 +21,8 @@ import numpy as np
 
 from .models.bert import BertModel
 from .models.classifier import BertClassifier
-from .train import AdamW, clip_grad_norm, global_norm, one_blas_thread, warmup_linear
+from .optim import AdamW, clip_grad_norm, global_norm, warmup_linear
+from .threads import blas_single_threaded
 
 TASK = "sentiment"
 POSITIVE = {
@@ -136,7 +137,7 @@ def finetune(
     eval_texts, eval_labels, eval_words = make_sentences("heldout", eval_size, np.random.default_rng(seq_eval))
     history: dict[str, list] = {"step": [], "loss": [], "accuracy": [], "grad_norm": [], "lr": []}
 
-    with one_blas_thread():
+    with blas_single_threaded():
         example = {"text": eval_texts[0], "word": eval_words[0], "tokens": model.tokenize(eval_texts[0]).tokens[0]}
         example["before"] = _attentions(clf, example["text"])
         accuracy_before = evaluate(clf, eval_texts, eval_labels)

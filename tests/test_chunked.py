@@ -232,7 +232,7 @@ def test_concurrent_callers_leave_blas_threads_as_they_found_them():
 def test_a_pool_item_that_calls_the_pool_again_runs_inline_instead_of_deadlocking():
     """A chunked kernel (or a pooled product) inside a pool item, e.g. a BERT band: waiting for the pool from
     one of its own threads would wait forever. Run in a thread with a timeout, so a regression fails, not hangs."""
-    from mha_numpy.kernels._threads import pooled_matmul, run_items
+    from mha_numpy.threads import pooled_matmul, run_items
 
     rng = np.random.default_rng(8)
     q, k, v = (rng.standard_normal((1, 2, 64, 4)) for _ in range(3))
@@ -254,7 +254,7 @@ def test_a_pool_item_that_calls_the_pool_again_runs_inline_instead_of_deadlockin
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n, threads", [(1, 2), (2, 2), (7, 2), (64, 3), (5, 1)])
 def test_pooled_matmul_is_the_product_on_bands_of_rows(n, threads, dtype):
-    from mha_numpy.kernels._threads import pooled_matmul
+    from mha_numpy.threads import pooled_matmul
 
     rng = np.random.default_rng(n)
     a, b = rng.standard_normal((n, 9)).astype(dtype), rng.standard_normal((6, 9)).astype(dtype).T

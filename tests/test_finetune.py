@@ -15,7 +15,7 @@ from helpers import require_torch
 from mha_numpy.bert import BertModel, default_model_dir
 from mha_numpy.finetune import NOUNS, TEMPLATES, finetune, make_sentences, no_decay_names
 from mha_numpy.models.classifier import BertClassifier
-from mha_numpy.train import AdamW, warmup_linear
+from mha_numpy.optim import AdamW, warmup_linear
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"

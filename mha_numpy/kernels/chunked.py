@@ -43,7 +43,7 @@ as many non-empty tiles each (FlashAttention-2's split): an item owns its range'
 share of dQ into a partial of its own (the first range into dQ itself), added to dQ at the end in a fixed
 order, so the result does not depend on the threads. With ``num_threads`` > 1 the items run on a thread
 pool (NumPy releases the GIL inside BLAS and ufuncs) and BLAS is limited to one thread meanwhile
-(``_threads``), so the two levels do not oversubscribe.
+(``mha_numpy.threads``), so the two levels do not oversubscribe.
 With ``num_threads`` = 1 the items run in the calling thread and BLAS uses its own threads.
 ``attn_weights`` / ``scores`` of the cache are computed only when asked for (they are Lq × Lk).
 """
@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._checks import check_d_context, positive_int_or_none
-from ._threads import AVAILABLE_CORES, pooled_matmul, run_items
+from ..threads import AVAILABLE_CORES, pooled_matmul, run_items
 from .base import AttentionArgs, Kernel
 
 # Both picked by measurement on the 2-core machine of docs/performance.md (block-size sweep there):
@@ -414,7 +414,7 @@ class ChunkedKernel(Kernel):
         return self.num_threads or DEFAULT_NUM_THREADS
 
     def matmul(self, a, b):
-        """The module's products on this kernel's pool (see ``_threads``: no BLAS thread left spinning)."""
+        """The module's products on this kernel's pool (see ``mha_numpy.threads``: no BLAS thread left spinning)."""
         return pooled_matmul(a, b, self.threads())  # (N, K) @ (K, M) -> (N, M)
 
     def groups(self, args: AttentionArgs, dtype) -> list[tuple[int, slice]]:

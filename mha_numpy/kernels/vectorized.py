@@ -16,7 +16,7 @@ import contextlib
 
 from .. import functional as F
 from .._checks import check_d_context
-from ._threads import blas_single_threaded
+from ..threads import blas_single_threaded
 from .base import AttentionArgs, Kernel
 
 SMALL_HEAD_SCORES = 256 * 256  # Lq · Lk per head up to which BLAS runs on one thread here

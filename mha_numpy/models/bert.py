@@ -46,7 +46,7 @@ import numpy as np
 from .. import functional as F
 from .. import masks
 from .._checks import positive_int_or_none
-from ..kernels._threads import AVAILABLE_CORES, run_items
+from ..threads import AVAILABLE_CORES, run_items
 from . import layers as LY
 from .bert_files import (  # noqa: F401
     INSTALL_HINT,

@@ -1,4 +1,6 @@
-"""One thread pool per size, BLAS held to one thread while our own pool runs, and products on that pool.
+"""``mha_numpy.threads``: one thread pool per size, BLAS held to one thread while our own pool runs, and products
+on that pool. A leaf of the package (it imports nothing of mha_numpy): the kernels, the NumPy BERT's bands and
+training all use it.
 
 The limit is reference-counted under a lock: overlapping callers (several threads calling the chunked
 kernel at once, or ``train`` around it) share one limit, and the last one out restores BLAS's original
