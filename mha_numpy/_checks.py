@@ -7,6 +7,7 @@ arithmetic happens, so a user never gets a broadcasting error from deep inside a
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 
@@ -17,7 +18,7 @@ def as_float_array(x, name: str, ndim: int | None = None) -> np.ndarray:
     """Return ``x`` as a floating ndarray (no copy when it already is one) or raise ValueError."""
     if x is None:
         raise ValueError(f"{name} must be an array, got None")
-    arr = np.asarray(x)
+    arr = as_array(x, name)
     if arr.dtype not in FLOAT_DTYPES:
         raise ValueError(
             f"{name} must be a floating-point array (float32 or float64), got dtype {arr.dtype} with shape {arr.shape}"
@@ -37,7 +38,7 @@ def check_mask(mask, scores_shape: tuple[int, ...], name: str = "mask", allow_bo
     """
     if mask is None:
         return None
-    m = np.asarray(mask)
+    m = as_array(mask, name)
     if not (m.dtype in FLOAT_DTYPES or (allow_bool and m.dtype == np.bool_)):
         kinds = "boolean (True = may attend) or floating (added to the scores)" if allow_bool else "float32 or float64"
         raise ValueError(
@@ -64,7 +65,7 @@ def check_dropout(shape: tuple[int, ...], dropout_p: float, rng, dropout_mask) -
     """
     check_probability(dropout_p, "dropout_p")
     if dropout_mask is not None:
-        keep = np.asarray(dropout_mask)
+        keep = as_array(dropout_mask, "dropout_mask")
         if keep.shape != tuple(shape) or keep.dtype != np.bool_:
             raise ValueError(f"dropout_mask must be boolean with shape {tuple(shape)}, got {keep.dtype} {keep.shape}")
         return keep
@@ -129,10 +130,41 @@ def check_d_context(d_context, shape: tuple[int, ...], dtype) -> np.ndarray:
     return d_context
 
 
+def as_int(value, name: str, minimum: int | None = None) -> int:
+    """An integer argument as a Python int, or ValueError naming ``name``.
+
+    Accepted: an int, a NumPy integer, a 0-d integer array. Refused: bools (``True`` is not a size), floats even
+    when whole (``2.0``: an int was meant, or a computation went wrong), strings, None. ``minimum``: 1 for a size,
+    0 for a count that may be empty, None for an offset of any sign.
+    """
+    kind = {None: "an int", 0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be {kind}, got the bool {value!r}")
+    try:
+        n = operator.index(value)  # int, np.integer and 0-d integer arrays; floats and strings raise TypeError
+    except TypeError:
+        raise ValueError(f"{name} must be {kind}, got {value!r:.60} of type {type(value).__name__}") from None
+    if minimum is not None and n < minimum:
+        raise ValueError(f"{name} must be {kind}, got {n}")
+    return n
+
+
+def as_bool(value, name: str) -> bool:
+    """A flag (bool or NumPy bool) as a Python bool; 0, 1, "yes" or None are refused (ValueError naming ``name``)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r:.60} of type {type(value).__name__}")
+    return bool(value)
+
+
+def as_array(x, name: str) -> np.ndarray:
+    """``np.asarray(x)`` with NumPy's own errors (a ragged nested list, an object that is not array-like) turned
+    into a ValueError naming ``name``."""
+    try:
+        return np.asarray(x)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{name} is not a rectangular array ({type(x).__name__}): {e}") from None
+
+
 def positive_int_or_none(value, name: str) -> int | None:
     """A positive int (e.g. ``num_threads``, ``block_size``), or None for "the default"."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{name} must be a positive int or None, got {value!r}")
-    return int(value)
+    return None if value is None else as_int(value, name, minimum=1)

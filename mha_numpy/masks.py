@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._checks import FLOAT_DTYPES, as_array, as_bool, as_int
+
 
 def _is_bool(m: np.ndarray) -> bool:
     return m.dtype == np.bool_
@@ -29,7 +31,7 @@ def _is_bool(m: np.ndarray) -> bool:
 
 def _our_mask(mask, name: str) -> np.ndarray:
     """``mask`` as an array of our convention (bool or floating); integer 0/1 masks are refused, not guessed."""
-    m = np.asarray(mask)
+    m = as_array(mask, name)
     if not _is_bool(m) and not np.issubdtype(m.dtype, np.floating):
         raise ValueError(
             f"{name} must be bool (True = may attend) or floating (added to the scores), got dtype {m.dtype} with "
@@ -49,13 +51,13 @@ def padding_mask(lengths=None, max_len: int | None = None, *, attention_mask=Non
     if (lengths is None) == (attention_mask is None):
         raise ValueError("padding_mask needs exactly one of lengths=... or attention_mask=...")
     if attention_mask is not None:
-        am = np.asarray(attention_mask)
+        am = as_array(attention_mask, "attention_mask")
         if am.ndim != 2:
             raise ValueError(f"attention_mask must be (B, Lk), got shape {am.shape}")
-        if not np.isin(am, (0, 1)).all():
-            raise ValueError(f"attention_mask must hold only 0 and 1 (HF: 1 = keep), got shape {am.shape}")
+        if am.dtype == object or not np.isin(am, (0, 1)).all():
+            raise ValueError(f"attention_mask must hold only 0 and 1 (HF: 1 = keep), got {am.dtype} {am.shape}")
         return (am == 1)[:, None, None, :]  # (B, 1, 1, Lk)
-    lengths = np.asarray(lengths)
+    lengths = as_array(lengths, "lengths")
     if lengths.size == 0 and lengths.ndim == 1:  # B = 0: an empty batch, whatever dtype [] became
         lengths = lengths.astype(np.int64)
     if lengths.ndim != 1 or not np.issubdtype(lengths.dtype, np.integer):
@@ -63,9 +65,7 @@ def padding_mask(lengths=None, max_len: int | None = None, *, attention_mask=Non
             f"lengths must be a 1-D integer array (B,), got dtype {lengths.dtype} shape {lengths.shape}; "
             "for a 0/1 (B, Lk) mask use padding_mask(attention_mask=...)"
         )
-    if max_len is not None and (not isinstance(max_len, (int, np.integer)) or max_len < 0):
-        raise ValueError(f"max_len must be a non-negative int, got {max_len!r}")
-    max_len = int(lengths.max(initial=0)) if max_len is None else int(max_len)
+    max_len = int(lengths.max(initial=0)) if max_len is None else as_int(max_len, "max_len", minimum=0)
     if lengths.size and (lengths.min() < 0 or lengths.max() > max_len):
         raise ValueError(f"lengths {lengths.tolist()} must lie in [0, max_len={max_len}]")
     keep = np.arange(max_len)[None, :] < lengths[:, None]  # (B, Lk)
@@ -79,10 +79,10 @@ def causal_mask(Lq: int, Lk: int | None = None, diagonal: int = 0) -> np.ndarray
     torch SDPA's ``is_causal=True``. For a decoder that appends Lq new queries after Lk - Lq
     cached keys (bottom-right alignment) pass ``diagonal=Lk - Lq``.
     """
-    Lk = Lq if Lk is None else Lk
-    if Lq <= 0 or Lk <= 0:
-        raise ValueError(f"causal_mask needs positive lengths, got Lq={Lq}, Lk={Lk}")
-    return np.tril(np.ones((Lq, Lk), dtype=bool), k=diagonal)
+    Lq = as_int(Lq, "Lq", minimum=1)
+    Lk = Lq if Lk is None else as_int(Lk, "Lk", minimum=1)
+    diagonal = as_int(diagonal, "diagonal")  # any sign; beyond [-Lq, Lk] the mask no longer changes
+    return np.tril(np.ones((Lq, Lk), dtype=bool), k=min(max(diagonal, -Lq), Lk))
 
 
 def sliding_window_mask(Lq: int, Lk: int, window: int, causal: bool = True, offset: int = 0) -> np.ndarray:
@@ -93,14 +93,29 @@ def sliding_window_mask(Lq: int, Lk: int, window: int, causal: bool = True, offs
     - causal=True: the last ``window`` keys up to and including p, p - window < j <= p (Mistral's convention);
     - causal=False (symmetric): |p - j| < window, i.e. window - 1 keys on each side and p itself.
     ``window >= Lk`` with causal=True is ``causal_mask(Lq, Lk, diagonal=offset)``.
+    Lq, Lk, window: positive ints; offset: an int of any sign; causal: a bool (ValueError otherwise: a float
+    offset would put a query between two keys).
     """
-    for name, value in (("Lq", Lq), ("Lk", Lk), ("window", window)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-            raise ValueError(f"sliding_window_mask needs a positive int {name}, got {value!r}")
+    Lq, Lk, window = as_int(Lq, "Lq", minimum=1), as_int(Lk, "Lk", minimum=1), as_int(window, "window", minimum=1)
+    causal, offset = as_bool(causal, "causal"), as_int(offset, "offset")
+    offset = min(max(offset, -(Lq + window)), Lk + window)  # beyond these every p - j is out of every window
     delta = np.arange(Lq)[:, None] + offset - np.arange(Lk)[None, :]  # (Lq, Lk): p - j
     if causal:
         return (delta >= 0) & (delta < window)
     return np.abs(delta) < window
+
+
+def _float_dtype(dtype, allowed=FLOAT_DTYPES) -> np.dtype:
+    """``dtype`` (a dtype, a type or a name such as "float32") as one of ``allowed``, or ValueError naming it."""
+    dt = None
+    if isinstance(dtype, (type, np.dtype, str)):
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            pass
+    if dt is None or dt not in allowed:
+        raise ValueError(f"dtype must be one of {', '.join(map(str, allowed))}, got {dtype!r:.60}")
+    return dt
 
 
 def to_additive(mask: np.ndarray, dtype=np.float64) -> np.ndarray:
@@ -108,7 +123,7 @@ def to_additive(mask: np.ndarray, dtype=np.float64) -> np.ndarray:
 
     Integer masks raise ValueError (see ``combine_masks``).
     """
-    mask = _our_mask(mask, "mask")
+    mask, dtype = _our_mask(mask, "mask"), _float_dtype(dtype)
     if not _is_bool(mask):
         return mask.astype(dtype, copy=False)
     return np.where(mask, 0.0, -np.inf).astype(dtype)
@@ -150,7 +165,7 @@ def from_torch_key_padding_mask(key_padding_mask) -> np.ndarray:
 
     torch: bool True = **ignore** this key; float = added. Ours: bool True = may attend.
     """
-    kpm = np.asarray(key_padding_mask)
+    kpm = _our_mask(key_padding_mask, "key_padding_mask")  # torch refuses integer masks too
     if kpm.ndim != 2:
         raise ValueError(f"key_padding_mask must be (B, Lk), got shape {kpm.shape}")
     converted = ~kpm if _is_bool(kpm) else kpm
@@ -159,7 +174,7 @@ def from_torch_key_padding_mask(key_padding_mask) -> np.ndarray:
 
 def to_torch_key_padding_mask(mask) -> np.ndarray:
     """Our key padding mask (B, 1, 1, Lk) or (B, Lk) -> torch MHA's (B, Lk) (bool True = ignore)."""
-    m = np.asarray(mask)
+    m = _our_mask(mask, "mask")  # an integer mask would be bit-inverted by ~
     if m.ndim == 4:
         if m.shape[1:3] != (1, 1):
             raise ValueError(f"a key padding mask must be (B, 1, 1, Lk), got shape {m.shape}")
@@ -175,8 +190,9 @@ def from_torch_attn_mask(attn_mask, num_heads: int | None = None) -> np.ndarray:
     (Lq, Lk) stays (Lq, Lk); (B*H, Lq, Lk) becomes (B, H, Lq, Lk) and needs ``num_heads``.
     bool True = ignore becomes True = may attend; float masks are kept as they are (added).
     """
-    m = np.asarray(attn_mask)
+    m = _our_mask(attn_mask, "attn_mask")
     if m.ndim == 3:
+        num_heads = None if num_heads is None else as_int(num_heads, "num_heads", minimum=1)
         if num_heads is None or m.shape[0] % num_heads != 0:
             raise ValueError(f"a 3-D attn_mask {m.shape} is (B*H, Lq, Lk): pass num_heads dividing {m.shape[0]}")
         m = m.reshape(m.shape[0] // num_heads, num_heads, *m.shape[1:])  # (B, H, Lq, Lk)
@@ -191,12 +207,16 @@ def to_torch_attn_mask(mask, batch_size: int | None = None, num_heads: int | Non
     bool True = may attend becomes True = ignore; float masks are kept (added).
     A 4-D mask is broadcast to (B, H, Lq, Lk) (needs ``batch_size`` and ``num_heads``) and flattened.
     """
-    m = np.asarray(mask)
+    m = _our_mask(mask, "mask")
     if m.ndim == 4:
         if batch_size is None or num_heads is None:
             raise ValueError(f"a 4-D mask {m.shape} needs batch_size and num_heads to become (B*H, Lq, Lk)")
+        B, H = as_int(batch_size, "batch_size", minimum=1), as_int(num_heads, "num_heads", minimum=1)
         Lq, Lk = m.shape[2], m.shape[3]
-        m = np.broadcast_to(m, (batch_size, num_heads, Lq, Lk)).reshape(batch_size * num_heads, Lq, Lk)
+        if m.shape[0] not in (1, B) or m.shape[1] not in (1, H):
+            raise ValueError(f"mask with shape {m.shape} does not broadcast to (batch_size, num_heads, Lq, Lk) = "
+                             f"{(B, H, Lq, Lk)}")  # fmt: skip
+        m = np.broadcast_to(m, (B, H, Lq, Lk)).reshape(B * H, Lq, Lk)
     elif m.ndim != 2:
         raise ValueError(f"mask must be (Lq, Lk) or (B, H, Lq, Lk), got shape {m.shape}")
     return ~m if _is_bool(m) else m.copy()
@@ -207,17 +227,17 @@ def to_torch_attn_mask(mask, batch_size: int | None = None, num_heads: int | Non
 
 def from_sdpa_mask(attn_mask) -> np.ndarray:
     """torch SDPA ``attn_mask`` -> ours: same convention (bool True = attend, float added)."""
-    return np.asarray(attn_mask).copy()
+    return _our_mask(attn_mask, "attn_mask").copy()
 
 
 def to_sdpa_mask(mask) -> np.ndarray:
     """Ours -> torch SDPA ``attn_mask``: same convention (bool True = attend, float added)."""
-    return np.asarray(mask).copy()
+    return _our_mask(mask, "mask").copy()
 
 
 def to_hf_attention_mask(mask) -> np.ndarray:
     """Our key padding mask (B, 1, 1, Lk) -> Hugging Face ``attention_mask`` (B, Lk), 1 = keep."""
-    m = np.asarray(mask)
+    m = as_array(mask, "mask")
     if not _is_bool(m) or m.ndim != 4 or m.shape[1:3] != (1, 1):
         raise ValueError(f"to_hf_attention_mask needs a bool key padding mask (B, 1, 1, Lk), got {m.dtype} {m.shape}")
     return m[:, 0, 0, :].astype(np.int64)
@@ -238,10 +258,10 @@ def to_hf_extended_mask(mask, dtype=np.float64) -> np.ndarray:
     blocked (not -inf). The shape is kept; BERT expects (B, 1, Lq, Lk) or (B, 1, 1, Lk).
     A fully blocked row then gives HF *uniform* weights over all keys, not zeros (docs/crosscheck.md).
     """
-    m = np.asarray(mask)
+    m = as_array(mask, "mask")
     if not _is_bool(m):
         raise ValueError(f"to_hf_extended_mask needs a bool mask (True = may attend), got {m.dtype} {m.shape}")
-    dtype = np.dtype(dtype)
+    dtype = _float_dtype(dtype, (np.dtype(np.float16), *FLOAT_DTYPES))  # HF runs in float16 too
     return np.where(m, 0.0, np.finfo(dtype).min).astype(dtype)
 
 
@@ -251,7 +271,7 @@ def from_hf_extended_mask(extended_mask) -> np.ndarray:
     An entry counts as blocked when it is at most half of ``finfo(dtype).min``; any other value is refused,
     because a bool mask cannot carry a bias (use the float mask itself, it is added like ours).
     """
-    m = np.asarray(extended_mask)
+    m = as_array(extended_mask, "extended_mask")
     if not np.issubdtype(m.dtype, np.floating):
         raise ValueError(f"extended_mask must be floating (0 = keep, finfo.min = blocked), got {m.dtype} {m.shape}")
     blocked = m <= np.finfo(m.dtype).min / 2

@@ -131,3 +131,115 @@ def test_an_empty_batch_has_a_defined_padding_mask():
     assert masks.padding_mask(np.array([], dtype=np.int32), 3).shape == (0, 1, 1, 3)
     assert masks.padding_mask(attention_mask=np.zeros((0, 4), dtype=np.int64)).shape == (0, 1, 1, 4)
     assert masks.padding_mask(np.array([0, 2])).shape == (2, 1, 1, 2)  # a length 0 is a fully masked sequence
+
+
+def _window_reference(Lq, Lk, window, causal, offset):
+    """The rule of sliding_window_mask's docstring, entry by entry in Python ints."""
+    out = np.zeros((Lq, Lk), bool)
+    for i in range(Lq):
+        for j in range(Lk):
+            delta = i + offset - j
+            out[i, j] = 0 <= delta < window if causal else abs(delta) < window
+    return out
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_sliding_window_and_causal_masks_follow_their_rule_for_every_offset_even_huge_ones(causal):
+    """Reliability 4: an offset beyond the keys overflowed (OverflowError); it is clamped where nothing changes."""
+    for Lq, Lk, window in ((3, 3, 2), (2, 5, 1), (4, 2, 3), (1, 1, 1)):
+        for offset in (*range(-Lq - window - 2, Lk + window + 3), -(10**20), 10**20, np.int8(-3), np.uint64(2)):
+            got = masks.sliding_window_mask(Lq, Lk, window, causal=causal, offset=offset)
+            np.testing.assert_array_equal(got, _window_reference(Lq, Lk, window, causal, int(offset)))
+            if causal:
+                np.testing.assert_array_equal(
+                    masks.causal_mask(Lq, Lk, diagonal=offset), _window_reference(Lq, Lk, 10**30, True, int(offset))
+                )
+
+
+NOT_AN_INT = [1.5, 2.0, np.float64(2.0), "1", None, [2], np.array([2]), True, False, np.True_, float("nan")]
+
+
+@pytest.mark.parametrize("bad", NOT_AN_INT, ids=repr)
+def test_every_integer_argument_of_masks_refuses_floats_strings_and_bools_naming_it(bad):
+    """Reliability 4: offset=1.5 was accepted and query i then saw key i + 1 (the future) under causal=True;
+    offset="1", causal_mask(2.5), True as a length gave TypeErrors from NumPy. Each is now a ValueError that
+    names the argument (None is the default of Lk, max_len, num_heads and batch_size, so it is left out there)."""
+    bool3 = np.ones((4, 2, 2), bool)
+    calls = {
+        "Lq": [lambda v: masks.causal_mask(v), lambda v: masks.sliding_window_mask(v, 3, 2)],
+        "Lk": [lambda v: masks.causal_mask(3, v), lambda v: masks.sliding_window_mask(3, v, 2)],
+        "diagonal": [lambda v: masks.causal_mask(3, 3, v)],
+        "window": [lambda v: masks.sliding_window_mask(3, 3, v)],
+        "offset": [lambda v: masks.sliding_window_mask(3, 3, 2, offset=v)],
+        "max_len": [lambda v: masks.padding_mask([1, 2], max_len=v)],
+        "num_heads": [
+            lambda v: masks.from_torch_attn_mask(bool3, num_heads=v),
+            lambda v: masks.to_torch_attn_mask(bool3[None], batch_size=1, num_heads=v),
+        ],
+        "batch_size": [lambda v: masks.to_torch_attn_mask(bool3[None], batch_size=v, num_heads=4)],
+    }
+    for name, fns in calls.items():
+        if bad is None and name in ("Lk", "max_len", "num_heads", "batch_size"):
+            continue
+        for fn in fns:
+            with pytest.raises(ValueError, match=rf"^{name} must be"):
+                fn(bad)
+
+
+def test_causal_must_be_a_bool_and_sizes_positive_and_numpy_integers_are_accepted():
+    for bad in (1, 0, 1.5, "yes", None):
+        with pytest.raises(ValueError, match="^causal must be True or False"):
+            masks.sliding_window_mask(3, 3, 2, causal=bad)
+    for call in (
+        lambda: masks.causal_mask(-2),
+        lambda: masks.sliding_window_mask(3, 0, 2),
+        lambda: masks.sliding_window_mask(3, 3, -1),
+        lambda: masks.from_torch_attn_mask(np.ones((4, 2, 2), bool), num_heads=0),  # was ZeroDivisionError
+        lambda: masks.to_torch_attn_mask(np.ones((1, 1, 2, 2), bool), batch_size=2, num_heads=-1),
+    ):
+        with pytest.raises(ValueError, match="must be a positive int"):
+            call()
+    n = np.int32(3)
+    np.testing.assert_array_equal(masks.causal_mask(n, np.int64(4), np.int16(1)), masks.causal_mask(3, 4, 1))
+    np.testing.assert_array_equal(
+        masks.sliding_window_mask(n, n, np.uint8(2), causal=np.bool_(False), offset=np.int64(-1)),
+        masks.sliding_window_mask(3, 3, 2, causal=False, offset=-1),
+    )
+    np.testing.assert_array_equal(masks.padding_mask([1, 2], max_len=np.int64(3)), masks.padding_mask([1, 2], 3))
+    assert masks.from_torch_attn_mask(np.ones((4, 2, 2), bool), num_heads=np.int8(2)).shape == (2, 2, 2, 2)
+    assert masks.to_torch_attn_mask(np.ones((2, 1, 2, 2), bool), np.int64(2), np.int64(3)).shape == (6, 2, 2)
+
+
+def test_converters_refuse_integer_masks_ragged_lists_and_non_float_dtypes():
+    """An int mask given to a torch converter was bit-inverted by ~ (1 -> -2); a ragged list raised NumPy's
+    error; dtype=1.5 or dtype=int a TypeError or an integer "-inf"."""
+    as_int = np.array([[0, 1, 1]])
+    for fn in (
+        masks.from_torch_key_padding_mask,
+        masks.to_torch_key_padding_mask,
+        masks.from_torch_attn_mask,
+        masks.to_torch_attn_mask,
+        masks.from_sdpa_mask,
+        masks.to_sdpa_mask,
+    ):
+        with pytest.raises(ValueError, match="must be bool .* or floating"):
+            fn(as_int)
+    ragged = [[True, False], [True]]
+    for call, name in (
+        (lambda: masks.combine_masks(ragged), r"masks\[0\]"),
+        (lambda: masks.to_additive(ragged), "mask"),
+        (lambda: masks.padding_mask(ragged), "lengths"),
+        (lambda: masks.padding_mask(attention_mask=[[1, 0], [1]]), "attention_mask"),
+        (lambda: masks.from_hf_extended_mask([[0.0], [0.0, 1.0]]), "extended_mask"),
+        (lambda: masks.from_sdpa_mask(ragged), "attn_mask"),
+    ):
+        with pytest.raises(ValueError, match=rf"^{name} is not a rectangular array"):
+            call()
+    m = masks.causal_mask(2)
+    for dtype in (1.5, "1", True, np.int64, "int32", np.bool_, None, [2]):
+        with pytest.raises(ValueError, match="^dtype must be one of float32, float64"):
+            masks.to_additive(m, dtype)
+    with pytest.raises(ValueError, match="^dtype must be one of float16, float32, float64"):
+        masks.to_hf_extended_mask(m, np.int32)
+    assert masks.to_additive(m, "float32").dtype == np.float32
+    assert masks.to_hf_extended_mask(m, np.float16)[0, 1] == np.finfo(np.float16).min

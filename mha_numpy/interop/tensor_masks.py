@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import masks as M
+from .._checks import as_array, as_int
 from ._lazy import require as _require
 from ._lazy import to_numpy as _to_numpy
 
@@ -48,7 +49,7 @@ def mask_to_torch_mha(
     torch = _require("torch")
     if mask is None:
         return None, None
-    m = np.asarray(mask)
+    m = as_array(mask, "mask")
     if m.dtype != np.bool_ and not np.issubdtype(m.dtype, np.floating):
         raise ValueError(
             f"mask must be bool (True = may attend) or floating (added), got dtype {m.dtype} with shape {m.shape}; "
@@ -56,14 +57,9 @@ def mask_to_torch_mha(
         )
     if not 1 <= m.ndim <= 4:
         raise ValueError(f"mask must have 1 to 4 dimensions (broadcast to (B, H, Lq, Lk)), got shape {m.shape}")
-    for name, n in (
-        ("batch_size", batch_size),
-        ("num_heads", num_heads),
-        ("query_len", query_len),
-        ("key_len", key_len),
-    ):
-        if n is not None and (not isinstance(n, (int, np.integer)) or n <= 0):
-            raise ValueError(f"{name} must be a positive int, got {n!r}")
+    batch_size, num_heads = as_int(batch_size, "batch_size", minimum=1), as_int(num_heads, "num_heads", minimum=1)
+    query_len, key_len = (None if n is None else as_int(n, name, minimum=1) for name, n in
+                          (("query_len", query_len), ("key_len", key_len)))  # fmt: skip
     m = m.reshape((1,) * (4 - m.ndim) + m.shape)  # (b, h, lq, lk), each 1 or the full size
     full = (batch_size, num_heads, query_len or m.shape[2], key_len or m.shape[3])
     try:
