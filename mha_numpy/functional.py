@@ -11,6 +11,7 @@ Mask convention (the only one used inside mha_numpy): a boolean mask is True whe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +19,7 @@ import numpy as np
 from ._checks import (
     as_float_array,
     as_generator,
+    as_int,
     check_d_context,
     check_dropout,
     check_mask,
@@ -46,7 +48,8 @@ def linear_forward(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None, ma
         b = as_float_array(b, "b", ndim=1)
         if b.shape[0] != W.shape[0]:
             raise ValueError(f"b with shape {b.shape} does not match W with shape {W.shape}")
-    x2 = x.reshape(-1, W.shape[1])  # (N, in), N = product of the leading dims: one GEMM, not one per batch item
+    # (N, in), N = product of the leading dims: one GEMM, not one per batch item (N given: -1 is undefined at in = 0)
+    x2 = x.reshape(math.prod(x.shape[:-1]), W.shape[1])
     y = matmul(x2, W.T)  # F1: (N, in) @ (in, out) -> (N, out)
     if b is not None:
         y += b  # F2: (N, out) + (out,), in place on the fresh product
@@ -56,7 +59,7 @@ def linear_forward(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None, ma
 def linear_backward(dy: np.ndarray, cache, matmul=np.matmul):
     """dy: (..., out)  ->  dx: (..., in), dW: (out, in), db: (out,) or None."""
     x2, W, has_bias, x_shape = cache
-    dy2 = dy.reshape(-1, W.shape[0])  # (N, out)
+    dy2 = dy.reshape(x2.shape[0], W.shape[0])  # (N, out)
     dx = matmul(dy2, W).reshape(x_shape)  # ← F1: (N, out) @ (out, in) -> (N, in) -> (..., in)
     dW = matmul(dy2.T, x2)  # ← F1: (out, N) @ (N, in) -> (out, in)
     db = dy2.sum(axis=0) if has_bias else None  # ← F2: (out,), summed over every leading axis
@@ -95,8 +98,9 @@ def fused_linear_backward(dys: list[np.ndarray], cache, matmul=np.matmul):
 def split_heads_forward(x: np.ndarray, num_heads: int):
     """(B, L, E) -> (B, H, L, d): head h sees features h*d ... (h+1)*d - 1."""
     x = as_float_array(x, "x", ndim=3)
+    num_heads = as_int(num_heads, "num_heads", minimum=1)
     B, L, E = x.shape
-    if num_heads <= 0 or E % num_heads != 0:
+    if E % num_heads != 0:
         raise ValueError(f"x with shape {x.shape}: last dim {E} is not divisible by num_heads={num_heads}")
     d = E // num_heads
     out = x.reshape(B, L, num_heads, d)  # F1: (B, L, H, d)
@@ -160,6 +164,7 @@ def apply_mask_forward(scores: np.ndarray, mask: np.ndarray | None = None):
           any shape broadcastable to (B, H, Lq, Lk).
     -> masked scores (B, H, Lq, Lk). The input is never modified.
     """
+    scores = as_float_array(scores, "scores")  # an int -inf would be INT64_MIN
     mask = check_mask(mask, scores.shape)
     if mask is None:
         return scores, None

@@ -278,6 +278,10 @@ def test_bad_inputs_name_the_argument_and_shape(model32):
         (dict(input_ids=ids, attention_mask=np.ones((2, 3), np.int64)), r"attention_mask .*\(2, 3\)"),
         (dict(input_ids=ids, attention_mask=2 * np.ones(ids.shape, np.int64)), "only 0 .* and 1"),
         (dict(input_ids=ids, token_type_ids=2 * np.ones(ids.shape, np.int64)), "token_type_ids"),
+        # ragged nested lists: NumPy's own "inhomogeneous shape" error named no argument (reliability 10)
+        (dict(input_ids=[[101, 102], [101]]), "^input_ids is not a rectangular array"),
+        (dict(input_ids=ids[:, :2], attention_mask=[[1, 1], [1]]), "^attention_mask is not a rectangular array"),
+        (dict(input_ids=ids[:, :2], token_type_ids=[[0], [0, 0]]), "^token_type_ids is not a rectangular array"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):

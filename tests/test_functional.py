@@ -201,3 +201,48 @@ def test_float32_stays_float32_through_every_pair():
     assert dq.dtype == dk.dtype == dv.dtype == np.float32
     y, c = F.linear_forward(q, np.ones((5, 4), np.float32), np.ones(5, np.float32))
     assert y.dtype == np.float32 and all(g.dtype == np.float32 for g in F.linear_backward(y, c))
+
+
+@pytest.mark.parametrize("lead", [(3,), (2, 0), (0,)])
+def test_a_linear_layer_with_zero_input_features_is_its_bias_and_zero_outputs_work_too(lead):
+    """Reliability 10: 0 input features failed in reshape(-1, 0). x Wᵀ is then an empty sum, a zero matrix:
+    y = b (or zeros), dx is (..., 0), dW is (out, 0), db sums dy as always. And W with 0 outputs: y (..., 0)."""
+    rng = np.random.default_rng(3)
+    x, W, b = np.zeros((*lead, 0)), np.zeros((4, 0)), randn(rng, 4)
+    for bias in (b, None):
+        y, cache = F.linear_forward(x, W, bias)
+        np.testing.assert_array_equal(y, np.broadcast_to(0.0 if bias is None else b, (*lead, 4)))
+        dy = randn(rng, *lead, 4)
+        dx, dW, db = F.linear_backward(dy, cache)
+        assert dx.shape == x.shape and dW.shape == W.shape
+        if bias is not None:
+            np.testing.assert_allclose(db, dy.reshape(-1, 4).sum(axis=0), rtol=1e-14)
+    x = randn(rng, *lead, 3)
+    y, cache = F.linear_forward(x, np.zeros((0, 3)), np.zeros(0))
+    assert y.shape == (*lead, 0)
+    dx, dW, db = F.linear_backward(np.zeros((*lead, 0)), cache)  # reshape(-1, 0) failed here too
+    np.testing.assert_array_equal(dx, np.zeros_like(x))
+    assert dW.shape == (0, 3) and db.shape == (0,)
+
+
+def test_apply_mask_and_split_heads_check_their_arguments():
+    """Reliability 4 and 10: integer scores under a bool mask became INT64_MIN silently; num_heads=2.0 or "2"
+    gave a TypeError; a ragged nested list gave NumPy's own ValueError, which names no argument."""
+    mask = np.array([[True, False]])
+    for scores in (np.zeros((1, 1, 1, 2), dtype=np.int64), np.zeros((1, 1, 1, 2), dtype=bool)):
+        with pytest.raises(ValueError, match=r"^scores must be a floating-point array .* shape \(1, 1, 1, 2\)"):
+            F.apply_mask_forward(scores, mask)
+    with pytest.raises(ValueError, match="^scores is not a rectangular array"):
+        F.apply_mask_forward([[[[0.0, 1.0], [0.0]]]], mask)
+    x = np.zeros((1, 2, 4))
+    for bad in (2.0, "2", True, None, np.float64(2), [2]):
+        with pytest.raises(ValueError, match="^num_heads must be a positive int"):
+            F.split_heads_forward(x, bad)
+    assert F.split_heads_forward(x, np.int64(2))[0].shape == (1, 2, 2, 2)
+    for call, name in (
+        (lambda: F.linear_forward([[1.0, 2.0], [3.0]], np.zeros((2, 2))), "x"),
+        (lambda: F.linear_forward(np.zeros((1, 2)), [[1.0, 2.0], [3.0]]), "W"),
+        (lambda: F.scaled_dot_product_attention_forward(x[None], x[None], [[[[0.0]], [[0.0, 1.0]]]]), "v"),
+    ):
+        with pytest.raises(ValueError, match=rf"^{name} is not a rectangular array"):
+            call()

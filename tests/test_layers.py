@@ -156,3 +156,15 @@ def test_mean_pool_ignores_padding():
     assert not dx[1, 2:].any()
     with pytest.raises(ValueError, match="attention_mask"):
         LY.mean_pool_forward(x, keep[:, :3])
+
+
+def test_ids_and_masks_given_as_ragged_lists_are_refused_naming_the_argument():
+    """Reliability 10: a ragged nested list gave NumPy's own ValueError, which names no argument."""
+    table, x = np.zeros((5, 2)), np.zeros((2, 2, 3))
+    for call, name in (
+        (lambda: LY.embedding_forward([[1, 2], [3]], table), "ids"),
+        (lambda: LY.bert_embeddings_forward([[1, 2], [3]], [[0, 0], [0]], table, table, table), "input_ids"),
+        (lambda: LY.mean_pool_forward(x, [[1, 1], [1]]), "attention_mask"),
+    ):
+        with pytest.raises(ValueError, match=rf"^{name} is not a rectangular array"):
+            call()

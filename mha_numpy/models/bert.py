@@ -45,7 +45,7 @@ import numpy as np
 
 from .. import functional as F
 from .. import masks
-from .._checks import positive_int_or_none
+from .._checks import as_array, positive_int_or_none
 from ..threads import AVAILABLE_CORES, run_items
 from . import layers as LY
 from .bert_files import (  # noqa: F401
@@ -361,7 +361,7 @@ class BertModel:
 
     def _check_inputs(self, input_ids, attention_mask, token_type_ids):
         c = self.config
-        ids = np.asarray(input_ids)
+        ids = as_array(input_ids, "input_ids")
         if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer) or 0 in ids.shape:
             raise ValueError(
                 f"input_ids must be a non-empty integer array (B, L), got dtype {ids.dtype} shape {ids.shape}"
@@ -372,8 +372,12 @@ class BertModel:
             )
         if ids.min() < 0 or ids.max() >= c.vocab_size:
             raise ValueError(f"input_ids with shape {ids.shape} holds ids outside [0, vocab_size={c.vocab_size})")
-        attention_mask = np.ones(ids.shape, np.int64) if attention_mask is None else np.asarray(attention_mask)
-        token_type_ids = np.zeros(ids.shape, np.int64) if token_type_ids is None else np.asarray(token_type_ids)
+        attention_mask = (
+            np.ones(ids.shape, np.int64) if attention_mask is None else as_array(attention_mask, "attention_mask")
+        )
+        token_type_ids = (
+            np.zeros(ids.shape, np.int64) if token_type_ids is None else as_array(token_type_ids, "token_type_ids")
+        )
         for name, a in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
             if a.shape != ids.shape or not (np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_):
                 raise ValueError(

@@ -13,14 +13,14 @@ import math
 import numpy as np
 
 from .. import functional as F
-from .._checks import as_float_array
+from .._checks import as_array, as_float_array
 from .._optional import require
 
 # --------------------------------------------------------------------------- embedding
 
 
 def check_ids(ids, name: str, num_rows: int) -> np.ndarray:
-    ids = np.asarray(ids)
+    ids = as_array(ids, name)
     if not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"{name} must be an integer array, got dtype {ids.dtype} with shape {ids.shape}")
     if ids.size and (ids.min() < 0 or ids.max() >= num_rows):
@@ -220,7 +220,7 @@ def bert_embeddings_forward(input_ids: np.ndarray, token_type_ids: np.ndarray, w
     ->   out: (B, L, E). padding_idx: as torch's nn.Embedding(padding_idx=...), which BERT's word table uses:
     that row (the [PAD] token's) gets no gradient, so training never moves it.
     """
-    input_ids = np.asarray(input_ids)
+    input_ids, token_type_ids = as_array(input_ids, "input_ids"), as_array(token_type_ids, "token_type_ids")
     if input_ids.ndim != 2 or np.shape(token_type_ids) != input_ids.shape:
         raise ValueError(f"input_ids {input_ids.shape} and token_type_ids {np.shape(token_type_ids)} must be (B, L)")
     B, L = input_ids.shape
@@ -252,10 +252,10 @@ def mean_pool_forward(x: np.ndarray, attention_mask: np.ndarray):
 
     x: (B, L, E)   attention_mask: (B, L) 1 = real token, 0 = padding   ->   out: (B, E)
     """
-    x = as_float_array(x, "x", ndim=3)
-    if np.shape(attention_mask) != x.shape[:2]:
-        raise ValueError(f"attention_mask with shape {np.shape(attention_mask)} must be (B, L) = {x.shape[:2]}")
-    w = np.asarray(attention_mask).astype(x.dtype)[:, :, None]  # (B, L, 1)
+    x, attention_mask = as_float_array(x, "x", ndim=3), as_array(attention_mask, "attention_mask")
+    if attention_mask.shape != x.shape[:2]:
+        raise ValueError(f"attention_mask with shape {attention_mask.shape} must be (B, L) = {x.shape[:2]}")
+    w = attention_mask.astype(x.dtype)[:, :, None]  # (B, L, 1)
     w = w / np.maximum(w.sum(axis=1, keepdims=True), 1.0)  # (B, L, 1): 1/n_b on real tokens, 0 on padding
     return (x * w).sum(axis=1), w  # F1: (B, L, E) -> (B, E)
 
