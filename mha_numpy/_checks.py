@@ -149,6 +149,18 @@ def as_int(value, name: str, minimum: int | None = None) -> int:
     return n
 
 
+def as_number(value, name: str, minimum: float | None = None, positive: bool = False) -> float:
+    """A finite real number (int or float, NumPy's too; not a bool, not a string) as a Python float, at least
+    ``minimum`` or, with ``positive``, above 0; otherwise ValueError naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a number, got {value!r:.60} of type {type(value).__name__}")
+    x = float(value)
+    if not math.isfinite(x) or (positive and not x > 0) or (minimum is not None and not x >= minimum):
+        bound = " > 0" if positive else (f" >= {minimum}" if minimum is not None else "")
+        raise ValueError(f"{name} must be a finite number{bound}, got {value!r}")
+    return x
+
+
 def as_bool(value, name: str) -> bool:
     """A flag (bool or NumPy bool) as a Python bool; 0, 1, "yes" or None are refused (ValueError naming ``name``)."""
     if not isinstance(value, (bool, np.bool_)):

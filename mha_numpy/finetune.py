@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ._checks import as_bool, as_int, as_number
 from .models.bert import BertModel
 from .models.classifier import BertClassifier
 from .optim import AdamW, clip_grad_norm, global_norm, warmup_linear
@@ -57,8 +58,11 @@ TEMPLATES = {
 
 def make_sentences(split: str, n: int, rng: np.random.Generator) -> tuple[list[str], np.ndarray, list[str]]:
     """n sentences of ``split`` ('train' or 'heldout'), half positive: -> texts, labels (n,) int64, key adjectives."""
-    if split not in TEMPLATES:
+    if not isinstance(split, str) or split not in TEMPLATES:
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    n = as_int(n, "n", minimum=0)
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
     labels = rng.permutation(np.arange(n) % 2)
     texts, words = [], []
     for label in labels:
@@ -123,11 +127,21 @@ def finetune(
     """Fine-tune ``model`` (its ``params`` change in memory) on the sentiment task; -> FinetuneResult.
 
     warmup: warm-up steps (default 10% of ``steps``). dropout: BERT's dropouts while training (masks from the seed).
+    steps, batch_size, eval_size, log_every: positive ints; seed, warmup: non-negative ints; lr, max_grad_norm: > 0;
+    weight_decay: >= 0 (a ValueError naming the argument otherwise, before any work).
     """
+    if not isinstance(model, BertModel):
+        raise ValueError(f"model must be a mha_numpy BertModel, got {type(model).__name__}")
     if model.tokenizer is None:
         raise ValueError(f"model has no tokenizer, so it cannot read the task's sentences: {model!r}")
-    if steps <= 0 or batch_size <= 0:
-        raise ValueError(f"steps and batch_size must be positive, got steps={steps}, batch_size={batch_size}")
+    steps, batch_size = as_int(steps, "steps", minimum=1), as_int(batch_size, "batch_size", minimum=1)
+    eval_size, log_every = as_int(eval_size, "eval_size", minimum=1), as_int(log_every, "log_every", minimum=1)
+    seed = as_int(seed, "seed", minimum=0)  # SeedSequence takes no negative seed
+    warmup = None if warmup is None else as_int(warmup, "warmup", minimum=0)
+    lr, max_grad_norm = as_number(lr, "lr", positive=True), as_number(max_grad_norm, "max_grad_norm", positive=True)
+    weight_decay, dropout = as_number(weight_decay, "weight_decay", minimum=0), as_bool(dropout, "dropout")
+    if log is not None and not callable(log):
+        raise ValueError(f"log must be a function of one str, or None; got {log!r:.60}")
     seq_head, seq_data, seq_eval, seq_drop = np.random.SeedSequence(seed).spawn(4)
     data_rng, drop_rng = np.random.default_rng(seq_data), np.random.default_rng(seq_drop)
     clf = BertClassifier(model, 2, rng=np.random.default_rng(seq_head))

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ._checks import as_int, as_number
 from .models.layers import softmax_cross_entropy_forward
 from .models.tiny import TinyAttentionModel
 from .optim import SGD, Adam, clip_grad_norm, global_norm
@@ -151,6 +152,19 @@ def train(
     """
     if optimizer not in ("adam", "sgd"):
         raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    steps, batch_size = as_int(steps, "steps", minimum=1), as_int(batch_size, "batch_size", minimum=1)
+    eval_size, log_every = as_int(eval_size, "eval_size", minimum=1), as_int(log_every, "log_every", minimum=1)
+    seed, shift = as_int(seed, "seed", minimum=0), as_int(shift, "shift")  # SeedSequence: no negative seed
+    lr, momentum = as_number(lr, "lr", positive=True), as_number(momentum, "momentum", minimum=0)
+    max_grad_norm = None if max_grad_norm is None else as_number(max_grad_norm, "max_grad_norm", positive=True)
+    if snapshot_steps is not None:
+        if not isinstance(snapshot_steps, (tuple, list, range, set, frozenset, np.ndarray)):
+            raise ValueError(f"snapshot_steps must be a sequence of steps or None, got {snapshot_steps!r:.60}")
+        snapshot_steps = tuple(as_int(s, f"snapshot_steps[{i}]", minimum=0) for i, s in enumerate(snapshot_steps))
+    if log is not None and not callable(log):
+        raise ValueError(f"log must be a function of one str, or None; got {log!r:.60}")
     seq_init, seq_data, seq_eval = np.random.SeedSequence(seed).spawn(3)
     data_rng = np.random.default_rng(seq_data)
     model = TinyAttentionModel(

@@ -131,6 +131,29 @@ def test_bad_impl_arguments_raise_naming_them(kwargs, match):
         MultiHeadAttention(6, 2, **kwargs)
 
 
+def test_kernel_options_are_checked_when_assigned_after_construction_too():
+    """Reliability 9: ``kernel.block_size = 0`` after construction silently meant the default; AutoKernel("abc")
+    and AutoKernel(None) crashed in int() while 2.7 became 2 and -5 was taken."""
+    kernel = ChunkedKernel(block_size=4, num_threads=2)
+    for name in ("block_size", "num_threads"):
+        for bad in (0, -1, 2.5, "2", True):
+            with pytest.raises(ValueError, match=rf"^{name} must be a positive int"):
+                setattr(kernel, name, bad)
+        assert getattr(kernel, name) in (2, 4)  # a refused value leaves the old one
+    kernel.block_size, kernel.num_threads = np.int64(3), None
+    assert kernel.block_size == 3 and type(kernel.block_size) is int and kernel.threads() >= 1
+    for bad in ("abc", None, 2.7, -5, True, float("inf")):
+        with pytest.raises(ValueError, match="^min_chunked_scores must be a non-negative int"):
+            kernels.AutoKernel(bad)
+        with pytest.raises(ValueError, match="^min_chunked_scores must be"):
+            kernels.get_kernel("auto", min_chunked_scores=bad) if bad is not None else kernels.AutoKernel(bad)
+    auto = kernels.AutoKernel(np.int32(0))
+    assert auto.choose((1, 1, 1, 1)) is auto.chunked  # 0: every call on the chunked kernel
+    with pytest.raises(ValueError, match="^min_chunked_scores"):
+        auto.min_chunked_scores = -1
+    assert auto.min_chunked_scores == 0
+
+
 def test_a_kernel_object_with_its_own_options_is_accepted():
     kernel = ChunkedKernel(block_size=2, num_threads=1)
     mha = MultiHeadAttention(6, 2, impl=kernel, rng=0)

@@ -137,3 +137,54 @@ def test_cli_finetune_short_run_writes_pngs(tmp_path):
     bad = subprocess.run([*cmd[:4], "--steps", "0"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     assert "--steps" in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def model32():
+    return BertModel.from_pretrained(dtype=np.float32)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(steps=1.5), "steps"),  # was a TypeError from range()
+        (dict(steps=True), "steps"),
+        (dict(steps="3"), "steps"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(eval_size=0), "eval_size"),  # was an IndexError (the example sentence of an empty set)
+        (dict(log_every=0), "log_every"),  # was a ZeroDivisionError at the first step
+        (dict(seed=-1), "seed"),  # was NumPy's SeedSequence error
+        (dict(seed=1.0), "seed"),
+        (dict(warmup=-1), "warmup"),
+        (dict(warmup=2.5), "warmup"),
+        (dict(lr=0.0), "lr"),
+        (dict(lr=float("nan")), "lr"),
+        (dict(lr="1e-4"), "lr"),
+        (dict(weight_decay=-0.1), "weight_decay"),
+        (dict(max_grad_norm=0), "max_grad_norm"),
+        (dict(max_grad_norm=float("inf")), "max_grad_norm"),
+        (dict(dropout="no"), "dropout"),
+        (dict(log="print"), "log"),
+    ],
+)
+def test_finetune_arguments_are_checked_before_any_work(model32, monkeypatch, kwargs, name):
+    """Reliability 9: each of these crashed (TypeError, IndexError, ZeroDivisionError, a NumPy error) or ran."""
+    import mha_numpy.finetune as ft
+
+    monkeypatch.setattr(ft, "BertClassifier", lambda *a, **k: pytest.fail("work started before the checks"))
+    with pytest.raises(ValueError, match=rf"^{name} must be"):
+        finetune(model32, **{"log": None, **kwargs})
+
+
+def test_finetune_refuses_what_is_not_a_bert_model_and_make_sentences_checks_n():
+    with pytest.raises(ValueError, match="^model must be a mha_numpy BertModel"):
+        finetune("minilm", log=None)
+    rng = np.random.default_rng(0)
+    for n in (1.5, -1, "4", True):
+        with pytest.raises(ValueError, match="^n must be"):
+            make_sentences("train", n, rng)
+    with pytest.raises(ValueError, match="^split must be"):
+        make_sentences(["train"], 2, rng)
+    with pytest.raises(ValueError, match="^rng must be"):
+        make_sentences("train", 2, 0)
+    assert make_sentences("train", np.int64(3), rng)[1].shape == (3,)

@@ -172,6 +172,31 @@ def test_bad_inputs_raise_value_errors_naming_the_argument():
         T.make_batch("sort", np.random.default_rng(0), 2, 4, 5)
 
 
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(steps=1.5), "steps"),  # a TypeError from range()
+        (dict(log_every=0), "log_every"),  # a ZeroDivisionError at the first step
+        (dict(seed=-1), "seed"),  # NumPy's SeedSequence error
+        (dict(eval_size=0), "eval_size"),
+        (dict(batch_size=True), "batch_size"),
+        (dict(shift=0.5), "shift"),
+        (dict(lr="3e-3"), "lr"),  # a TypeError from '>' between str and int
+        (dict(momentum=-1.0), "momentum"),
+        (dict(max_grad_norm=float("nan")), "max_grad_norm"),
+        (dict(snapshot_steps=5), "snapshot_steps"),
+        (dict(snapshot_steps=(0, 2.5)), r"snapshot_steps\[1\]"),
+        (dict(log=3), "log"),
+        (dict(length=True), "max_length"),  # True was accepted as a length of 1
+        (dict(vocab_size=2.0), "vocab_size"),
+    ],
+)
+def test_train_arguments_are_checked_naming_them(kwargs, name):
+    """Reliability 9 (the same cause as finetune's): these crashed inside the loop or in NumPy."""
+    with pytest.raises(ValueError, match=rf"^{name} must be"):
+        T.train(**{"steps": 2, "log": None, **kwargs})
+
+
 def test_inputs_are_not_mutated():
     model, rng = small_model()
     tokens = np.array([[1, 2, 3, 4]])

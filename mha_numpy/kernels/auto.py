@@ -11,6 +11,7 @@ products over (B, H) run on one core (NumPy calls BLAS once per small matrix, an
 
 from __future__ import annotations
 
+from .._checks import as_int
 from .base import AttentionArgs, Kernel
 from .chunked import ChunkedKernel
 from .vectorized import VectorizedKernel
@@ -24,8 +25,17 @@ class AutoKernel(Kernel):
     name = "auto"
 
     def __init__(self, min_chunked_scores: int = MIN_CHUNKED_SCORES):
-        self.min_chunked_scores = int(min_chunked_scores)
+        self.min_chunked_scores = min_chunked_scores
         self.vectorized, self.chunked = VectorizedKernel(), ChunkedKernel()
+
+    @property
+    def min_chunked_scores(self) -> int:
+        """B · H · Lq · Lk from which a call runs on the chunked kernel (0: every call); checked when set."""
+        return self._min_chunked_scores
+
+    @min_chunked_scores.setter
+    def min_chunked_scores(self, value) -> None:
+        self._min_chunked_scores = as_int(value, "min_chunked_scores", minimum=0)  # int("abc"), int(2.7): no
 
     def choose(self, shape) -> Kernel:
         """The kernel for scores of ``shape`` = (B, H, Lq, Lk)."""

@@ -400,9 +400,27 @@ class ChunkedKernel(Kernel):
     name = "chunked"
 
     def __init__(self, block_size: int | None = None, num_threads: int | None = None):
-        self.block_size = positive_int_or_none(block_size, "block_size")
-        self.num_threads = positive_int_or_none(num_threads, "num_threads")
+        self.block_size, self.num_threads = block_size, num_threads
         self._bias_lock = threading.Lock()
+
+    # checked when set, not only in __init__: ``kernel.block_size = 0`` after construction silently meant the default
+    @property
+    def block_size(self) -> int | None:
+        """Rows and columns of a tile (a positive int), or None for the measured default of the dtype."""
+        return self._block_size
+
+    @block_size.setter
+    def block_size(self, value) -> None:
+        self._block_size = positive_int_or_none(value, "block_size")
+
+    @property
+    def num_threads(self) -> int | None:
+        """Threads of the pool (a positive int; 1 = the calling thread), or None for one per available core."""
+        return self._num_threads
+
+    @num_threads.setter
+    def num_threads(self, value) -> None:
+        self._num_threads = positive_int_or_none(value, "num_threads")
 
     def __repr__(self) -> str:
         return f"ChunkedKernel(block_size={self.block_size}, num_threads={self.num_threads})"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import functional as F
-from .._checks import as_generator
+from .._checks import as_generator, as_int
 from ..attention import MHACache, MultiHeadAttention
 from .bert import BertConfig
 from .bert_layer import ATTENTION_NAMES, FFN, LN1, LN2, BertLayer
@@ -78,9 +78,10 @@ class TinyAttentionModel:
     ) -> None:
         if block not in (None, "post", "pre") or (block and not bias):
             raise ValueError(f"block must be None, 'post' or 'pre' (and needs bias=True), got {block!r}, bias={bias}")
-        for name, value in (("vocab_size", vocab_size), ("max_length", max_length)):
-            if not isinstance(value, (int, np.integer)) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        vocab_size, max_length = (
+            as_int(vocab_size, "vocab_size", minimum=1),
+            as_int(max_length, "max_length", minimum=1),
+        )
         rng = as_generator(rng)
         self.mha = MultiHeadAttention(embed_dim, num_heads, bias=bias, dtype=dtype, rng=rng)
         self.vocab_size, self.max_length, self.dtype = vocab_size, max_length, self.mha.dtype
