@@ -5,7 +5,13 @@ training all use it.
 The limit is reference-counted under a lock: overlapping callers (several threads calling the chunked
 kernel at once, or ``train`` around it) share one limit, and the last one out restores BLAS's original
 thread count. Without the count, each caller saves and restores the other's limit, and BLAS can stay
-at one thread for the rest of the process.
+at one thread for the rest of the process. The first one in and the last one out are often different threads,
+so the limit is set and restored from any thread: OpenBLAS's own thread count (NumPy's wheels: OpenBLAS on
+pthreads) is one process-wide number that any thread may set, but threadpoolctl >= 3.8 passes a set on only
+from the first thread that set one (its "controlling thread", for as long as that thread lives) and silently
+drops the others, so a restore from another thread left BLAS on one thread, for good (``_set`` takes the control
+for each call). A BLAS whose limit is per thread (OpenBLAS built on OpenMP) is limited in each thread that enters
+and restored by that same thread, pool threads included.
 
 Why a module's projections run on the pool too (``pooled_matmul``): after a product on its own threads,
 OpenBLAS keeps its worker threads spinning for a while (about 0.1 s: ``OPENBLAS_THREAD_TIMEOUT``, read once
@@ -28,41 +34,72 @@ AVAILABLE_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 _LOCK = threading.Lock()
-_STATE = {"users": 0, "limiter": None, "controller": None}
+_STATE = {"users": 0, "original": [], "libraries": None}  # the process-wide limit: its users, the counts it replaced
+_THREAD = threading.local()  # .depth, .original: the limit of BLAS libraries whose limit is per thread
 _WORKER = threading.local()  # .busy is True in a pool thread while it runs items
 
 
-def _controller():
-    """The threadpoolctl controller, made once (finding the BLAS libraries takes ~0.5 ms); None without it."""
-    if _STATE["controller"] is None:
-        try:
-            from threadpoolctl import ThreadpoolController
-        except ImportError:  # pragma: no cover - threadpoolctl is in requirements.txt
-            _STATE["controller"] = False
-        else:
-            _STATE["controller"] = ThreadpoolController()
-    return _STATE["controller"] or None
+def _libraries() -> tuple[list, list]:
+    """The BLAS libraries threadpoolctl finds, found once (~0.5 ms): (process-wide limit, per-thread limit)."""
+    with _LOCK:
+        if _STATE["libraries"] is None:
+            try:
+                from threadpoolctl import ThreadpoolController
+            except ImportError:  # pragma: no cover - threadpoolctl is in requirements.txt
+                libs = []
+            else:
+                libs = ThreadpoolController().select(user_api="blas").lib_controllers
+            per_thread = [lib for lib in libs if getattr(lib, "threading_layer", None) == "openmp"]
+            _STATE["libraries"] = ([lib for lib in libs if lib not in per_thread], per_thread)
+        return _STATE["libraries"]
+
+
+def _set(lib, num_threads: int | None) -> None:
+    """Set a process-wide BLAS thread count from whichever thread calls (under ``_LOCK``).
+
+    threadpoolctl >= 3.8 obeys only its "controlling thread" for OpenBLAS on pthreads: take the control for this
+    call and give it up after, so that no thread keeps it (older versions have no such control and set directly).
+    """
+    if num_threads is None:  # a library that could not report its count: leave it as it is
+        return
+    release = getattr(type(lib), "clear_controlling_thread", None)
+    if release is not None:
+        release(force=True)
+    lib.set_num_threads(num_threads)
+    if release is not None:
+        release(force=True)
 
 
 @contextlib.contextmanager
 def blas_single_threaded():
-    """Run the block with NumPy's BLAS on one thread; nested and concurrent uses share one limit."""
-    controller = _controller()
-    if controller is None:  # pragma: no cover
-        yield
-        return
+    """Run the block with NumPy's BLAS on one thread; nested and concurrent uses share one limit, and it is
+    restored when the last of them ends, whichever thread that is."""
+    shared, per_thread = _libraries()
     with _LOCK:
         if _STATE["users"] == 0:
-            _STATE["limiter"] = controller.limit(limits=1, user_api="blas")
+            _STATE["original"] = [lib.get_num_threads() for lib in shared]
+            for lib in shared:
+                _set(lib, 1)
         _STATE["users"] += 1
+    depth = getattr(_THREAD, "depth", 0)
+    if depth == 0 and per_thread:
+        _THREAD.original = [lib.get_num_threads() for lib in per_thread]
+        for lib in per_thread:
+            lib.set_num_threads(1)  # this thread's own limit: no control to take
+    _THREAD.depth = depth + 1
     try:
         yield
     finally:
+        _THREAD.depth -= 1
+        if _THREAD.depth == 0 and per_thread:
+            for lib, n in zip(per_thread, _THREAD.original):
+                if n is not None:
+                    lib.set_num_threads(n)
         with _LOCK:
             _STATE["users"] -= 1
             if _STATE["users"] == 0:
-                _STATE["limiter"].restore_original_limits()
-                _STATE["limiter"] = None
+                for lib, n in zip(shared, _STATE["original"]):
+                    _set(lib, n)
 
 
 def run_items(work, items, num_threads: int) -> None:
@@ -87,12 +124,13 @@ def run_items(work, items, num_threads: int) -> None:
     def worker(_) -> None:
         _WORKER.busy = True
         try:
-            while True:
-                with queue_lock:
-                    item = next(queue, done)
-                if item is done:
-                    return
-                work(item)
+            with blas_single_threaded():  # a per-thread limit must be set in this thread too
+                while True:
+                    with queue_lock:
+                        item = next(queue, done)
+                    if item is done:
+                        return
+                    work(item)
         finally:
             _WORKER.busy = False
 

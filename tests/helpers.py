@@ -39,3 +39,33 @@ def grad_check(forward, backward, inputs, names, seed=0, allow_zero=True):
     for row in report.rows:
         assert (allow_zero or not row.zero_gradient) and row.max_rel_err <= RTOL_TARGET, str(report)
     return report
+
+
+def cpu_ticks() -> dict[int, int]:
+    """{thread id: user + system clock ticks} of every thread of this process (Linux /proc)."""
+    import os  # noqa: PLC0415 - only the thread tests need it
+
+    ticks = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # a thread that just ended
+            continue
+        ticks[int(tid)] = int(fields[11]) + int(fields[12])
+    return ticks
+
+
+def helper_share(n: int = 2000) -> float:
+    """The share of an (n, n) @ (n, n) float64 product's CPU time spent in threads other than the caller's (BLAS's
+    own workers). With BLAS on two threads each computes about half of the product (OpenBLAS cuts it in equal
+    parts, so the share does not depend on how busy the machine is: a loaded machine slows both alike); on one
+    thread it is 0. Per-thread CPU time sees what a thread count reported by threadpool_info() may not."""
+    import threading  # noqa: PLC0415
+
+    a = np.random.default_rng(0).random((n, n))
+    before = cpu_ticks()
+    a @ a  # (n, n) @ (n, n) -> (n, n)
+    after = cpu_ticks()
+    spent = {t: after[t] - before.get(t, 0) for t in after}
+    return 1.0 - spent.get(threading.get_native_id(), 0) / max(1, sum(spent.values()))
