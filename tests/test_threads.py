@@ -9,8 +9,9 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
-from helpers import helper_share
+from helpers import helper_share, rel_err
 
 from mha_numpy import threads
 
@@ -111,7 +112,7 @@ FRESH_PROCESS = """
 import sys, threading
 sys.path.insert(0, sys.argv[1])  # tests/, for helpers.helper_share
 import numpy as np
-from helpers import helper_share
+from helpers import helper_share, rel_err
 from mha_numpy import MultiHeadAttention
 impls = ["chunked", "vectorized", "auto"]
 modules = [MultiHeadAttention(64, 4, impl=impls[i % 3], rng=i) for i in range(8)]
@@ -145,3 +146,92 @@ def test_after_eight_threads_calling_modules_a_large_product_uses_both_cores_in_
         assert r.returncode == 0, r.stderr
         shares.append(float(r.stdout.split()[-1]))
     assert min(shares) > 0.3, shares
+
+
+# --------------------------------------------------------------------------- what may be shared (README "Threads")
+
+
+def run_concurrently(fns, timeout=300):
+    """Call every fn in its own thread, all started together; -> their results (a failure is re-raised)."""
+    results, errors, start = [None] * len(fns), [], threading.Barrier(len(fns))
+
+    def run(i):
+        try:
+            start.wait()
+            results[i] = fns[i]()
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+            errors.append(e)
+
+    workers = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(fns))]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in workers), "a thread hung"
+    if errors:
+        raise errors[0]
+    return results
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    from mha_numpy.bert import BertModel
+
+    return BertModel.from_pretrained(dtype=np.float32)
+
+
+LONG_TEXT = " ".join(["the quick brown fox jumps over the lazy dog"] * 12)  # ~110 tokens
+
+
+def test_one_tokenizer_shared_by_threads_with_different_max_lengths_gives_each_its_own_length(minilm):
+    """Reliability 7: the call set truncation on the shared tokenizer and then encoded; another thread's
+    setting could come in between (another thread's length in up to 90 of 400 calls)."""
+
+    def calls(max_length):
+        return [minilm.tokenize([LONG_TEXT, "short"], max_length=max_length).input_ids.shape[1] for _ in range(100)]
+
+    lengths = run_concurrently([lambda n=n: calls(n) for n in (8, 16, 32, 64)])
+    for n, got in zip((8, 16, 32, 64), lengths):
+        assert got == [n] * 100, (n, sorted(set(got)))
+
+
+def test_encode_beside_tokenize_in_other_threads_is_the_encode_of_one_thread(minilm):
+    texts = [LONG_TEXT, "a cat sat on the mat", "it was tired"]
+    alone = minilm.encode(texts)
+
+    def tokenize_short():
+        for _ in range(50):
+            minilm.tokenize(LONG_TEXT, max_length=8)
+
+    together = run_concurrently([lambda: minilm.encode(texts), tokenize_short, tokenize_short])[0]
+    np.testing.assert_array_equal(together, alone)
+
+
+def test_one_bert_model_shared_by_threads_gives_each_the_result_it_gives_alone(minilm):
+    batches = [minilm.tokenize(t) for t in (["one sentence here", "and another"], [LONG_TEXT], ["x y z"] * 3)]
+    alone = [minilm(b.input_ids, b.attention_mask, b.token_type_ids).last_hidden_state for b in batches]
+    together = run_concurrently(
+        [lambda b=b: minilm(b.input_ids, b.attention_mask, b.token_type_ids).last_hidden_state for b in batches] * 2
+    )
+    for got, want in zip(together, alone * 2):  # not bit for bit: BLAS's thread count at the time changes rounding
+        assert rel_err(got, want) <= 64 * np.finfo(np.float32).eps  # (the bands' rule, tests/test_bert.py)
+
+
+@pytest.mark.parametrize("impl", ["vectorized", "naive", "chunked", "auto"])
+def test_one_attention_module_shared_by_threads_gives_each_the_result_it_gives_alone(impl):
+    from mha_numpy import MultiHeadAttention
+
+    mha = MultiHeadAttention(16, 4, impl=impl, rng=0)
+    rng = np.random.default_rng(1)
+    inputs = [(rng.standard_normal((2, L, 16)), rng.standard_normal((2, L, 16))) for L in (5, 64, 130, 7)]
+
+    def call(x, d):
+        out, cache = mha.forward(x, x, x)
+        grads = mha.backward(d, cache)
+        return out, grads
+
+    alone = [call(x, d) for x, d in inputs]
+    together = run_concurrently([lambda x=x, d=d: call(x, d) for x, d in inputs] * 2)
+    for (out, grads), (out0, grads0) in zip(together, alone * 2):
+        assert rel_err(out, out0) <= 64 * np.finfo(np.float64).eps and grads.keys() == grads0.keys()
+        assert all(rel_err(grads[name], grads0[name]) <= 64 * np.finfo(np.float64).eps for name in grads)

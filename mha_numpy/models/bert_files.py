@@ -5,6 +5,7 @@ package. Used by ``BertModel.from_pretrained`` (models/bert.py), which re-export
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,13 +44,18 @@ class BertInputs:
 
 class BertTokenizer:
     """The model's own tokenizer.json run by the ``tokenizers`` package (the engine of transformers' fast
-    tokenizer): lower-casing, WordPiece, [CLS] ... [SEP], right padding to the longest text, truncation."""
+    tokenizer): lower-casing, WordPiece, [CLS] ... [SEP], right padding to the longest text, truncation.
+
+    Safe to share between threads: a call sets its truncation on the one ``tokenizers.Tokenizer`` and encodes
+    under a lock, so a concurrent call with another ``max_length`` cannot change it in between (it did: four
+    threads tokenizing with max_length 8/16/32/64 got another thread's length in up to 90 of 400 calls)."""
 
     def __init__(self, tokenizer_file: str | Path, max_length: int = 512, pad_id: int = 0) -> None:
         Tokenizer = require("tokenizers", "tokenizing text for mha_numpy.bert").Tokenizer
         self._tok = Tokenizer.from_file(str(tokenizer_file))
         self.max_length, self.pad_id = max_length, pad_id
         self.pad_token = self._tok.id_to_token(pad_id)
+        self._lock = threading.Lock()  # the settings below and the encoding that uses them, one call at a time
 
     def __call__(self, texts: str | list[str], max_length: int | None = None) -> BertInputs:
         """``max_length``: tokens per text, [CLS] and [SEP] included (>= 2; capped at the model's limit)."""
@@ -60,9 +66,10 @@ class BertTokenizer:
         if max_length is not None and (not isinstance(max_length, (int, np.integer)) or max_length < 2):
             raise ValueError(f"max_length must be an int >= 2 (room for [CLS] and [SEP]) or None, got {max_length!r}")
         # tokenizer.json may carry its own settings (all-MiniLM-L6-v2's pads every text to 128): set ours explicitly
-        self._tok.enable_truncation(max_length=min(max_length or self.max_length, self.max_length))
-        self._tok.enable_padding(pad_id=self.pad_id, pad_token=self.pad_token)  # to the longest text, on the right
-        encodings = self._tok.encode_batch(texts)
+        with self._lock:
+            self._tok.enable_truncation(max_length=min(max_length or self.max_length, self.max_length))
+            self._tok.enable_padding(pad_id=self.pad_id, pad_token=self.pad_token)  # to the longest, on the right
+            encodings = self._tok.encode_batch(texts)
         return BertInputs(
             input_ids=np.array([e.ids for e in encodings], dtype=np.int64),
             attention_mask=np.array([e.attention_mask for e in encodings], dtype=np.int64),
