@@ -185,19 +185,27 @@ def test_padding_gets_exactly_zero_weight_and_changes_nothing(model64):
         assert rel_err(out.attentions[5][b, :, :n, :n], solo.attentions[5][0]) <= 1e-12
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("threads", [2, 3, 5])
-def test_inference_in_bands_of_sequences_is_the_one_band_result(model64, threads):
-    """__call__ runs the batch as bands on a pool: nothing crosses sequences, so the bands give the same numbers."""
-    inputs = model64.tokenize(SENTENCES)  # 5 sentences, padded: bands of 2 + 3, of 1 + 2 + 2, of 1 each
-    one = model64(inputs.input_ids, inputs.attention_mask, inputs.token_type_ids, num_threads=1)
-    banded = model64(inputs.input_ids, inputs.attention_mask, inputs.token_type_ids, num_threads=threads)
-    assert rel_err(banded.last_hidden_state, one.last_hidden_state) <= 1e-13
+def test_inference_in_bands_of_sequences_is_the_one_band_result_to_a_few_units_in_the_last_place(
+    model32, model64, dtype, threads
+):
+    """__call__ runs the batch as bands on a pool: nothing crosses sequences, so the bands compute what one band
+    computes, but not bit for bit (reliability 5: the docstring said "the one-band result", which held in neither
+    dtype: BLAS rounds a product of fewer rows, or on one thread, differently). What holds, in both dtypes: every
+    hidden state and attention map within 64 units in the last place of its largest value."""
+    model = {"float32": model32, "float64": model64}[dtype]
+    ulp = np.finfo(model.dtype).eps
+    inputs = model.tokenize(SENTENCES)  # 5 sentences, padded: bands of 2 + 3, of 1 + 2 + 2, of 1 each
+    one = model(inputs.input_ids, inputs.attention_mask, inputs.token_type_ids, num_threads=1)
+    banded = model(inputs.input_ids, inputs.attention_mask, inputs.token_type_ids, num_threads=threads)
     assert len(banded.attentions) == len(one.attentions) and len(banded.hidden_states) == len(one.hidden_states)
     for a, b in zip(banded.attentions + banded.hidden_states, one.attentions + one.hidden_states):
-        assert a.shape == b.shape and rel_err(a, b) <= 1e-13
+        assert a.shape == b.shape and a.dtype == b.dtype == model.dtype
+        assert rel_err(a, b) <= 64 * ulp, (rel_err(a, b) / ulp, "units in the last place")
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="num_threads"):
-            model64(inputs.input_ids, num_threads=bad)
+            model(inputs.input_ids, num_threads=bad)
 
 
 # --------------------------------------------------------------------------- sentence embeddings

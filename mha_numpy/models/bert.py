@@ -128,6 +128,11 @@ class BertModel:
     to arrays; they are copied into ``params`` in ``dtype`` (float32 or float64), so updating ``params`` never
     touches the caller's arrays or the file. The pooler is not loaded (all-MiniLM-L6-v2 pools by the mean).
     ``norm``: "post" (BERT as trained) or "pre" (LayerNorm before each sublayer, GPT-2 style; no final norm).
+
+    Threads: one model may serve several threads at once (``model(...)``, ``forward``, ``backward``, ``encode``,
+    ``tokenize``): a call only reads ``params`` and keeps what it computes in its own cache, and the tokenizer
+    encodes under a lock. In training, give each call its own ``rng`` (a seed) or ``dropout_masks``, not one
+    shared Generator; and no thread may call the model while an optimizer updates ``params`` (tests/test_threads.py).
     """
 
     def __init__(
@@ -215,9 +220,12 @@ class BertModel:
 
         The batch runs as ``num_threads`` bands of sequences, one per thread of a pool (None: one per available
         core), with BLAS on one thread each: every step but attention works token by token and attention stays
-        within a sequence, so the bands never meet and the result is the one-band result. On two cores this
-        measured 1.7-2× faster than one band with BLAS's own threads (the elementwise steps, GELU's erf above
-        all, run on one core otherwise).
+        within a sequence, so the bands never meet and compute what one band computes, up to rounding. Not bit for
+        bit: how a BLAS product rounds depends on how many rows it multiplies at once and on BLAS's thread count
+        (in float32 and float64 alike), so bands differ from one band by a few units in the last place of the
+        largest value (measured ≤ 16 in float32, ≤ 8 in float64; tests/test_bert.py holds them to 64). On two
+        cores this measured 1.7-2× faster than one band with BLAS's own threads (the elementwise steps, GELU's
+        erf above all, run on one core otherwise).
         """
         ids, attention_mask, token_type_ids = self._check_inputs(input_ids, attention_mask, token_type_ids)
         threads = min(positive_int_or_none(num_threads, "num_threads") or AVAILABLE_CORES, ids.shape[0])
