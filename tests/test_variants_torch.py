@@ -146,6 +146,48 @@ def test_llama_importer_shapes_and_refusals(transformers):
         interop.from_hf_llama_attention(module)
 
 
+def test_mask_from_hf_takes_the_bool_mask_transformers_hands_to_llamas_sdpa_attention(transformers, monkeypatch):
+    """Reliability 5: transformers 5 gives its SDPA attention a bool (B, 1, Lq, Lk) mask, True = attend, causal and
+    padding combined; mask_from_hf refused it (it took every 4-D mask for an additive one). Captured from a tiny
+    LlamaModel with attn_implementation="sdpa", converted, and used with our kernel on the same q, k, v: the
+    context is HF's on every query that sees a key (ours gives one that sees none, a left padding, zeros)."""
+    import torch
+    from transformers import LlamaConfig, LlamaModel
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from mha_numpy import kernels
+
+    sdpa, seen = ALL_ATTENTION_FUNCTIONS["sdpa"], []
+
+    def spy(module, query, key, value, attention_mask, *args, **kwargs):
+        out = sdpa(module, query, key, value, attention_mask, *args, **kwargs)
+        seen.append((query, key, value, attention_mask, kwargs["scaling"], out[0]))
+        return out
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", spy)
+    cfg = LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaModel._from_config(cfg, attn_implementation="sdpa", dtype=torch.float64).eval()
+    ids = torch.tensor([[3, 4, 5, 6, 7], [8, 9, 10, 11, 12]])
+    am = np.array([[1, 1, 1, 1, 0], [0, 0, 1, 1, 1]])  # right and left padding
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=torch.from_numpy(am))
+    q, k, v, hf_mask, scale, hf_out = (x.numpy() if torch.is_tensor(x) else x for x in seen[-1])
+    assert hf_mask.dtype == np.bool_ and hf_mask.shape == (2, 1, 5, 5)  # what transformers 5 passes
+    ours = interop.mask_from_hf(torch.from_numpy(hf_mask))
+    want = masks.combine_masks(masks.padding_mask(attention_mask=am), masks.causal_mask(5))  # (2, 1, 5, 5)
+    np.testing.assert_array_equal(ours, want)
+    k, v = F.repeat_kv_forward(k, 2)[0], F.repeat_kv_forward(v, 2)[0]  # (B, H, L, d): HF's GQA grouping
+    context, _ = kernels.VectorizedKernel().forward(q, k, v, mask=ours, scale=scale)  # (B, H, L, d)
+    context = context.transpose(0, 2, 1, 3)  # (B, L, H, d), HF's layout
+    sees = want[:, 0].any(-1)  # (B, L): queries with at least one key (all but the left padding here)
+    assert sees.sum() == 8
+    np.testing.assert_allclose(context[sees], hf_out[sees], rtol=1e-12, atol=1e-14)
+    assert np.all(context[~sees] == 0)  # a query that sees no key: zero context (our convention)
+    assert interop.mask_from_hf(None) is None
+
+
 @pytest.mark.parametrize("prefill", [1, 4])
 @pytest.mark.parametrize("H, Hkv", [(4, 2), (4, 1)])
 def test_kv_cache_matches_hf_dynamic_cache_decoding(transformers, prefill, H, Hkv):

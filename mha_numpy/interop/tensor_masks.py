@@ -94,12 +94,20 @@ def mask_to_sdpa(mask) -> torch.Tensor | None:
 
 
 def mask_from_hf(attention_mask) -> np.ndarray | None:
-    """HF ``attention_mask`` (B, Lk) with 1 = keep, or HF's 4-D additive extended mask -> ours (bool)."""
+    """A Hugging Face mask -> ours (bool, True = may attend). Three forms:
+
+    - ``attention_mask`` (B, Lk), what a user passes to a model: 1 = keep, 0 = padding -> (B, 1, 1, Lk);
+    - the 4-D additive mask eager attention adds (0 = keep, ``finfo.min`` = blocked) -> (B, 1, Lq, Lk);
+    - the 4-D **bool** mask transformers 5 hands to its SDPA attention (e.g. Llama with
+      ``attn_implementation="sdpa"``): causal and padding combined, (B, 1, Lq, Lk), True = attend, which is
+      SDPA's convention and ours, so it is copied as it is. (transformers passes None instead when nothing is
+      padded and it lets SDPA apply ``is_causal``: then the mask is ``masks.causal_mask``, not None.)
+    """
     if attention_mask is None:
         return None
     am = _to_numpy(attention_mask)
     if am.ndim == 4:
-        return M.from_hf_extended_mask(am)
+        return M.from_sdpa_mask(am) if am.dtype == np.bool_ else M.from_hf_extended_mask(am)
     return M.from_hf_attention_mask(am)  # (B, 1, 1, Lk)
 
 
