@@ -476,7 +476,7 @@ def relative_position_bias_forward(table: np.ndarray, Lq: int, Lk: int, check: b
 def relative_position_bias_backward(d_bias: np.ndarray, cache):
     """d_bias: (..., H, Lq, Lk) broadcast over a batch axis -> d_table: (H, 2R + 1)."""
     idx, shape = cache
-    d = d_bias.reshape(-1, *d_bias.shape[-3:]).sum(axis=0)  # (H, Lq, Lk), summed over the batch
+    d = d_bias.sum(axis=tuple(range(d_bias.ndim - 3)))  # (H, Lq, Lk), summed over the batch (empty ones too)
     d_table = np.zeros(shape, dtype=d_bias.dtype)
     np.add.at(d_table, (slice(None), idx), d)  # ← F1: scatter-add, repeated columns accumulate
     return d_table

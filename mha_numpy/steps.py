@@ -59,6 +59,38 @@ def _flag(value, name: str) -> bool:
     return bool(value)
 
 
+def _kv_heads(value, num_heads: int) -> int:
+    Hkv = num_heads if value is None else value
+    if isinstance(Hkv, bool) or not isinstance(Hkv, (int, np.integer)) or Hkv <= 0:
+        raise ValueError(f"num_kv_heads must be a positive int or None, got {value!r}")
+    if num_heads % Hkv:
+        raise ValueError(
+            f"num_heads={num_heads} is not a multiple of num_kv_heads={Hkv}: each key/value head serves "
+            "num_heads // num_kv_heads query heads"
+        )
+    return int(Hkv)
+
+
+def _rope_theta(theta, head_dim: int) -> float | None:
+    if theta is None:
+        return None
+    if isinstance(theta, bool) or not isinstance(theta, (int, float, np.integer, np.floating)) or not theta > 0:
+        raise ValueError(f"rope_theta must be a positive number or None, got {theta!r}")
+    if head_dim % 2:
+        raise ValueError(f"rope_theta needs an even head dim (RoPE turns pairs of features): head dim {head_dim}")
+    return float(theta)
+
+
+def _float_dtype(dtype) -> np.dtype:
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise ValueError(f"dtype must be np.float32 or np.float64, got {dtype!r}") from None
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(f"dtype must be np.float32 or np.float64, got {dtype}")
+    return dtype
+
+
 @dataclass(frozen=True)
 class AttentionConfig:
     """Every option of the data path, checked (``ValueError`` naming the option) and resolved (None -> its default).
@@ -89,41 +121,17 @@ class AttentionConfig:
     def __post_init__(self) -> None:
         E = _positive_int(self.embed_dim, "embed_dim")
         H = _positive_int(self.num_heads, "num_heads")
-        kdim = E if self.kdim is None else _positive_int(self.kdim, "kdim")
-        vdim = E if self.vdim is None else _positive_int(self.vdim, "vdim")
         if E % H != 0:
             raise ValueError(f"embed_dim={E} is not divisible by num_heads={H}")
-        Hkv = H if self.num_kv_heads is None else self.num_kv_heads
-        if isinstance(Hkv, bool) or not isinstance(Hkv, (int, np.integer)) or Hkv <= 0:
-            raise ValueError(f"num_kv_heads must be a positive int or None, got {self.num_kv_heads!r}")
-        if H % Hkv:
-            raise ValueError(
-                f"num_heads={H} is not a multiple of num_kv_heads={Hkv}: each key/value head serves "
-                "num_heads // num_kv_heads query heads"
-            )
-        theta = self.rope_theta
-        if theta is not None:
-            if isinstance(theta, bool) or not isinstance(theta, (int, float, np.integer, np.floating)) or not theta > 0:
-                raise ValueError(f"rope_theta must be a positive number or None, got {theta!r}")
-            if (E // H) % 2:
-                raise ValueError(
-                    f"rope_theta needs an even head dim (RoPE turns pairs of features): "
-                    f"embed_dim={E} / num_heads={H} = {E // H}"
-                )
-            theta = float(theta)
         R = self.rel_pos_max_distance
         if R is not None and (isinstance(R, bool) or not isinstance(R, (int, np.integer)) or R < 0):
             raise ValueError(f"rel_pos_max_distance must be a non-negative int or None, got {R!r}")
-        try:
-            dtype = np.dtype(self.dtype)
-        except TypeError:
-            raise ValueError(f"dtype must be np.float32 or np.float64, got {self.dtype!r}") from None
-        if dtype not in FLOAT_DTYPES:
-            raise ValueError(f"dtype must be np.float32 or np.float64, got {dtype}")
         resolved = dict(
-            embed_dim=E, num_heads=H, kdim=kdim, vdim=vdim, num_kv_heads=int(Hkv), rope_theta=theta,
-            rel_pos_max_distance=None if R is None else int(R), dtype=dtype,
-            dropout=check_probability(self.dropout, "dropout"),
+            embed_dim=E, num_heads=H, num_kv_heads=_kv_heads(self.num_kv_heads, H),
+            kdim=E if self.kdim is None else _positive_int(self.kdim, "kdim"),
+            vdim=E if self.vdim is None else _positive_int(self.vdim, "vdim"),
+            rope_theta=_rope_theta(self.rope_theta, E // H), rel_pos_max_distance=None if R is None else int(R),
+            dtype=_float_dtype(self.dtype), dropout=check_probability(self.dropout, "dropout"),
             **{name: _flag(getattr(self, name), name)
                for name in ("bias", "alibi", "add_bias_kv", "add_zero_attn", "recompute")},
         )  # fmt: skip
