@@ -82,10 +82,12 @@ def test_missing_torch_gives_import_error_naming_it(monkeypatch):
 
 
 def test_old_and_new_module_names_export_the_same_public_names():
-    """torch_compat is the old name of interop (one module); the names other code uses are re-exported there."""
+    """torch_compat is the first name of interop, a plain re-export of it (it was a sys.modules swap of the same module
+    until the data-path issue asked for plain re-exports): the same objects under the same names."""
     import mha_numpy.interop
 
-    assert tc is mha_numpy.interop
+    assert tc.__all__ == mha_numpy.interop.__all__ and tc.names is mha_numpy.interop.names
+    assert all(getattr(tc, name) is getattr(mha_numpy.interop, name) for name in tc.__all__)
     for name in tc.__all__:
         assert getattr(tc, name) is not None, name
     used = ["CrosscheckReport", "DEFAULT_RTOL", "HF_BERT_NAME_MAP", "crosscheck_hf_bert_attention", "crosscheck_sdpa"]
