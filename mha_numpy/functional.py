@@ -499,6 +499,21 @@ def append_positions_backward(d_out: np.ndarray, cache):
     return d_out[:, :, :L], sum_to_shape(d_out[:, :, L:], extra_shape)  # ← F1: the two parts of the concatenation
 
 
+def soft_cap_forward(scores: np.ndarray, cap: float):
+    """Soft-capping (Gemma 2): cap · tanh(scores / cap), elementwise; the scores stay within (-cap, cap).
+
+    scores: (...) -> (...). Small scores pass almost unchanged, large ones flatten towards ±cap.
+    """
+    t = np.tanh(scores / cap)  # F1: (...) in (-1, 1); a Python float keeps float32 float32
+    return t * cap, t  # F2
+
+
+def soft_cap_backward(d_out: np.ndarray, cache):
+    """d_out: (...) -> d_scores: (...), d/ds [cap · tanh(s / cap)] = 1 - tanh²(s / cap)."""
+    t = cache
+    return d_out * (1.0 - t * t)  # ← F2, F1
+
+
 # --------------------------------------------------------------------------- attention
 
 

@@ -36,12 +36,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, replace
+from functools import partial
 
 import numpy as np
 
 from . import functional as F
 from . import masks
 from ._checks import FLOAT_DTYPES, check_probability
+from .kernels import ScoreMod
 from .kv_cache import KVCache
 
 # --------------------------------------------------------------------------- the options
@@ -81,6 +83,15 @@ def _rope_theta(theta, head_dim: int) -> float | None:
     return float(theta)
 
 
+def _positive_or_none(value, name: str) -> float | None:
+    if value is None:
+        return None
+    number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not number or not 0 < value < np.inf:
+        raise ValueError(f"{name} must be a positive finite number or None, got {value!r}")
+    return float(value)
+
+
 def _float_dtype(dtype) -> np.dtype:
     try:
         dtype = np.dtype(dtype)
@@ -116,6 +127,7 @@ class AttentionConfig:
     rel_pos_max_distance: int | None = None
     add_bias_kv: bool = False
     add_zero_attn: bool = False
+    softcap: float | None = None
     recompute: bool = False
 
     def __post_init__(self) -> None:
@@ -132,6 +144,7 @@ class AttentionConfig:
             vdim=E if self.vdim is None else _positive_int(self.vdim, "vdim"),
             rope_theta=_rope_theta(self.rope_theta, E // H), rel_pos_max_distance=None if R is None else int(R),
             dtype=_float_dtype(self.dtype), dropout=check_probability(self.dropout, "dropout"),
+            softcap=_positive_or_none(self.softcap, "softcap"),
             **{name: _flag(getattr(self, name), name)
                for name in ("bias", "alibi", "add_bias_kv", "add_zero_attn", "recompute")},
         )  # fmt: skip
@@ -370,6 +383,19 @@ class Alibi(Step):
         pass  # a constant: nothing to differentiate
 
 
+class SoftCap(Step):
+    """Soft-capped scores, cap · tanh(s / cap), inside the kernel after the score terms, before the mask (Gemma 2)."""
+
+    option = "softcap"
+
+    def forward(self, f, s):
+        cap = ScoreMod("soft_cap", partial(F.soft_cap_forward, cap=self.c.softcap), F.soft_cap_backward)
+        f.args = f.args.add_score_mod(cap)  # F1: every kernel applies it to the blocks of scores it holds
+
+    def backward(self, g, s):
+        pass  # ← F1: the kernel's backward takes dS through the cap's backward
+
+
 class BiasKV(Step):
     """A learned key bias_k and value bias_v appended after the sequence's keys (torch MHA's add_bias_kv)."""
 
@@ -500,6 +526,8 @@ def build_steps(c: AttentionConfig, kv_cache: bool = False) -> tuple[Step, ...]:
         steps.append(RelativeBias(c))
     if c.alibi:
         steps.append(Alibi(c))
+    if c.softcap is not None:
+        steps.append(SoftCap(c))
     if c.add_bias_kv:
         steps.append(BiasKV(c))
     if c.add_zero_attn:
