@@ -323,6 +323,28 @@ def repeat_kv_backward(d_out: np.ndarray, cache):
     return grouped.sum(axis=2)  # ← F1: (B, Hkv, L, d)
 
 
+def rms_norm_forward(x: np.ndarray, weight: np.ndarray, eps: float):
+    """RMSNorm over the last axis, as Llama's and Qwen3's: x / sqrt(mean(x²) + eps) · weight (no mean, no bias).
+
+    x: (..., n)   weight: (n,)   ->   out: (..., n). In the module: a per-head norm of Q and K (n = d).
+    """
+    rstd = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)  # F1: (..., 1) 1 / rms
+    x_hat = x * rstd  # F2: (..., n)
+    return x_hat * weight, (x_hat, rstd, weight)  # F3: (..., n)
+
+
+def rms_norm_backward(d_out: np.ndarray, cache):
+    """d_out: (..., n) -> dx (..., n), d_weight (n,).
+
+    dx = (1/rms) · (dx̂ - x̂ · mean(dx̂ · x̂)) with dx̂ = d_out · weight: LayerNorm's backward without the mean term.
+    """
+    x_hat, rstd, weight = cache
+    d_weight = (d_out * x_hat).reshape(-1, x_hat.shape[-1]).sum(axis=0)  # ← F3: (n,), summed over every row
+    dx_hat = d_out * weight  # ← F3: (..., n)
+    dx = rstd * (dx_hat - x_hat * (dx_hat * x_hat).mean(axis=-1, keepdims=True))  # ← F2, F1: (..., n)
+    return dx, d_weight
+
+
 def rope_cos_sin(positions: np.ndarray, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
     """The rotation angles of RoPE, Hugging Face Llama convention, always computed in float64.
 

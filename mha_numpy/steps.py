@@ -122,6 +122,8 @@ class AttentionConfig:
     dropout: float = 0.0
     dtype: np.dtype = field(default=np.dtype(np.float64))
     num_kv_heads: int | None = None
+    qk_norm: bool = False
+    qk_norm_eps: float = 1e-6
     rope_theta: float | None = None
     alibi: bool = False
     rel_pos_max_distance: int | None = None
@@ -145,8 +147,9 @@ class AttentionConfig:
             rope_theta=_rope_theta(self.rope_theta, E // H), rel_pos_max_distance=None if R is None else int(R),
             dtype=_float_dtype(self.dtype), dropout=check_probability(self.dropout, "dropout"),
             softcap=_positive_or_none(self.softcap, "softcap"),
+            qk_norm_eps=_positive_or_none(self.qk_norm_eps, "qk_norm_eps"),
             **{name: _flag(getattr(self, name), name)
-               for name in ("bias", "alibi", "add_bias_kv", "add_zero_attn", "recompute")},
+               for name in ("bias", "qk_norm", "alibi", "add_bias_kv", "add_zero_attn", "recompute")},
         )  # fmt: skip
         for name, value in resolved.items():
             object.__setattr__(self, name, value)
@@ -296,6 +299,25 @@ class Split(Step):
         g.q = F.split_heads_backward(g.Q, s["q_split"])  # ← F1: (B, Lq, E)
         g.k = F.split_heads_backward(g.K, s["k_split"])  # ← F2: (B, Lk, Ekv)
         g.v = F.split_heads_backward(g.V, s["v_split"])  # ← F3: (B, Lk, Ekv)
+
+
+class QKNorm(Step):
+    """Q and K normalised per head by RMSNorm with learned weights q_norm, k_norm (d,), before RoPE (Qwen3)."""
+
+    option = "qk_norm"
+    names = ("q_norm", "k_norm")
+
+    def params(self):
+        d = self.c.head_dim  # shared by every head: recompute's groups add their gradients
+        return {name: Param((d,), None, init=lambda rng, dtype: np.ones(d, dtype)) for name in self.names}
+
+    def forward(self, f, s):
+        f.Q, s["q_norm"] = F.rms_norm_forward(f.Q, f.P["q_norm"], self.c.qk_norm_eps)  # F1: (B, H, Lq, d)
+        f.K, s["k_norm"] = F.rms_norm_forward(f.K, f.P["k_norm"], self.c.qk_norm_eps)  # F2: (B, Hkv, Lk, d)
+
+    def backward(self, g, s):
+        g.K, g.P["k_norm"] = F.rms_norm_backward(g.K, s["k_norm"])  # ← F2
+        g.Q, g.P["q_norm"] = F.rms_norm_backward(g.Q, s["q_norm"])  # ← F1
 
 
 class Rope(Step):
@@ -518,6 +540,8 @@ def build_steps(c: AttentionConfig, kv_cache: bool = False) -> tuple[Step, ...]:
     kv_cache: the call appends to a ``KVCache`` (a call argument, not an option of the module).
     """
     steps = [Project(c), Split(c)]
+    if c.qk_norm:
+        steps.append(QKNorm(c))
     if c.rope_theta is not None:
         steps.append(Rope(c))
     if kv_cache:
