@@ -114,3 +114,9 @@ def test_no_function_of_the_module_is_longer_than_40_lines():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 length = node.end_lineno - node.lineno + 1
                 assert length <= 40, f"{name}: {node.name} has {length} lines"
+
+
+def test_the_plan_shown_in_the_architecture_doc_is_what_describe_prints():
+    doc = (ROOT.parent / "docs" / "architecture.md").read_text()
+    shown = doc.split(">>> print(mha.describe())\n", 1)[1].split("```", 1)[0].strip()
+    assert shown == MultiHeadAttention(64, 8, num_kv_heads=2, rope_theta=10000.0, rng=0).describe()
