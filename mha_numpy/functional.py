@@ -584,7 +584,7 @@ def scaled_dot_product_attention_forward(
     q, k, v = check_qkv(q, k, v)
     shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])  # (B, H, Lq, Lk)
     mask = check_mask(mask, shape)
-    bias = check_mask(bias, shape, name="bias", allow_bool=False)
+    bias = check_mask(bias, shape, name="bias", allow_bool=False, dtype=q.dtype)
     keep = check_dropout(shape, dropout_p, rng, dropout_mask)
     if keep is None and dropout_p > 0.0:
         keep = as_generator(rng).random(shape) >= dropout_p  # (B, H, Lq, Lk) True = keep

@@ -11,6 +11,7 @@ import pytest
 
 import mha_numpy
 from mha_numpy import KVCache, MultiHeadAttention, kernels, masks
+from mha_numpy import functional as F
 
 ROOT = Path(mha_numpy.__file__).parent
 KERNELS = list(kernels.KERNELS)
@@ -71,6 +72,8 @@ def test_one_dtype_rule(impl):
     q, k, v = (rng.standard_normal((1, 2, 3, 4)).astype(np.float32) for _ in range(3))
     with pytest.raises(ValueError, match=r"bias has dtype float64 .* but q, k, v are float32"):
         kernel.forward(q, k, v, bias=np.zeros((3, 3)))
+    with pytest.raises(ValueError, match=r"bias has dtype float64 .* but q, k, v are float32"):  # the pair too
+        F.scaled_dot_product_attention_forward(q, k, v, bias=np.zeros((3, 3)))
     ctx, cache = kernel.forward(q, k, v, mask=np.where(np.tril(np.ones((3, 3))) > 0, 0.0, -1e300))  # float64 mask
     assert ctx.dtype == np.float32 and cache.attn_weights.dtype == np.float32
     assert all(g.dtype == np.float32 for g in kernel.backward(np.ones_like(ctx), cache)[:3])

@@ -121,16 +121,10 @@ def check_args(
     """
     shape = tuple(int(n) for n in shape)
     mask = check_mask(mask, shape if mask_keys is None else (*shape[:3], int(mask_keys)))
-    bias = check_mask(bias, shape, name="bias", allow_bool=False)
-    if dtype is not None:
-        if bias is not None and bias.dtype != dtype:
-            raise ValueError(
-                f"bias has dtype {bias.dtype} (shape {bias.shape}) but q, k, v are {np.dtype(dtype)}; "
-                f"convert it with .astype(np.{np.dtype(dtype).name})"
-            )
-        if mask is not None and mask.dtype != np.bool_ and mask.dtype != dtype:
-            with np.errstate(over="ignore"):  # float64's finfo.min becomes float32's -inf: still "blocked"
-                mask = mask.astype(dtype)
+    bias = check_mask(bias, shape, name="bias", allow_bool=False, dtype=dtype)
+    if dtype is not None and mask is not None and mask.dtype != np.bool_ and mask.dtype != dtype:
+        with np.errstate(over="ignore"):  # float64's finfo.min becomes float32's -inf: still "blocked"
+            mask = mask.astype(dtype)
     if not all(isinstance(m, ScoreMod) for m in score_mods):
         raise ValueError(f"score_mods must be kernels.ScoreMod objects, got {score_mods!r:.80}")
     keep = check_dropout(shape, dropout_p, rng, dropout_mask)
