@@ -113,6 +113,12 @@ def test_notebook_display_and_save(tmp_path):
         ),
         (dict(attentions=np.ones((1, 2, 3, 3)) / 2), r"attentions rows must sum to 1.*layer 0, head 0, query 0"),
         (dict(attentions=np.ones((1, 2, 3, 3)) * np.nan), r"attentions must hold finite weights"),
+        (
+            dict(
+                attentions=np.ones((1, 1, 2, 2)) / 2, queries=np.ones((1, 1, 2, 4)) * np.inf, keys=np.ones((1, 1, 2, 4))
+            ),
+            r"queries must be finite",
+        ),
         (dict(attentions=np.zeros((1, 1, 2, 2))), r"sums to 0 \(and masks does not block all its keys\)"),
         (
             dict(attentions=np.ones((1, 1, 2, 2)) / 2, masks=np.array([[True, False], [True, True]])),
@@ -227,3 +233,41 @@ def test_bert_html_writes_only_the_page(tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.html"]
     data = payload((tmp_path / "b.html").read_text(encoding="utf-8"))
     assert data["qtok"][0] == "[CLS]" and len(data["layers"]) == 6 and data["heads"] == 12
+
+
+# --------------------------------------------------------------------------- hostile text
+
+
+HOSTILE = [
+    "<!--<script>",
+    "</script>",
+    "<script>window.injected = 1</script>",
+    "<img src=x onerror='window.injected = 2'>",
+    "]]>",
+    "--><!--",
+    "\u2028",
+    "\u2029",
+    "'single' \"double\"",
+    "back\\slash\\",
+    "${window.injected = 3}",
+    "&amp; &lt;b&gt; &#x41;",
+    "😀",
+    "\ud800",  # a lone surrogate: JSON allows it as an escape
+    "",
+    "x" * 5000,
+]
+
+
+def test_hostile_text_lands_in_the_page_only_as_inert_json_and_escaped_title(tmp_path):
+    title = "".join(HOSTILE[:14])
+    page = explorer_html(random_attention(1, 1, len(HOSTILE), 2), HOSTILE, key_tokens=["<b>", "</script>"], title=title)
+    raw = re.search(r"<script id='explorer-data' type='application/json'>(.*?)</script>", page, re.S)[1]
+    assert raw.isascii() and not set("<>&") & set(raw)  # nothing in the data can end, open or comment a tag
+    data = json.loads(raw)
+    assert data["qtok"] == HOSTILE and data["ktok"] == ["<b>", "</script>"] and data["title"] == title
+    around = page.replace(raw, "")  # the page's own HTML, script and style: two scripts, no comment
+    assert around.count("<script") == around.count("</script") == 2 and "<!--" not in around
+    head = page[page.index("<title>") + 7 : page.index("</title>")]
+    assert "<" not in head and ">" not in head and "\ufffd" in head  # escaped; the lone surrogate replaced
+    page.encode("utf-8")  # the page can be written (the lone surrogate is only an escape in it)
+    assert page.save(tmp_path / "p.html").read_text(encoding="utf-8") == page

@@ -1,7 +1,8 @@
 """The explorer page in a real browser (headless Chromium): what it draws, against mha_numpy's own arrays.
 
-Two pages: a real BERT sentence (6 layers x 12 heads) and one MultiHeadAttention cross-attention with a
-mask that blocks a padded key for every query and every key of one query (a fully masked row).
+Pages: a real BERT sentence (6 layers x 12 heads); one MultiHeadAttention cross-attention with a mask that
+blocks a padded key for every query and every key of one query (a fully masked row); and a page of hostile
+text (tokens, title, layer names).
 Expected numbers come from the arrays mha_numpy computed (attention weights, Q, K, V, W_o), never from the page.
 """
 
@@ -13,7 +14,8 @@ from browser import Browser, console_errors, requested_urls
 
 from mha_numpy import MultiHeadAttention
 from mha_numpy import functional as F
-from mha_numpy.viz import explore_attention, explore_bert
+from mha_numpy.__main__ import main
+from mha_numpy.viz import explore_attention, explore_bert, explorer_html
 from mha_numpy.viz.explorer_sources import bert_caches
 
 try:
@@ -252,3 +254,118 @@ def test_fully_masked_row_and_padded_key_are_drawn_as_masked(browser, mha_page):
     rows = neuron_rows(d)
     assert all(r["masked"] and r["weight"] == 0 for r in rows)
     assert "Fully masked row" in d.find_element(By.ID, "neuron-caption").text
+
+
+# --------------------------------------------------------------------------- hostile text
+
+
+HOSTILE = [
+    "<!--<script>",
+    "</script>",
+    "<script>window.injected = 1</script>",
+    "<img src=x onerror='window.injected = 2'>",
+    "<svg onload='window.injected = 3'>",
+    "]]>",
+    "--><!--",
+    "\u2028",
+    "\u2029",
+    "'single' \"double\"",
+    "back\\slash\\",
+    "${window.injected = 4}",
+    "&amp; &lt;b&gt; &#x41;",
+    "😀",
+    "\ud800",  # a lone surrogate: JSON allows it as an escape
+    "",
+    "x" * 5000,
+]
+LABEL_MAX = 32  # explorer.js: a longer token or name is shown cut, ending in "…"
+
+
+def shown(text: str) -> str:
+    return text if len(text) <= LABEL_MAX else text[: LABEL_MAX - 1] + "…"
+
+
+def codes(text: str) -> list[int]:
+    return [ord(c) for c in text]  # code points, as the page's Array.from(text) sees them
+
+
+@pytest.fixture(scope="module")
+def hostile_page(tmp_path_factory):
+    rng = np.random.default_rng(7)
+    L, d = len(HOSTILE), 4
+    Q, K = rng.normal(0, 1, (2, 2, L, d)), rng.normal(0, 1, (2, 2, L, d))
+    A = F.softmax_forward(Q @ K.swapaxes(-1, -2) / 2)[0]  # (2 layers, 2 heads, L, L)
+    title = "".join(HOSTILE[:15]) + "x" * 300
+    layers = [HOSTILE[0] + HOSTILE[4], HOSTILE[-1]]
+    path = tmp_path_factory.mktemp("hostile") / "hostile.html"
+    page = explorer_html(A, HOSTILE, queries=Q, keys=K, layer_names=layers, title=title)
+    page.save(path)
+    return {"path": path, "title": title, "layers": layers}
+
+
+CODES = "const c = (s) => Array.from(s, (ch) => ch.codePointAt(0));"
+
+
+def test_hostile_text_shows_literally_and_the_script_runs(browser, hostile_page):
+    d = browser.open(hostile_page["path"])
+    assert d.execute_script("return document.body.dataset.ready") == "1"  # the script ran to its end
+    assert d.execute_script("return window.injected") is None  # and nothing in the text ran
+    counts = d.execute_script(
+        "return [document.scripts.length, document.querySelectorAll('img, iframe, object, embed').length,"
+        " document.querySelectorAll('svg').length, document.body.children.length]"
+    )
+    assert counts == [2, 0, 1, 3]  # the two scripts, the head view's svg, #explorer: no element from the text
+    title, layers = hostile_page["title"], hostile_page["layers"]
+    got = d.execute_script(
+        CODES + "return {title: c(document.title), h1: c(document.querySelector('h1').textContent),"
+        " layers: [...document.querySelectorAll('#layer option')].map(o => [c(o.textContent), c(o.title)]),"
+        " q: [...document.querySelectorAll('#head-svg text.tok.q')].map(t =>"
+        "   [c(t.querySelector('tspan').textContent), c(t.querySelector('title').textContent)]),"
+        " k: [...document.querySelectorAll('#head-svg text.tok.k')].map(t => c(t.querySelector('tspan').textContent))}"
+    )
+    assert got["title"] == codes(title) and got["h1"] == codes(title)
+    assert got["layers"] == [[codes(shown(n)), codes(n)] for n in layers]
+    assert got["q"] == [[codes(shown(t)), codes(t)] for t in HOSTILE]
+    assert got["k"] == [codes(shown(t)) for t in HOSTILE]
+    assert len(lines(d)) > 0  # the head view is drawn
+    svg_box = d.execute_script("const r = document.getElementById('head-svg').getBBox(); return [r.x, r.width]")
+    assert svg_box[0] >= 0  # no label is pushed out of the picture on the left
+
+    d.find_element(By.ID, "tab-model").click()
+    got = d.execute_script(
+        CODES + "return {th: [...document.querySelectorAll('#model-grid tr th[title]')].map(t =>"
+        "   [c(t.textContent), c(t.title)]),"
+        " canvas: [...document.querySelectorAll('canvas.thumb')].map(t => c(t.title))}"
+    )
+    assert got["th"] == [[codes(shown(n)), codes(n)] for n in layers]
+    assert got["canvas"] == [codes(f"{n}, head {h}: click to open in the head view") for n in layers for h in (0, 1)]
+
+    d.find_element(By.ID, "tab-neuron").click()
+    select(d, "neuron-query", 0)
+    got = d.execute_script(
+        CODES + "return {options: [...document.querySelectorAll('#neuron-query option')].map(o =>"
+        "   [c(o.textContent), c(o.title)]),"
+        " keys: [...document.querySelectorAll('#neuron-table tr[data-j] td.tok')].map(t =>"
+        "   [c(t.textContent), c(t.title)]),"
+        " q: c(document.querySelector('#q-vector td.tok').title), caption: c(document.getElementById('neuron-caption')"
+        "   .textContent)}"
+    )
+    assert got["options"] == [[codes(f"{i}: {shown(t)}"), codes(t)] for i, t in enumerate(HOSTILE)]
+    assert got["keys"] == [[codes(shown(t)), codes(t)] for t in HOSTILE]
+    assert got["q"] == codes(HOSTILE[0])
+    caption = codes(f"{shown(layers[0])}, head 0, query 0 “{shown(HOSTILE[0])}”: score_j")
+    assert got["caption"][: len(caption)] == caption
+    assert len(neuron_rows(d)) == len(HOSTILE)
+    assert console_errors(d) == []
+    assert [u for u in requested_urls(d) if u != hostile_page["path"].resolve().as_uri()] == []
+
+
+def test_bert_html_of_a_hostile_sentence_runs(browser, tmp_path, monkeypatch):
+    """The CLI's page of `bert 'a <!--<script> b'`: its title holds the sentence."""
+    monkeypatch.chdir(tmp_path)
+    text = "a <!--<script> b </script> c"
+    assert main(["bert", text, "--html", "p.html"]) == 0
+    d = browser.open(tmp_path / "p.html")
+    assert d.execute_script("return document.body.dataset.ready") == "1"
+    assert text in d.find_element(By.TAG_NAME, "h1").text and text in d.title
+    assert console_errors(d) == []

@@ -15,6 +15,11 @@ Numbers on the page (the sizes keep a 6-layer, 12-head map of 64 tokens under ab
 - ``value_norms`` (layer, head, key) = ||v_j W_o,hᵀ||, the size of what key j's value adds to the
   output through head h; the neuron view's switch shows alpha_ij·||v_j W_o,hᵀ|| (normalised per query).
 
+Text (tokens, title, layer names) reaches the page only inside the JSON data, which is pure ASCII with
+``<``, ``>`` and ``&`` written as ``\\u003c``, ``\\u003e``, ``\\u0026`` (so nothing in it can end, comment out or open
+a ``<script>``), and in ``<title>``, HTML-escaped; the script puts it into the page as text nodes and
+attribute values only (``textContent``, ``setAttribute``), never as HTML.
+
 Masks follow mha_numpy's convention (bool True = may attend, float -inf = blocked). Blocked (query,
 key) pairs are drawn as masked; a query whose keys are all blocked (a fully masked row, zero weights)
 is drawn as such.
@@ -158,6 +163,12 @@ def _vectors(x: np.ndarray) -> tuple[list, list]:
     return packed, steps.tolist()
 
 
+def _finite(x: np.ndarray, name: str) -> np.ndarray:
+    if not np.isfinite(x).all():
+        raise ValueError(f"{name} must be finite, got NaN or inf in shape {x.shape}")
+    return x
+
+
 def page_data(
     attentions,
     tokens,
@@ -208,20 +219,23 @@ def page_data(
     if (queries is None) != (keys is None):
         raise ValueError("queries and keys come together (the neuron view needs both), got only one of them")
     if queries is not None:
-        Q = _per_layer(queries, "queries", batch)  # (layers, H, Lq, d)
+        Q = _finite(_per_layer(queries, "queries", batch), "queries")  # (layers, H, Lq, d)
         d = Q.shape[-1]
-        K = _per_layer(keys, "keys", batch, last=d)  # (layers, H, Lk, d)
+        K = _finite(_per_layer(keys, "keys", batch, last=d), "keys")  # (layers, H, Lk, d)
         if Q.shape[:3] != (nl, H, Lq) or K.shape[:3] != (nl, H, Lk):
             raise ValueError(
                 f"queries {Q.shape} and keys {K.shape} must be (layers, H, Lq, d) and (layers, H, Lk, d) "
                 f"with (layers, H, Lq, Lk) = {A.shape} of attentions"
             )
+        scale = float(1 / np.sqrt(d) if scale is None else scale)
+        if not np.isfinite(scale):
+            raise ValueError(f"scale must be a finite number, got {scale}")
         q_ints, q_steps = _vectors(Q)
         k_ints, k_steps = _vectors(K)
-        neuron = {"d": d, "scale": float(1 / np.sqrt(d) if scale is None else scale)}
+        neuron = {"d": d, "scale": scale}
         neuron.update(q=q_ints, qStep=q_steps, k=k_ints, kStep=k_steps, vnorm=None)
         if value_norms is not None:
-            vn = np.asarray(value_norms, dtype=np.float64)
+            vn = _finite(np.asarray(value_norms, dtype=np.float64), "value_norms")
             if vn.shape != (nl, H, Lk):
                 raise ValueError(f"value_norms must be (layers, H, Lk) = {(nl, H, Lk)}, got shape {vn.shape}")
             neuron["vnorm"] = [[[float(f"{v:.4g}") for v in vn[l, h]] for h in range(H)] for l in range(nl)]
@@ -229,6 +243,20 @@ def page_data(
     elif value_norms is not None:
         raise ValueError("value_norms needs queries and keys (it is shown in the neuron view)")
     return data
+
+
+def _script_json(data: dict) -> str:
+    """``data`` as JSON that is inert inside ``<script>``: ASCII only (U+2028, U+2029, emoji and lone surrogates as
+    \\u escapes), ``<``, ``>``, ``&`` as \\u003c, \\u003e, \\u0026 (they occur only inside JSON strings, where
+    the escape means the same character), so no ``</script>``, ``<!--`` or ``<script`` can form; no NaN."""
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _html_text(text: str) -> str:
+    """Text for an HTML element such as ``<title>``: escaped, lone surrogates (not encodable) as U+FFFD."""
+    text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")  # a surrogate pair -> its character
+    return html.escape(text, quote=True)
 
 
 def _asset(name: str) -> str:
@@ -253,12 +281,12 @@ def explorer_html(attentions, tokens=None, **options) -> ExplorerPage:
     argument on wrong ranks, token counts that do not match, or rows that are not attention weights.
     """
     data = page_data(attentions, tokens, **options)  # the keyword options above, checked there
-    payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")  # never ends the <script>
+    payload = _script_json(data)  # never ends, comments out or opens a <script>
     page = (
         "<!DOCTYPE html>\n<html lang='en'>\n<head>\n<meta charset='utf-8'>\n"
         "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; "
         "script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:\">\n"
-        f"<title>{html.escape(data['title'])}</title>\n<style>\n{_asset('explorer.css')}</style>\n</head>\n"
+        f"<title>{_html_text(data['title'])}</title>\n<style>\n{_asset('explorer.css')}</style>\n</head>\n"
         f"<body>\n<script id='explorer-data' type='application/json'>{payload}</script>\n"
         f"<script>\n{_asset('explorer.js')}</script>\n</body>\n</html>\n"
     )
