@@ -113,6 +113,15 @@ def test_notebook_display_and_save(tmp_path):
         ),
         (dict(attentions=np.ones((1, 2, 3, 3)) / 2), r"attentions rows must sum to 1.*layer 0, head 0, query 0"),
         (dict(attentions=np.ones((1, 2, 3, 3)) * np.nan), r"attentions must hold finite weights"),
+        (dict(attentions=np.ones((1, 2, 0, 3))), r"\(layers, H, Lq, Lk\) = \(1, 2, 0, 3\) has no queries \(Lq = 0\)"),
+        (dict(attentions=np.ones((1, 2, 3, 0))), r"\(1, 2, 3, 0\) has no keys \(Lk = 0\): there is nothing to show"),
+        (dict(attentions=[np.ones((2, 2, 0, 3))]), r"\(1, 2, 0, 3\) has no queries \(Lq = 0\)"),
+        (dict(attentions=np.ones((1, 0, 3, 3))), r"\(1, 0, 3, 3\) has no heads \(H = 0\)"),
+        (dict(attentions=np.ones((0, 2, 3, 3))), r"attentions is empty \(no layers\)"),
+        (
+            dict(attentions=np.ones((1, 1, 2, 2)) / 2, queries=np.ones((1, 1, 2, 0)), keys=np.ones((1, 1, 2, 0))),
+            r"queries \(1, 1, 2, 0\) and keys .* and d > 0",
+        ),
         (
             dict(
                 attentions=np.ones((1, 1, 2, 2)) / 2, queries=np.ones((1, 1, 2, 4)) * np.inf, keys=np.ones((1, 1, 2, 4))
@@ -233,6 +242,14 @@ def test_bert_html_writes_only_the_page(tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.html"]
     data = payload((tmp_path / "b.html").read_text(encoding="utf-8"))
     assert data["qtok"][0] == "[CLS]" and len(data["layers"]) == 6 and data["heads"] == 12
+
+
+def test_explore_attention_with_an_empty_sequence_says_there_is_nothing_to_show():
+    mha = MultiHeadAttention(8, 2, rng=0)
+    for Lq, Lk, what in ((0, 3, r"no queries \(Lq = 0\)"), (3, 0, r"no keys \(Lk = 0\)")):
+        _, cache = mha.forward(np.ones((1, Lq, 8)), np.ones((1, Lk, 8)), np.ones((1, Lk, 8)))
+        with pytest.raises(ValueError, match=what):
+            explore_attention(mha, cache)
 
 
 # --------------------------------------------------------------------------- hostile text

@@ -78,14 +78,21 @@ def _per_layer(x, name: str, batch: int, last: int | None = None) -> np.ndarray:
             if a.ndim != 3:
                 raise ValueError(f"{name}[{i}] must be (H, L, n) or (B, H, L, n), got shape {np.shape(item)}")
             layers.append(a)
-        if not layers:
-            raise ValueError(f"{name} is empty")
+    if not layers:
+        raise ValueError(f"{name} is empty (no layers): there is nothing to show")
     if any(a.shape != layers[0].shape for a in layers):
         raise ValueError(f"every layer of {name} must have the same shape, got {[a.shape for a in layers]}")
     out = np.stack(layers).astype(np.float64)  # (layers, H, L, n)
     if last is not None and out.shape[-1] != last:
         raise ValueError(f"{name} with shape {out.shape}: the last axis must have length {last}")
     return out
+
+
+def _check_not_empty(shape: tuple[int, int, int, int]) -> None:
+    """(layers, H, Lq, Lk) of the attentions: every axis holds something, or there is nothing to draw."""
+    for n, what in zip(shape[1:], ("heads (H = 0)", "queries (Lq = 0)", "keys (Lk = 0)")):
+        if n == 0:
+            raise ValueError(f"attentions (layers, H, Lq, Lk) = {shape} has no {what}: there is nothing to show")
 
 
 def _labels(tokens, n: int, name: str) -> list[str]:
@@ -185,6 +192,7 @@ def page_data(
 ) -> dict:
     """The checked, rounded data the page draws (see ``explorer_html`` for the arguments)."""
     A = _per_layer(attentions, "attentions", batch)  # (layers, H, Lq, Lk)
+    _check_not_empty(A.shape)
     nl, H, Lq, Lk = A.shape
     qtok = _labels(tokens, Lq, "tokens")
     ktok = qtok if key_tokens is None and Lq == Lk else _labels(key_tokens, Lk, "key_tokens")
@@ -222,10 +230,10 @@ def page_data(
         Q = _finite(_per_layer(queries, "queries", batch), "queries")  # (layers, H, Lq, d)
         d = Q.shape[-1]
         K = _finite(_per_layer(keys, "keys", batch, last=d), "keys")  # (layers, H, Lk, d)
-        if Q.shape[:3] != (nl, H, Lq) or K.shape[:3] != (nl, H, Lk):
+        if Q.shape[:3] != (nl, H, Lq) or K.shape[:3] != (nl, H, Lk) or d == 0:
             raise ValueError(
                 f"queries {Q.shape} and keys {K.shape} must be (layers, H, Lq, d) and (layers, H, Lk, d) "
-                f"with (layers, H, Lq, Lk) = {A.shape} of attentions"
+                f"with (layers, H, Lq, Lk) = {A.shape} of attentions and d > 0"
             )
         scale = float(1 / np.sqrt(d) if scale is None else scale)
         if not np.isfinite(scale):
@@ -278,7 +286,8 @@ def explorer_html(attentions, tokens=None, **options) -> ExplorerPage:
     batch (default 0), layer_names (default "layer 0", ...), title: the rest. Every option is keyword-only and
     is ``page_data``'s (its signature lists them with their defaults); an unknown one raises TypeError.
     Returns an ``ExplorerPage`` (a str; displays inline in a notebook). Raises ValueError naming the
-    argument on wrong ranks, token counts that do not match, or rows that are not attention weights.
+    argument on wrong ranks, an empty axis (no layer, head, query or key: nothing to show), token counts that
+    do not match, or rows that are not attention weights.
     """
     data = page_data(attentions, tokens, **options)  # the keyword options above, checked there
     payload = _script_json(data)  # never ends, comments out or opens a <script>
