@@ -1,16 +1,21 @@
 """The explorer page in a real browser (headless Chromium): what it draws, against mha_numpy's own arrays.
 
 Pages: a real BERT sentence (6 layers x 12 heads); one MultiHeadAttention cross-attention with a mask that
-blocks a padded key for every query and every key of one query (a fully masked row); and a page of hostile
-text (tokens, title, layer names).
-Expected numbers come from the arrays mha_numpy computed (attention weights, Q, K, V, W_o), never from the page.
+blocks a padded key for every query and every key of one query (a fully masked row); modules whose scores
+have more terms than q·k × scale (ALiBi, a relative-position bias, a finite float mask, all of them with
+grouped-query heads and RoPE); and a page of hostile text (tokens, title, layer names).
+Expected numbers come from the arrays mha_numpy computed (attention weights, Q, K, V, W_o) or from the
+formulas written out in the test, never from the page.
 """
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from browser import Browser, console_errors, requested_urls
+from helpers import alibi_by_hand, rel_bias_by_hand
 
 from mha_numpy import MultiHeadAttention
 from mha_numpy import functional as F
@@ -188,9 +193,16 @@ def neuron_rows(driver) -> list[dict]:
     script = """return [...document.querySelectorAll('#neuron-table tr[data-j]')].map(r => ({
         j: +r.dataset.j, masked: r.classList.contains('masked'),
         products: [...r.querySelectorAll('.strip.prod .cell')].map(c => +c.dataset.v),
-        dot: +r.querySelector('td.dot').dataset.v, score: r.querySelector('td.score').dataset.v,
+        dot: +r.querySelector('td.dot').dataset.v, scaled: +r.querySelector('td.scaled').dataset.v,
+        terms: [...r.querySelectorAll('td.term')].map(c => +c.dataset.v),
+        mask: r.querySelector('td.mask') && r.querySelector('td.mask').dataset.v,
+        score: r.querySelector('td.score').dataset.v,
         scoreText: r.querySelector('td.score').textContent, weight: +r.querySelector('td.weight').dataset.v}))"""
     return driver.execute_script(script)
+
+
+def neuron_columns(driver) -> list[str]:
+    return driver.execute_script("return [...document.querySelectorAll('#neuron-table th')].map(t => t.title)")
 
 
 def test_neuron_view_products_sum_to_the_score_mha_numpy_computed(browser, mha_page):
@@ -254,6 +266,93 @@ def test_fully_masked_row_and_padded_key_are_drawn_as_masked(browser, mha_page):
     rows = neuron_rows(d)
     assert all(r["masked"] and r["weight"] == 0 for r in rows)
     assert "Fully masked row" in d.find_element(By.ID, "neuron-caption").text
+
+
+# --------------------------------------------------------------------------- every score term
+
+
+TERMS = {  # module options, a finite float mask or not
+    "alibi": (dict(alibi=True), False),
+    "relative bias": (dict(rel_pos_max_distance=2), False),
+    "float mask": ({}, True),
+    "all, grouped-query, rope": (dict(alibi=True, rel_pos_max_distance=2, num_kv_heads=2, rope_theta=100.0), True),
+}
+
+
+@pytest.fixture(scope="module", params=list(TERMS))
+def terms_page(request, tmp_path_factory):
+    options, float_mask = TERMS[request.param]
+    rng = np.random.default_rng(5)
+    Lq, Lk = 4, 6
+    mha = MultiHeadAttention(16, 4, rng=rng, **options)
+    q, kv = rng.standard_normal((1, Lq, 16)), rng.standard_normal((1, Lk, 16))
+    mask = None
+    if float_mask:
+        mask = rng.normal(0, 1.5, (1, 1, Lq, Lk))  # added to the scores
+        mask[..., 1, 2] = -np.inf  # one blocked pair
+    _, cache = mha.forward(q, kv, kv, mask=mask)
+    path = tmp_path_factory.mktemp("terms") / "terms.html"
+    explore_attention(mha, cache, mask=mask).save(path)
+    return {"path": path, "mha": mha, "cache": cache, "mask": mask}
+
+
+def expected_terms(mha, Lq: int, Lk: int, mask) -> dict[str, np.ndarray]:
+    """{column: (H, Lq, Lk)} every term the module adds to q·k × scale, written out (not read from the page)."""
+    H, terms = mha.num_heads, {}
+    if mha.alibi:
+        terms["ALiBi"] = alibi_by_hand(H, Lq, Lk)
+    if "rel_bias" in mha.params:
+        terms["relative bias"] = rel_bias_by_hand(mha.params["rel_bias"], Lq, Lk)
+    if mask is not None:
+        terms["mask"] = np.broadcast_to(mask[0], (H, Lq, Lk))
+    return terms
+
+
+def test_neuron_view_weights_are_the_models_with_every_score_term(browser, terms_page):
+    mha, cache, mask = terms_page["mha"], terms_page["cache"], terms_page["mask"]
+    H, Lq, Lk = cache.attn_weights.shape[1:]
+    scale, group = 1 / np.sqrt(mha.head_dim), H // mha.num_kv_heads
+    Q, K = cache.Q[0], cache.K[0][[h // group for h in range(H)]]  # query head h reads kv head h // (H / Hkv)
+    terms = expected_terms(mha, Lq, Lk, mask)
+    scores = scale * Q @ K.swapaxes(-1, -2) + sum(terms.values())  # (H, Lq, Lk), -inf where blocked
+    np.testing.assert_allclose(scores, cache.attention.masked_scores[0], rtol=1e-12, atol=1e-12)  # as written out
+    only_qk = F.softmax_forward(np.where(np.isneginf(scores), -np.inf, scale * Q @ K.swapaxes(-1, -2)))[0]
+    assert np.abs(only_qk - cache.attn_weights[0]).max() > 0.05  # the terms matter: q·k × scale alone is wrong
+
+    d = browser.open(terms_page["path"])
+    d.find_element(By.ID, "tab-neuron").click()
+    bias_names = [n for n in terms if n != "mask"]
+    assert json.loads(d.find_element(By.ID, "neuron-caption").get_attribute("data-terms")) == bias_names
+    assert neuron_columns(d)[4:-2] == ["× scale", *(f"+ {n}" for n in terms)]
+    caption = d.find_element(By.ID, "neuron-caption").text
+    assert "score_j = " + " + ".join(["q·k × scale", *terms]) in caption
+    for h in range(H):
+        select(d, "neuron-head", h)
+        q_step, k_step = np.abs(Q[h]).max() / 2047, np.abs(K[h]).max() / 2047  # the page's rounding of q and k
+        for i in range(Lq):
+            select(d, "neuron-query", i)
+            rows = neuron_rows(d)
+            assert [r["j"] for r in rows] == list(range(Lk))
+            # the page's score differs from the model's by the rounding of q and k (and 8 digits of each term)
+            eps = scale * np.sum(np.abs(Q[h, i]) * k_step / 2 + np.abs(K[h]) * q_step / 2 + q_step * k_step / 4, -1)
+            eps = eps.max() + 1e-7 * sum(np.abs(np.where(np.isinf(t), 0, t[h, i])).max() for t in terms.values())
+            for r in rows:
+                j = r["j"]
+                assert r["scaled"] == pytest.approx(r["dot"] * scale, rel=1e-7)
+                for got, name in zip(r["terms"], bias_names):
+                    assert got == pytest.approx(terms[name][h, i, j], rel=1e-7, abs=1e-12)
+                if mask is None:
+                    assert r["mask"] is None
+                elif np.isneginf(mask[0, 0, i, j]):
+                    assert r["mask"] == "-inf" and r["score"] == "-inf" and r["masked"]
+                else:
+                    assert float(r["mask"]) == pytest.approx(mask[0, 0, i, j], rel=1e-7)
+                if r["score"] != "-inf":
+                    assert float(r["score"]) == pytest.approx(r["scaled"] + sum(r["terms"]) + float(r["mask"] or 0))
+                    assert abs(float(r["score"]) - scores[h, i, j]) <= eps
+            weights = np.array([r["weight"] for r in rows])
+            # softmax moves each weight by at most a factor exp(±2 eps) when every score moves by at most eps
+            assert np.abs(weights - cache.attn_weights[0, h, i]).max() <= np.expm1(2 * eps) + 1e-7
 
 
 # --------------------------------------------------------------------------- hostile text

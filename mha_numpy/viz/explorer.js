@@ -5,9 +5,13 @@
 //   layers, heads    layer names, number of heads
 //   attn[l][h]       attention weights in thousandths, row-major (Lq, Lk)
 //   masks, maskIndex distinct masks as '0'/'1' strings (1 = blocked); maskIndex[l][h] = index or -1
-//   neuron           null, or {d, scale, q[l][h], qStep[l][h], k[l][h], kStep[l][h], vnorm[l][h] or null}
+//   neuron           null, or {d, scale, q[l][h], qStep[l][h], k[l][h], kStep[l][h], vnorm[l][h] or null,
+//                    terms, mask}
 //                    q, k: row-major (L, d) ints, two base-64 characters each (int + 2048 = 64·hi + lo);
 //                    the value is int * step
+//                    terms: the additive score terms besides q·k × scale, [{name, maps, index}]; mask: a float
+//                    mask's finite values, {maps, index} or null. maps: distinct row-major (Lq, Lk) floats,
+//                    index[l][h] = the map of that layer and head or -1 (all zero)
 // Text from the data (tokens, title, layer names) goes into the page as text nodes and attribute values only.
 "use strict";
 
@@ -63,7 +67,8 @@ function visibleHeads() {
 }
 
 function fmt(x, digits) {
-  return Number.isFinite(x) ? x.toFixed(digits) : "−∞";
+  if (!Number.isFinite(x)) return x > 0 ? "∞" : "−∞";
+  return Math.abs(x) >= 1e5 ? x.toExponential(digits - 1) : x.toFixed(digits);
 }
 
 const LABEL_MAX = 32;  // characters of a token or name shown; a longer one ends in "…" (its tooltip has it all)
@@ -71,6 +76,11 @@ const LABEL_MAX = 32;  // characters of a token or name shown; a longer one ends
 function label(text) {
   const chars = Array.from(text);  // code points, so that a character is never cut in half
   return chars.length > LABEL_MAX ? chars.slice(0, LABEL_MAX - 1).join("") + "…" : text;
+}
+
+function termValue(t, l, h, i, j) {   // a term {maps, index} at query i, key j (0 where it has no map)
+  const m = t.index[l][h];
+  return m < 0 ? 0 : t.maps[m][i * LK + j];
 }
 
 // ------------------------------------------------------------------ page skeleton
@@ -321,18 +331,26 @@ function drawNeuronView() {
   const i = state.nQuery;
   const q = vector("q", l, h, i);
   const full = fullyMasked(l, h, i);
+  const masked = D.masks.length > 0 || !!N.mask;  // a "+ mask" column: blocked keys (−∞) and finite values
+  const names = N.terms.map((t) => t.name);
+  const sum = ["q·k × scale", ...names, ...(masked ? ["mask"] : [])].join(" + ");
   const head = el("p", { class: "hint" }, neuronBody,
-    `${label(D.layers[l])}, head ${h}, query ${i} “${label(D.qtok[i])}”: score_j = (q · k_j) × scale, scale = ${N.scale.toPrecision(6)}` +
-    (full ? ". Fully masked row: every key is blocked, all weights are 0." : ""));
+    `${label(D.layers[l])}, head ${h}, query ${i} “${label(D.qtok[i])}”: score_j = ${sum}, ` +
+    `scale = ${N.scale.toPrecision(6)}; α = softmax over the keys of the score.` +
+    (full ? " Fully masked row: every key is blocked, all weights are 0." : ""));
   head.id = "neuron-caption";
+  head.dataset.terms = JSON.stringify(names);
 
   const rows = [];
   for (let j = 0; j < LK; j++) {
     const k = vector("k", l, h, j);
     const prod = q.map((v, c) => v * k[c]);
     const dot = prod.reduce((a, b) => a + b, 0);
+    const terms = N.terms.map((t) => termValue(t, l, h, i, j));
     const isBlocked = blocked(l, h, i, j);
-    rows.push({ j, k, prod, dot, score: isBlocked ? -Infinity : dot * N.scale, isBlocked });
+    const mask = isBlocked ? -Infinity : N.mask ? termValue(N.mask, l, h, i, j) : 0;
+    const score = dot * N.scale + terms.reduce((a, b) => a + b, 0) + mask;  // −∞ where blocked
+    rows.push({ j, k, prod, dot, terms, mask, score, isBlocked });
   }
   const top = Math.max(...rows.map((r) => r.score));
   const ex = rows.map((r) => (Number.isFinite(r.score) ? Math.exp(r.score - top) : 0));
@@ -349,17 +367,27 @@ function drawNeuronView() {
   const table = el("table", { id: "neuron-table" }, neuronBody);
   const hr = el("tr", {}, table);
   const last = state.valueWeighted && N.vnorm ? "α‖v W_oᵀ‖ (normalised)" : "softmax α";
-  for (const t of ["key", "k", "q ∘ k (elementwise)", "q · k (sum)", "score = q·k × scale", last]) el("th", {}, hr, t);
+  const columns = ["key", "k", "q ∘ k (elementwise)", "q · k (sum)", "× scale", ...names.map((n) => `+ ${n}`),
+                   ...(masked ? ["+ mask"] : []), "score (the sum)", last];
+  for (const t of columns) el("th", { title: t }, hr, label(t));
   const qRow = el("tr", { id: "q-vector" }, table);
   el("td", { class: "tok", title: D.qtok[i] }, qRow, `q: ${label(D.qtok[i])}`);
   strip(el("td", {}, qRow), q, "q");
-  el("td", { colspan: 4 }, qRow);
+  el("td", { colspan: columns.length - 2 }, qRow);
   for (const r of rows) {
     const tr = el("tr", { class: r.isBlocked ? "masked" : "", "data-j": r.j }, table);
     el("td", { class: "tok", title: D.ktok[r.j] }, tr, label(D.ktok[r.j]));
     strip(el("td", {}, tr), r.k, "k");
     strip(el("td", {}, tr), r.prod, "prod");
     el("td", { class: "num dot", "data-v": r.dot.toPrecision(8) }, tr, fmt(r.dot, 4));
+    el("td", { class: "num scaled", "data-v": (r.dot * N.scale).toPrecision(8) }, tr, fmt(r.dot * N.scale, 4));
+    r.terms.forEach((v, n) => {
+      el("td", { class: "num term", "data-term": n, "data-v": v.toPrecision(8) }, tr, fmt(v, 4));
+    });
+    if (masked) {
+      el("td", { class: "num mask", "data-v": r.isBlocked ? "-inf" : r.mask.toPrecision(8) }, tr,
+         r.isBlocked ? "−∞ (masked)" : fmt(r.mask, 4));
+    }
     el("td", { class: "num score", "data-v": Number.isFinite(r.score) ? r.score.toPrecision(8) : "-inf" }, tr,
        r.isBlocked ? "−∞ (masked)" : fmt(r.score, 4));
     const td = el("td", { class: "num weight", "data-v": r.shown.toPrecision(8) }, tr);
