@@ -282,6 +282,21 @@ def test_weights_that_are_not_the_softmax_of_every_term_are_refused():
     np.testing.assert_allclose(np.reshape(N["mask"]["maps"][0], (3, 4)), finite, rtol=TERM_RTOL)
 
 
+def test_a_finite_mask_that_swamps_the_scores_in_float32_is_named():
+    """float32 s + (-1e9) is -1e9 for every key of a row: the model's weights are uniform, not the softmax."""
+    mha = MultiHeadAttention(8, 2, rng=0, dtype=np.float32)
+    x = np.random.default_rng(0).standard_normal((1, 3, 8)).astype(np.float32)
+    mask = np.zeros((1, 1, 3, 3), np.float32)
+    mask[..., 1, :] = -1e9  # query 1: every key "blocked" by a finite value
+    _, cache = mha.forward(x, x, x, mask=mask)
+    np.testing.assert_allclose(cache.attn_weights[0, :, 1], 1 / 3)
+    with pytest.raises(ValueError, match=r"query 1, .* swamps q·k in float32 .* block with -inf or a bool mask"):
+        explore_attention(mha, cache, mask=mask)
+    blocked = np.where(mask < 0, -np.inf, 0).astype(np.float32)  # the same row blocked with -inf: zero weights
+    _, cache = mha.forward(x, x, x, mask=blocked)
+    assert payload(explore_attention(mha, cache, mask=blocked))["maskIndex"] == [[0, 0]]
+
+
 def test_a_bool_mask_or_no_term_adds_nothing():
     A, Q, K, *_ = scores_and_terms()
     A = softmax(Q @ K.swapaxes(-1, -2) / np.sqrt(8))

@@ -43,6 +43,7 @@ from ._layout import blocked_cells
 
 ROW_SUM_ATOL = 2e-3  # float32 softmax rows sum to 1 within ~1e-6; this only catches arrays that are no weights
 WEIGHT_ATOL = 1e-3  # float32 weights are the float64 softmax within ~1e-6; a missing score term moves them ~0.1
+SWAMPING_MASK = 1e6  # a finite mask value from which float32 (ulp 0.06 there) loses the scores added to it
 
 
 class ExplorerPage(str):
@@ -205,10 +206,12 @@ def _check_softmax(A, Q, K, scale: float, terms: dict, added: np.ndarray, blocke
     if err.max() > WEIGHT_ATOL:
         l, h, i, j = (int(v) for v in np.unravel_index(np.argmax(err), err.shape))
         named = "".join(f" + {n}" for n in terms) + (" + mask" if added.any() else "")
+        hint = "Give every additive score term the model used (biases=, a float mask in masks=) and its scale"
+        if np.abs(added[l, h, i]).max() >= SWAMPING_MASK:
+            hint = "A finite mask this large swamps q·k in float32 (the model lost it): block with -inf or a bool mask"
         raise ValueError(
             f"attentions are not softmax(q·kᵀ × scale{named}) of queries and keys (scale = {scale:.6g}): layer {l}, "
-            f"head {h}, query {i}, key {j} has weight {A[l, h, i, j]:.6g}, the softmax {P[l, h, i, j]:.6g}. Give "
-            "every additive score term the model used (biases=, a float mask in masks=) and its scale"
+            f"head {h}, query {i}, key {j} has weight {A[l, h, i, j]:.6g}, the softmax {P[l, h, i, j]:.6g}. {hint}"
         )
 
 
