@@ -397,3 +397,17 @@ def test_hostile_text_lands_in_the_page_only_as_inert_json_and_escaped_title(tmp
     assert "<" not in head and ">" not in head and "\ufffd" in head  # escaped; the lone surrogate replaced
     page.encode("utf-8")  # the page can be written (the lone surrogate is only an escape in it)
     assert page.save(tmp_path / "p.html").read_text(encoding="utf-8") == page
+
+
+@pytest.mark.parametrize("options", [{}, dict(alibi=True, rel_pos_max_distance=2, num_kv_heads=1, rope_theta=9.0)])
+def test_a_recompute_cache_gives_the_page_of_the_default_path(options):
+    """explore_attention on a MultiHeadAttention(recompute=True) cache (once: AttributeError 'Q'): its recomputed
+    Q, K, V and weights give the same page as the default path with the same parameters."""
+    rng = np.random.default_rng(3)
+    default = MultiHeadAttention(8, 2, rng=0, **options)
+    lean = MultiHeadAttention(8, 2, rng=0, recompute=True, **options)
+    lean.params = default.params
+    x = rng.standard_normal((2, 4, 8))
+    mask = np.tril(np.ones((4, 4), bool))
+    pages = [explore_attention(m, m.forward(x, x, x, mask=mask)[1], mask=mask, batch=1) for m in (default, lean)]
+    assert str(pages[0]) == str(pages[1])
