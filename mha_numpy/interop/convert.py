@@ -22,14 +22,15 @@ if TYPE_CHECKING:  # for the annotations only: never imported at run time here
 _NOT_IN_TORCH_MHA = ("num_kv_heads", "rope_theta", "alibi", "rel_pos_max_distance")
 
 
-def _check_numpy_dtype(torch_dtype) -> np.dtype:
+def numpy_dtype_of(torch_dtype) -> np.dtype:
+    """A torch dtype -> the NumPy dtype of the same name, or ValueError naming what mha_numpy supports."""
     name = str(torch_dtype).removeprefix("torch.")
     if name not in ("float16", "float32", "float64"):
         raise ValueError(f"the module's dtype is {torch_dtype}; mha_numpy supports float16, float32 and float64")
     return np.dtype(name)
 
 
-def _new_mha(E, H, bias, kdim, vdim, dropout, dtype, params, **options) -> MultiHeadAttention:
+def module_with_params(E, H, bias, kdim, vdim, dropout, dtype, params, **options) -> MultiHeadAttention:
     """A module with the given weights; ``options`` go to the constructor (e.g. num_kv_heads, rope_theta)."""
     mha = MultiHeadAttention(E, H, bias=bias, kdim=kdim, vdim=vdim, dropout=dropout, dtype=dtype, rng=0, **options)
     for name, p in mha.params.items():
@@ -57,11 +58,11 @@ def from_torch_mha(module: torch.nn.MultiheadAttention) -> MultiHeadAttention:
     if bias != (module.out_proj.bias is not None):
         raise ValueError("in_proj_bias and out_proj.bias must both be present or both absent")
     packed = bool(module._qkv_same_embed_dim)
-    dtype = _check_numpy_dtype(module.out_proj.weight.dtype)
+    dtype = numpy_dtype_of(module.out_proj.weight.dtype)
     name_map = names.torch_mha_name_map(module.embed_dim, packed=packed, bias=bias, bias_kv=bias_kv)
     params = names.params_from_state(dict(module.named_parameters()), name_map)
-    return _new_mha(module.embed_dim, module.num_heads, bias, module.kdim, module.vdim, module.dropout, dtype, params,
-                    add_bias_kv=bias_kv, add_zero_attn=bool(module.add_zero_attn))  # fmt: skip
+    sizes = (module.embed_dim, module.num_heads, bias, module.kdim, module.vdim, module.dropout, dtype)
+    return module_with_params(*sizes, params, add_bias_kv=bias_kv, add_zero_attn=bool(module.add_zero_attn))
 
 
 def to_torch_mha(mha: MultiHeadAttention) -> torch.nn.MultiheadAttention:
@@ -116,6 +117,6 @@ def from_hf_bert_attention(module: BertAttention) -> MultiHeadAttention:
     scaling = getattr(self_attn, "scaling", self_attn.attention_head_size**-0.5)  # older transformers: implicit
     if not np.isclose(scaling, self_attn.attention_head_size**-0.5, rtol=1e-15):
         raise ValueError(f"BertSelfAttention.scaling={scaling} is not 1/sqrt(head size); not modelled")
-    dtype = _check_numpy_dtype(self_attn.query.weight.dtype)
+    dtype = numpy_dtype_of(self_attn.query.weight.dtype)
     params = names.params_from_state(dict(module.named_parameters()), names.HF_BERT_NAME_MAP)
-    return _new_mha(E, H, True, E, E, float(self_attn.dropout.p), dtype, params)
+    return module_with_params(E, H, True, E, E, float(self_attn.dropout.p), dtype, params)

@@ -101,7 +101,7 @@ def _check_not_empty(shape: tuple[int, int, int, int]) -> None:
             raise ValueError(f"attentions (layers, H, Lq, Lk) = {shape} has no {what}: there is nothing to show")
 
 
-def _labels(tokens, n: int, name: str) -> list[str]:
+def tick_labels(tokens, n: int, name: str) -> list[str]:
     if tokens is None:
         return [str(i) for i in range(n)]
     labels = [str(t) for t in tokens]
@@ -294,8 +294,8 @@ def page_data(
     A = _per_layer(attentions, "attentions", batch)  # (layers, H, Lq, Lk)
     _check_not_empty(A.shape)
     nl, H, Lq, Lk = A.shape
-    qtok = _labels(tokens, Lq, "tokens")
-    ktok = qtok if key_tokens is None and Lq == Lk else _labels(key_tokens, Lk, "key_tokens")
+    qtok = tick_labels(tokens, Lq, "tokens")
+    ktok = qtok if key_tokens is None and Lq == Lk else tick_labels(key_tokens, Lk, "key_tokens")
     blocked, added = _masks(masks, A.shape, batch)  # (layers, H, Lq, Lk) each
     _check_rows(A, blocked)
     names = [f"layer {i}" for i in range(nl)] if layer_names is None else [str(n) for n in layer_names]
