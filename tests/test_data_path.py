@@ -91,7 +91,9 @@ def test_one_dtype_rule(impl):
 
 
 @pytest.mark.parametrize("impl", KERNELS)
-@pytest.mark.parametrize("options", [{}, dict(alibi=True), dict(rel_pos_max_distance=2), dict(num_kv_heads=1)])
+@pytest.mark.parametrize("options", [{}, dict(alibi=True), dict(rel_pos_max_distance=2), dict(num_kv_heads=1),
+                                     dict(rope_theta=10.0, qk_norm=True, softcap=2.0),
+                                     dict(add_bias_kv=True, add_zero_attn=True)])  # fmt: skip
 def test_empty_calls_give_empty_results(impl, options):
     """Lq = 0 or Lk = 0, with every score step: the documented empty result (no query: nothing; no key: zero weights
     and a zero output projection of zero contexts), and an empty decoding step appends nothing."""
@@ -99,10 +101,12 @@ def test_empty_calls_give_empty_results(impl, options):
     x = np.random.default_rng(2).standard_normal((2, 3, 8))
     for query, key in ((x[:, :0], x), (x, x[:, :0])):
         out, cache = mha.forward(query, key, key)
-        assert out.shape == (2, query.shape[1], 8) and cache.attn_weights.shape == (2, 2, query.shape[1], key.shape[1])
+        extra = int(mha.add_bias_kv) + int(mha.add_zero_attn)
+        assert out.shape == (2, query.shape[1], 8)
+        assert cache.attn_weights.shape == (2, 2, query.shape[1], key.shape[1] + extra)
         grads = mha.backward(np.ones_like(out), cache)
         assert grads["query"].shape == query.shape and grads["key"].shape == key.shape
-        if key.shape[1] == 0:
+        if key.shape[1] == 0 and not mha.add_bias_kv:  # (appended keys are keys: then the weights are theirs)
             np.testing.assert_allclose(out, np.broadcast_to(mha.params["b_o"], out.shape))  # zero contexts, + b_o
     if "rel_pos_max_distance" not in options:
         kv = KVCache()
