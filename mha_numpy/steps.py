@@ -3,10 +3,12 @@ step list of a call from the options (``build_steps``).
 
     Project     q, k, v = query W_qᵀ + b_q, key W_kᵀ + b_k, value W_vᵀ + b_v    (B, Lq, E), (B, Lk, Ekv) × 2
     Split       Q (B, H, Lq, d), K, V (B, Hkv, Lk, d)
+    [QKNorm]    Q, K normalised per head (RMSNorm with learned weights)
     [Rope]      Q, K turned by the angles of their positions
     [AppendToCache]  K, V appended to the KV cache: (B, Hkv, cached + Lk, d), causal within the call
     [RelativeBias]   a learned (1, H, Lq, Lk) term for the scores, by distance
     [Alibi]     a fixed (1, H, Lq, Lk) term for the scores, by distance
+    [SoftCap]   the scores capped, cap · tanh(s / cap), inside the kernel
     [BiasKV]    a learned key and value appended: (B, Hkv, Lk + 1, d)
     [ZeroAttn]  a zero key and value appended
     RepeatKV    K, V shared by the query heads: (B, H, Lk, d)
@@ -27,8 +29,8 @@ A step is a small class, micrograd's rule applied: its forward travels with its 
     check(f)        the checks of the call's arguments it reads, run before any arithmetic
 
 and declares what it can do: ``groupwise`` (it runs on one group of heads alone, which ``recompute=True`` needs;
-a step that cannot says why in ``not_groupwise``), ``differentiable`` (has a backward), ``appended`` (keys it
-adds after the sequence's). ``build_steps`` refuses a combination by those declarations, naming both options.
+a step that cannot says why in ``not_groupwise``), ``decodes`` (it runs on a call that appends to a KV cache; why
+not in ``not_decodes``), ``differentiable`` (has a backward), ``appended`` (keys it adds after the sequence's). ``build_steps`` refuses a combination by those declarations, naming both options.
 ``MultiHeadAttention`` checks the call, walks the list forwards and, in ``backward``, reversed (``flow.py``).
 """
 
