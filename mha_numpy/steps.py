@@ -30,7 +30,8 @@ A step is a small class, micrograd's rule applied: its forward travels with its 
 
 and declares what it can do: ``groupwise`` (it runs on one group of heads alone, which ``recompute=True`` needs;
 a step that cannot says why in ``not_groupwise``), ``decodes`` (it runs on a call that appends to a KV cache; why
-not in ``not_decodes``), ``differentiable`` (has a backward), ``appended`` (keys it adds after the sequence's). ``build_steps`` refuses a combination by those declarations, naming both options.
+not in ``not_decodes``), ``differentiable`` (has a backward), ``appended`` (keys it adds after the sequence's).
+``build_steps`` refuses a combination by those declarations, naming both options.
 ``MultiHeadAttention`` checks the call, walks the list forwards and, in ``backward``, reversed (``flow.py``).
 """
 
