@@ -60,10 +60,14 @@ def helper_share(n: int = 2000) -> float:
     """The share of an (n, n) @ (n, n) float64 product's CPU time spent in threads other than the caller's (BLAS's
     own workers). With BLAS on two threads each computes about half of the product (OpenBLAS cuts it in equal
     parts, so the share does not depend on how busy the machine is: a loaded machine slows both alike); on one
-    thread it is 0. Per-thread CPU time sees what a thread count reported by threadpool_info() may not."""
+    thread it is 0. Per-thread CPU time sees what a thread count reported by threadpool_info() may not.
+    First a pause: after a threaded product OpenBLAS's workers spin for about 0.1 s (OPENBLAS_THREAD_TIMEOUT)
+    before they sleep, and that spinning would count as their share of the next product."""
     import threading  # noqa: PLC0415
+    import time  # noqa: PLC0415
 
     a = np.random.default_rng(0).random((n, n))
+    time.sleep(0.5)
     before = cpu_ticks()
     a @ a  # (n, n) @ (n, n) -> (n, n)
     after = cpu_ticks()

@@ -36,7 +36,7 @@ def test_a_limit_restored_by_another_thread_than_the_one_that_set_it_gives_blas_
     before = blas_counts()
     assert helper_share() > 0.3  # the baseline: BLAS on its threads
     with threadpoolctl.threadpool_limits(1, user_api="blas"):
-        assert helper_share() < 0.1  # the measure sees one thread
+        assert helper_share() < 0.15  # the measure sees one thread (about 0.5 on two)
     a_in, b_in, a_out, b_out = (threading.Event() for _ in range(4))
 
     def first_in():
