@@ -5,7 +5,8 @@
         a = MultiHeadAttention(x, x, x, mask)   # our module; weights from attention.self.{query,key,value}
                                                 #   and attention.output.dense
         x = LayerNorm(x + a)                    # post-norm, eps from config.json
-        f = W2 gelu(W1 x + b1) + b2             # feed-forward, (B, L, 4E) inside, exact erf GELU
+        f = W2 gelu(W1 x + b1) + b2             # feed-forward, (B, L, 4E) inside, exact erf GELU (hidden_act
+                                                #   "gelu"; "gelu_new" / "gelu_pytorch_tanh": the tanh form)
         x = LayerNorm(x + f)
     -> last_hidden_state (B, L, E) and attentions: one (B, H, L, L) array per layer
 
@@ -58,7 +59,7 @@ from .bert_files import (  # noqa: F401
     _read_safetensors,
     default_model_dir,
 )
-from .bert_layer import DROPOUT_SITES, bert_layer
+from .bert_layer import DROPOUT_SITES, GELU_OF_HIDDEN_ACT, bert_layer
 from .block import Block, BlockCache
 
 
@@ -91,8 +92,11 @@ class BertConfig:
         if missing:
             raise ValueError(f"{path} is not a BERT config: it lacks {', '.join(missing)}")
         config = cls(**{k: raw[k] for k in names if k in raw})
-        if config.hidden_act != "gelu":
-            raise ValueError(f"{path}: hidden_act={config.hidden_act!r}, but only 'gelu' (exact erf GELU) is built")
+        if config.hidden_act not in GELU_OF_HIDDEN_ACT:
+            raise ValueError(
+                f"{path}: hidden_act={config.hidden_act!r}, but only {sorted(GELU_OF_HIDDEN_ACT)} (GELU, exact or tanh)"
+                " are built"
+            )
         if config.position_embedding_type != "absolute":
             raise ValueError(f"{path}: position_embedding_type={config.position_embedding_type!r} is not supported")
         return config
