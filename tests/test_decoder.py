@@ -17,14 +17,17 @@ CONFIG = DecoderConfig(vocab_size=11, hidden_size=8, num_hidden_layers=2, num_at
                        num_key_value_heads=2, intermediate_size=12, rms_norm_eps=1e-6, rope_theta=100.0)  # fmt: skip
 
 
-def inputs(B=3, L=6, V=11, seed=1, pad=True):
-    """ids (B, L) with a repeated id, and HF's attention_mask with right padding in rows 1 and 2 (1 = keep)."""
+def inputs(B=3, L=6, V=11, seed=1, pad="right"):
+    """ids (B, L) with a repeated id, and HF's attention_mask (1 = keep) with padding in rows 1 and 2: "right",
+    "left" (the first queries of those rows see no key at all: fully masked rows) or None."""
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, V, (B, L))
     ids[0, 1] = ids[0, 4]
     mask = np.ones((B, L), np.int64)
-    if pad:
+    if pad == "right":
         mask[1, L - 2 :], mask[2, 2:] = 0, 0
+    elif pad == "left":
+        mask[1, :2], mask[2, :4] = 0, 0
     return ids, mask
 
 
@@ -40,9 +43,10 @@ def transformers():
 # --------------------------------------------------------------------------- NumPy alone
 
 
-def test_every_parameter_passes_finite_differences_with_padding():
+@pytest.mark.parametrize("pad", ["right", "left"])
+def test_every_parameter_passes_finite_differences_with_padding(pad):
     model = DecoderModel.random(CONFIG, rng=0, std=0.4)
-    ids, mask = inputs()
+    ids, mask = inputs(pad=pad)
     out, cache = model.forward(ids, mask)
     d = np.random.default_rng(2).standard_normal(out.last_hidden_state.shape)
     grads = model.backward(d, cache)
@@ -59,7 +63,7 @@ def test_every_parameter_passes_finite_differences_with_padding():
 
 def test_decoding_token_by_token_with_a_kv_cache_per_layer_equals_the_causal_forward():
     model = DecoderModel.random(CONFIG, rng=3, std=0.4)
-    ids, _ = inputs(B=2, L=7, pad=False)
+    ids, _ = inputs(B=2, L=7, pad=None)
     full = model(ids)
     kvs = [KVCache() for _ in model.layers]
     steps = [model(ids[:, :3], kv_caches=kvs)] + [model(ids[:, t : t + 1], kv_caches=kvs) for t in range(3, 7)]
@@ -77,7 +81,7 @@ def test_decoding_with_padding_attends_to_the_real_tokens_only():
     """A left-padded prompt decoded with its attention_mask (cached + new positions) equals the same prompt without
     padding at shifted positions: the padded keys carry no weight and RoPE sees only position differences."""
     model = DecoderModel.random(CONFIG, rng=4, std=0.4)
-    ids, _ = inputs(B=1, L=5, pad=False)
+    ids, _ = inputs(B=1, L=5, pad=None)
     plain = model(ids).last_hidden_state
     padded = np.concatenate([np.zeros((1, 2), np.int64), ids], axis=1)
     keep = np.array([[0, 0, 1, 1, 1, 1, 1]])
@@ -139,7 +143,7 @@ def test_weights_are_copied_and_float32_stays_float32():
 # --------------------------------------------------------------------------- against transformers.LlamaModel
 
 
-@pytest.mark.parametrize("pad", [False, True], ids=["batch 3", "batch 3 with right padding"])
+@pytest.mark.parametrize("pad", [None, "right", "left"])
 def test_two_layer_llama_matches_transformers_in_float64(transformers, pad):
     """Every layer's hidden state and every parameter gradient to 1e-10 relative to the largest entry.
 
@@ -149,7 +153,7 @@ def test_two_layer_llama_matches_transformers_in_float64(transformers, pad):
 
     hf = hf_llama_model(dtype=np.float64)
     ids, mask = inputs(V=32, pad=pad)
-    report = crosscheck_hf_llama_model(hf, ids, mask if pad else None, rng=0)
+    report = crosscheck_hf_llama_model(hf, ids, None if pad is None else mask, rng=0)
     assert report.passed, str(report)
     assert report.rtol == 1e-10
     names = [r.name for r in report.rows]
