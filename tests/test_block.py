@@ -73,6 +73,8 @@ def test_dropout_keep_masks_by_role_pass_finite_differences():
             "ffn_output": rng.random(x.shape) >= 0.3}  # fmt: skip
     y, cache = block.forward(x, None, keep)
     assert not np.allclose(y, block.forward(x)[0])  # the masks are used
+    with pytest.raises(ValueError, match="attention_output"):
+        block.forward(x, None, {"output": keep["ffn_output"]})  # BERT's site name, not the block's role
     d = rng.standard_normal(y.shape)
     d_x, grads = block.backward(d, cache)
     report = GradcheckReport(atol=5e-8, rtol=1e-6)

@@ -167,6 +167,8 @@ class Block:
         dropout: None (eval) or keep-masks by role: 'attention' (B, H, L, L), 'attention_output' and 'ffn_output'
         (B, L, E), all bool. positions (RoPE) and kv_cache (decoding, forward only) go to the attention.
         """
+        if dropout is not None and not set(dropout) <= set(DROPOUT_ROLES):
+            raise ValueError(f"dropout keep-masks are named {DROPOUT_ROLES}, got {sorted(dropout)}")
         self._sync()
         d = dropout or {}
         pre = self.norm_position == "pre"
