@@ -328,26 +328,38 @@ def repeat_kv_backward(d_out: np.ndarray, cache):
     return grouped.sum(axis=2)  # ← F1: (B, Hkv, L, d)
 
 
-def rms_norm_forward(x: np.ndarray, weight: np.ndarray, eps: float):
-    """RMSNorm over the last axis, as Llama's and Qwen3's: x / sqrt(mean(x²) + eps) · weight (no mean, no bias).
+def rms_norm_forward(x: np.ndarray, weight: np.ndarray, eps: float, check: bool = True):
+    """Divide each feature vector by its root mean square, then scale by weight (Llama's RMSNorm, T5's LayerNorm).
 
-    x: (..., n)   weight: (n,)   ->   out: (..., n). In the module: a per-head norm of Q and K (n = d).
+    x: (..., E)   weight: (E,)   ->   out: (..., E) = x · rsqrt(mean(x²) + eps) · weight. No mean is removed and
+    there is no bias. In the attention module it is QK-norm, a per-head norm of Q and K (E = d). Computed in x's
+    dtype: float32 as Hugging Face's LlamaRMSNorm (which upcasts to float32), float64 in float64 (where
+    LlamaRMSNorm would round through float32). Derivation: docs/derivation.md, "RMSNorm".
     """
-    rstd = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)  # F1: (..., 1) 1 / rms
-    x_hat = x * rstd  # F2: (..., n)
-    return x_hat * weight, (x_hat, rstd, weight)  # F3: (..., n)
+    if check:
+        x = as_float_array(x, "x")
+        weight = as_float_array(weight, "weight", ndim=1)
+        if x.ndim < 1 or weight.shape != (x.shape[-1],):
+            raise ValueError(f"rms_norm: x {x.shape} needs weight of shape (E,), got {weight.shape}")
+    ms = (x * x).mean(axis=-1, keepdims=True)  # F1: (..., 1) mean of the squares
+    r = 1.0 / np.sqrt(ms + eps)  # F2: (..., 1) 1/rms
+    x_hat = x * r  # F3: (..., E) unit root mean square
+    out = x_hat * weight  # F4: (..., E)
+    return out, (x_hat, r, weight)
 
 
 def rms_norm_backward(d_out: np.ndarray, cache):
-    """d_out: (..., n) -> dx (..., n), d_weight (n,).
+    """d_out: (..., E) -> dx: (..., E), dweight: (E,).
 
-    dx = (1/rms) · (dx̂ - x̂ · mean(dx̂ · x̂)) with dx̂ = d_out · weight: LayerNorm's backward without the mean term.
+    dx = r · (dx̂ - x̂ · mean(dx̂ · x̂)) with dx̂ = d_out · weight: LayerNorm's backward without the mean term.
     """
-    x_hat, rstd, weight = cache
-    d_weight = (d_out * x_hat).reshape(-1, x_hat.shape[-1]).sum(axis=0)  # ← F3: (n,), summed over every row
-    dx_hat = d_out * weight  # ← F3: (..., n)
-    dx = rstd * (dx_hat - x_hat * (dx_hat * x_hat).mean(axis=-1, keepdims=True))  # ← F2, F1: (..., n)
-    return dx, d_weight
+    x_hat, r, weight = cache
+    lead = tuple(range(d_out.ndim - 1))  # every axis but the features
+    dweight = (d_out * x_hat).sum(axis=lead)  # ← F4: (E,)
+    dx_hat = d_out * weight  # ← F4: (..., E)
+    mean_dx = (dx_hat * x_hat).mean(axis=-1, keepdims=True)  # ← F2, F1: (..., 1) the part that moves the rms
+    dx = r * (dx_hat - x_hat * mean_dx)  # ← F3 ... F1: (..., E)
+    return dx, dweight
 
 
 def rope_cos_sin(positions: np.ndarray, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:

@@ -322,6 +322,13 @@ def _check_block_pairs(check, randn, gen, B: int, L: int, E: int) -> None:
         check(name, gelu, LY.gelu_backward, dict(x=3 * randn(B, L, I)), ["x"])
     ffn_inputs = dict(x=randn(B, L, E), W1=randn(I, E), b1=randn(I), W2=randn(E, I), b2=randn(E))
     check("feed_forward", LY.feed_forward_forward, LY.feed_forward_backward, ffn_inputs, list(ffn_inputs))
+    rms_inputs = dict(x=randn(B, L, E), weight=randn(E))
+    check(
+        "rms_norm", lambda **kw: LY.rms_norm_forward(**kw, eps=1e-5), LY.rms_norm_backward, rms_inputs, ["x", "weight"]
+    )
+    check("silu", LY.silu_forward, LY.silu_backward, dict(x=3 * randn(B, L, I)), ["x"])
+    swiglu_inputs = dict(x=randn(B, L, E), W_gate=randn(I, E), W_up=randn(I, E), W_down=randn(E, I))
+    check("swiglu", LY.swiglu_forward, LY.swiglu_backward, swiglu_inputs, list(swiglu_inputs))
     keep = np.ones((B, L), np.int64)
     keep[-1, L // 2 :] = 0  # padding in the last sequence
     check("mean_pool", lambda x: LY.mean_pool_forward(x, keep), LY.mean_pool_backward, dict(x=randn(B, L, E)), ["x"])

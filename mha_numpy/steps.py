@@ -315,8 +315,8 @@ class QKNorm(Step):
         return {name: Param((d,), None, init=lambda rng, dtype: np.ones(d, dtype)) for name in self.names}
 
     def forward(self, f, s):
-        f.Q, s["q_norm"] = F.rms_norm_forward(f.Q, f.P["q_norm"], self.c.qk_norm_eps)  # F1: (B, H, Lq, d)
-        f.K, s["k_norm"] = F.rms_norm_forward(f.K, f.P["k_norm"], self.c.qk_norm_eps)  # F2: (B, Hkv, Lk, d)
+        f.Q, s["q_norm"] = F.rms_norm_forward(f.Q, f.P["q_norm"], self.c.qk_norm_eps, check=False)  # F1: (B, H, Lq, d)
+        f.K, s["k_norm"] = F.rms_norm_forward(f.K, f.P["k_norm"], self.c.qk_norm_eps, check=False)  # F2
 
     def backward(self, g, s):
         g.K, g.P["k_norm"] = F.rms_norm_backward(g.K, s["k_norm"])  # ← F2

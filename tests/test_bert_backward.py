@@ -27,11 +27,11 @@ SENTENCES = [
 ]
 
 
-def tiny_bert(norm: str = "post", seed: int = 0, dropout: float = 0.1) -> BertModel:
+def tiny_bert(norm: str = "post", seed: int = 0, dropout: float = 0.1, hidden_act: str = "gelu") -> BertModel:
     """2 layers, 2 heads, E = 8, I = 12, float64, random weights (biases and LayerNorms too)."""
     config = bert.BertConfig(
         vocab_size=20, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=12,
-        max_position_embeddings=10, type_vocab_size=2, layer_norm_eps=1e-6,
+        max_position_embeddings=10, type_vocab_size=2, layer_norm_eps=1e-6, hidden_act=hidden_act,
         hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
     )  # fmt: skip
     rng = np.random.default_rng(seed)
@@ -228,6 +228,22 @@ def test_tiny_random_bert_matches_transformers_built_from_its_params(norm):
     ids, mask, types = tiny_inputs()
     report = crosscheck_bert_model(model, dict(input_ids=ids, attention_mask=mask, token_type_ids=types))
     assert report.passed, str(report)
+
+
+@pytest.mark.parametrize("hidden_act", ["gelu_new", "gelu_pytorch_tanh"])
+def test_tanh_gelu_bert_matches_transformers_because_the_block_passes_approximate_through(hidden_act):
+    """transformers' tanh GELUs: the layer's feed-forward must use the tanh form (the exact one is ~1e-4 away)."""
+    require_torch()
+    pytest.importorskip("transformers", reason="pip install -r requirements-dev.txt")
+    from mha_numpy.interop.bert_model import crosscheck_bert_model
+
+    model = tiny_bert(hidden_act=hidden_act)
+    assert all(layer.approximate == "tanh" for layer in model.layers)
+    ids, mask, types = tiny_inputs()
+    report = crosscheck_bert_model(model, dict(input_ids=ids, attention_mask=mask, token_type_ids=types))
+    assert report.passed, str(report)
+    with pytest.raises(ValueError, match="hidden_act"):
+        tiny_bert(hidden_act="relu")
 
 
 def test_cli_crosscheck_model_bert():

@@ -187,7 +187,8 @@ def test_check_functional_covers_every_pair():
     pairs = {row.name.split(":")[0] for row in report.rows}
     attention = {"linear", "split", "merge", "scores", "mask", "softmax", "dropout", "context", "sdpa"}
     variants = {"repeat_kv", "rope"}
-    block = {"add", "embedding", "bert_embeddings", "layer_norm", "gelu", "gelu_tanh", "feed_forward", "mean_pool"}
+    block = {"add", "embedding", "bert_embeddings", "layer_norm", "gelu", "gelu_tanh", "feed_forward", "mean_pool",
+             "rms_norm", "silu", "swiglu"}  # fmt: skip
     assert pairs == attention | variants | block
 
 

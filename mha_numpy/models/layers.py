@@ -1,6 +1,6 @@
 """The pairs of a Transformer other than attention, each ``NAME_forward -> (out, cache)`` /
-``NAME_backward(d_out, cache)``: embedding lookup, residual add, softmax cross-entropy, LayerNorm, GELU,
-the feed-forward block, BERT's embedding sum and mean pooling.
+``NAME_backward(d_out, cache)``: embedding lookup, residual add, softmax cross-entropy, LayerNorm, RMSNorm,
+GELU, SiLU, the feed-forward blocks (GELU MLP, SwiGLU), BERT's embedding sum and mean pooling.
 
 Like ``functional``, every backward line names the forward line it reverses (``# ← F1``); the
 derivations are in ``docs/derivation.md``.
@@ -15,6 +15,7 @@ import numpy as np
 from .. import functional as F
 from .._checks import as_array, as_float_array
 from .._optional import require
+from ..functional import rms_norm_backward, rms_norm_forward  # noqa: F401  (one pair: QK-norm's too)
 
 # --------------------------------------------------------------------------- embedding
 
@@ -145,10 +146,13 @@ def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -
     return layer_norm_forward(x, gamma, beta, eps)[0]
 
 
+# --------------------------------------------------------------------------- RMSNorm
+
+
 # --------------------------------------------------------------------------- GELU
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-_GELU_APPROXIMATIONS = ("none", "tanh")
+GELU_APPROXIMATIONS = ("none", "tanh")
 
 
 def gelu_forward(x: np.ndarray, approximate: str = "none"):
@@ -158,8 +162,8 @@ def gelu_forward(x: np.ndarray, approximate: str = "none"):
     approximate="tanh" (GPT-2's): Φ(x) ≈ (1 + tanh(√(2/π) · (x + 0.044715 x³))) / 2, as torch's
     gelu(approximate="tanh").
     """
-    if approximate not in _GELU_APPROXIMATIONS:
-        raise ValueError(f"approximate must be one of {_GELU_APPROXIMATIONS}, got {approximate!r}")
+    if approximate not in GELU_APPROXIMATIONS:
+        raise ValueError(f"approximate must be one of {GELU_APPROXIMATIONS}, got {approximate!r}")
     x = as_float_array(x, "x")
     if approximate == "none":
         erf = require("scipy.special", "the exact GELU (erf)").erf  # here: importing mha_numpy needs only NumPy
@@ -207,6 +211,47 @@ def feed_forward_backward(d_out: np.ndarray, cache):
     d_h = gelu_backward(d_g, c_g)  # ← F2: (..., I)
     dx, dW1, db1 = F.linear_backward(d_h, c_1)  # ← F1: (..., I) @ (I, E) -> (..., E)
     return dx, dW1, db1, dW2, db2
+
+
+# --------------------------------------------------------------------------- SiLU and SwiGLU
+
+
+def silu_forward(x: np.ndarray):
+    """SiLU(x) = x · σ(x), σ the logistic sigmoid (Llama's activation, torch's silu); elementwise, (...) -> (...)."""
+    x = as_float_array(x, "x")
+    e = np.exp(-np.abs(x))  # e^{-|x|} <= 1: never overflows
+    s = np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))  # F1: (...) σ(x), either form of 1 / (1 + e^{-x})
+    return x * s, (x, s)  # F2: (...)
+
+
+def silu_backward(d_out: np.ndarray, cache):
+    """d_out: (...) -> dx: (...). d/dx [x σ(x)] = σ(x) + x σ(x)(1 - σ(x)) = σ(x)(1 + x(1 - σ(x)))."""
+    x, s = cache
+    return d_out * (s * (1.0 + x * (1.0 - s)))  # ← F2, F1: product rule, σ' = σ(1 - σ)
+
+
+def swiglu_forward(x: np.ndarray, W_gate: np.ndarray, W_up: np.ndarray, W_down: np.ndarray):
+    """Llama's feed-forward: down(silu(gate(x)) ⊙ up(x)), three linears without biases (PyTorch layout W (out, in)).
+
+    x: (..., E)   W_gate, W_up: (I, E)   W_down: (E, I)   ->   out: (..., E); I = intermediate_size.
+    """
+    g, c_g = F.linear_forward(x, W_gate)  # F1: (..., E) @ (E, I) -> (..., I) the gate's pre-activation
+    u, c_u = F.linear_forward(x, W_up)  # F2: (..., E) @ (E, I) -> (..., I)
+    a, c_a = silu_forward(g)  # F3: (..., I)
+    m = a * u  # F4: (..., I) the gated product
+    out, c_d = F.linear_forward(m, W_down)  # F5: (..., I) @ (I, E) -> (..., E)
+    return out, (c_g, c_u, c_a, a, u, c_d)
+
+
+def swiglu_backward(d_out: np.ndarray, cache):
+    """d_out: (..., E) -> dx (..., E), dW_gate (I, E), dW_up (I, E), dW_down (E, I)."""
+    c_g, c_u, c_a, a, u, c_d = cache
+    d_m, dW_down, _ = F.linear_backward(d_out, c_d)  # ← F5: (..., E) @ (E, I) -> (..., I)
+    d_a, d_u = d_m * u, d_m * a  # ← F4: each factor gets the other one times d_m
+    d_g = silu_backward(d_a, c_a)  # ← F3: (..., I)
+    dx_up, dW_up, _ = F.linear_backward(d_u, c_u)  # ← F2: (..., I) @ (I, E) -> (..., E)
+    dx_gate, dW_gate, _ = F.linear_backward(d_g, c_g)  # ← F1: (..., I) @ (I, E) -> (..., E)
+    return dx_gate + dx_up, dW_gate, dW_up, dW_down  # x fed both F1 and F2: the sum of the two paths
 
 
 # --------------------------------------------------------------------------- BERT's embedding sum

@@ -11,9 +11,10 @@ Every piece is a forward/backward pair (``models.layers`` and ``functional``); t
 ``MultiHeadAttention``. Trained by ``mha_numpy.train``.
 
 With ``block="post"`` or ``"pre"`` the attention + residual is replaced by a full Transformer block
-(``BertLayer``: attention, residual, LayerNorm, feed-forward with GELU, residual, LayerNorm; post- or pre-norm):
+(``models.block.Block``: attention, residual, LayerNorm, feed-forward with GELU, residual, LayerNorm; post- or
+pre-norm), the same ``MultiHeadAttention`` inside:
 
-    x ──BertLayer──► h (B, L, E)             params named 'block.attention.self.query.weight', ...
+    x ──Block──► h (B, L, E)                 params named as in BERT: 'block.attention.self.query.weight', ...
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ import numpy as np
 from .. import functional as F
 from .._checks import as_generator, as_int
 from ..attention import MHACache, MultiHeadAttention
-from .bert import BertConfig
-from .bert_layer import ATTENTION_NAMES, FFN, LN1, LN2, BertLayer
+from .bert_layer import BERT_NAMES
+from .block import Block
 from .layers import (
     add_backward,
     add_forward,
@@ -94,11 +95,9 @@ class TinyAttentionModel:
             "b_out": rng.uniform(-bound, bound, vocab_size).astype(dtype),
         }
         self.block = None
-        if block is not None:
-            config = BertConfig(vocab_size, E, 1, num_heads, 4 * E, max_length, 1, layer_norm_eps=1e-5,
-                                hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
-            self.block = BertLayer(config, self.params, "block.", self.dtype, norm=block)
-            self.mha = self.block.attention  # the same arrays as params['block.attention.self.query.weight'], ...
+        if block is not None:  # self.mha now holds the arrays of params['block.attention.self.query.weight'], ...
+            self.block = Block(self.mha, self.params, BERT_NAMES, "block.", norm_position=block, norm="layer_norm",
+                               eps=1e-5, ffn="gelu")  # fmt: skip
 
     def __repr__(self) -> str:
         return (
@@ -160,9 +159,11 @@ def _block_params(mha: MultiHeadAttention, rng: np.random.Generator) -> dict[str
     """A Transformer block's parameters under BERT's names: the attention from ``mha``'s initialisation,
     LayerNorms 1 / 0, the feed-forward as torch.nn.Linear initialises (U(±1/sqrt(fan_in)))."""
     E, dtype = mha.embed_dim, mha.dtype
-    out = {"block." + name: mha.params[ours] for ours, name in ATTENTION_NAMES.items()}
-    for ln in (LN1, LN2):
-        out[f"block.{ln}.weight"], out[f"block.{ln}.bias"] = np.ones(E, dtype), np.zeros(E, dtype)
-    for name, shape, fan_in in zip(FFN, ((4 * E, E), (4 * E,), (E, 4 * E), (E,)), (E, E, 4 * E, 4 * E)):
-        out["block." + name] = rng.uniform(-(fan_in**-0.5), fan_in**-0.5, shape).astype(dtype)
+    out = {"block." + name: mha.params[role] for role, name in BERT_NAMES.items() if role in mha.params}
+    for role in ("norm1", "norm2"):
+        out[f"block.{BERT_NAMES[role + '.weight']}"] = np.ones(E, dtype)
+        out[f"block.{BERT_NAMES[role + '.bias']}"] = np.zeros(E, dtype)
+    for role, shape, fan_in in zip(("W_1", "b_1", "W_2", "b_2"), ((4 * E, E), (4 * E,), (E, 4 * E), (E,)),
+                                   (E, E, 4 * E, 4 * E)):  # fmt: skip
+        out["block." + BERT_NAMES[role]] = rng.uniform(-(fan_in**-0.5), fan_in**-0.5, shape).astype(dtype)
     return out
