@@ -103,7 +103,12 @@ class MultiHeadAttention:
       them); no ``kv_cache``.
 
     ``forward(..., kv_cache=KVCache())`` decodes incrementally (forward only). Options can be read as attributes
-    (``mha.num_kv_heads``) and changed by assignment (``mha.dropout = 0.1``, checked again).
+    (``mha.num_kv_heads``) and changed by assignment (``mha.dropout = 0.1``, checked again), and so can the kernel
+    (``mha.kernel = "chunked"`` or a kernel object).
+
+    Threads: one module may serve several threads (forward and backward only read ``params``; each call has its
+    own cache), except in training with dropout > 0 and no ``dropout_mask``: the keep-mask is drawn from
+    ``self.rng``, one NumPy Generator, which is not thread-safe.
     """
 
     def __init__(
@@ -127,7 +132,6 @@ class MultiHeadAttention:
         config = AttentionConfig(embed_dim, num_heads, bias, kdim, vdim, dropout, dtype, **options)
         self.__dict__["config"] = config
         self.kernel = get_kernel(impl, block_size=block_size, num_threads=num_threads)
-        self.impl = self.kernel.name
         self.rng = as_generator(rng)
         self.params: dict[str, np.ndarray] = self._initial_params()
 
@@ -140,8 +144,15 @@ class MultiHeadAttention:
     def __setattr__(self, name: str, value) -> None:
         if name in _OPTIONS:  # an option: checked again, and the next call's steps follow it
             self.__dict__["config"] = replace(self.config, **{name: value})
+        elif name in ("kernel", "impl"):  # a registered name or a kernel object, resolved and checked now
+            self.__dict__["kernel"] = get_kernel(value)
         else:
             super().__setattr__(name, value)
+
+    @property
+    def impl(self) -> str:
+        """The name of the kernel (``mha.kernel.name``); assign a name or a kernel object to change it."""
+        return self.kernel.name
 
     def __repr__(self) -> str:
         c = self.config

@@ -21,9 +21,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import (
+    as_array,
     as_float_array,
     as_generator,
     as_int,
+    as_number,
     check_d_context,
     check_dropout,
     check_mask,
@@ -212,13 +214,15 @@ def apply_mask_backward(d_out: np.ndarray, cache):
 # --------------------------------------------------------------------------- softmax
 
 
-def softmax_forward(x: np.ndarray):
+def softmax_forward(x: np.ndarray, check: bool = True):
     """Numerically stable softmax over the last axis.
 
     x: (..., Lk) -> p: (..., Lk). A row whose entries are all -inf (fully masked) gives all-zero
     weights instead of NaN (PyTorch's softmax gives NaN there; see docs/masks.md). A NaN or a +inf
     in a row makes the whole row NaN, as in PyTorch. Lk = 0 gives an empty result.
     """
+    if check:
+        x = as_float_array(x, "x")
     if x.shape[-1] == 0:
         return x.copy(), x.copy()  # no key at all: nothing to weigh
     row_max = x.max(axis=-1, keepdims=True)  # (..., 1); NaN if the row holds a NaN
@@ -264,7 +268,7 @@ def dropout_forward(
         if rng is None:
             raise ValueError("dropout with p > 0 needs rng (a numpy.random.Generator) or keep_mask")
         keep_mask = rng.random(x.shape) >= p  # (...) True = keep
-    keep_mask = np.asarray(keep_mask)
+    keep_mask = as_array(keep_mask, "keep_mask")
     if keep_mask.shape != x.shape or keep_mask.dtype != np.bool_:
         raise ValueError(f"keep_mask must be boolean with shape {x.shape}, got {keep_mask.dtype} {keep_mask.shape}")
     scale = 1.0 / (1.0 - p)
@@ -369,8 +373,10 @@ def rope_cos_sin(positions: np.ndarray, head_dim: int, theta: float) -> tuple[np
     angle[..., i] = position · inv_freq[i mod d/2] and inv_freq = 1 / theta ** (arange(0, d, 2) / d):
     feature i and feature i + d/2 turn together by the same angle (the pair ``rotate_half`` mixes).
     """
-    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # (d/2,)
-    freqs = np.asarray(positions, dtype=np.float64)[..., None] * inv_freq  # (..., L, 1) * (d/2,) -> (..., L, d/2)
+    head_dim = as_int(head_dim, "head_dim", minimum=1)
+    inv_freq = 1.0 / as_number(theta, "theta", positive=True) ** (np.arange(0, head_dim, 2) / head_dim)  # (d/2,)
+    positions = as_array(positions, "positions").astype(np.float64)  # (L,) or (B, L)
+    freqs = positions[..., None] * inv_freq  # (..., L, 1) * (d/2,) -> (..., L, d/2)
     angles = np.concatenate([freqs, freqs], axis=-1)  # (..., L, d)
     return np.cos(angles), np.sin(angles)
 
@@ -383,7 +389,7 @@ def rotate_half(x: np.ndarray) -> np.ndarray:
 
 def check_positions(positions, B: int, L: int) -> np.ndarray:
     """positions as an array (L,), (1, L) or (B, L) of finite integers or floats, or ValueError naming it."""
-    pos = np.asarray(positions)
+    pos = as_array(positions, "positions")
     if not (np.issubdtype(pos.dtype, np.integer) or np.issubdtype(pos.dtype, np.floating)):
         raise ValueError(f"positions must be integer or float, got dtype {pos.dtype} with shape {pos.shape}")
     if pos.shape not in ((L,), (B, L), (1, L)):
@@ -440,8 +446,7 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
     the slopes of the closest power of two P < H, followed by every other slope of 2P (the odd powers of its
     ratio) until there are H.
     """
-    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads <= 0:
-        raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+    num_heads = as_int(num_heads, "num_heads", minimum=1)
     P = 2 ** int(np.floor(np.log2(num_heads)))  # the closest power of two <= H
 
     def geometric(n: int) -> np.ndarray:
@@ -459,9 +464,9 @@ def alibi_bias(num_heads: int, Lq: int, Lk: int | None = None, offset: int = 0, 
     softmax under a causal mask, since the two differ by -m_h · i, a constant per row. Constant: no gradient flows
     into it (a kernel's dbias for it is discarded).
     """
-    Lk = Lq if Lk is None else Lk
-    if min(Lq, Lk) < 0:
-        raise ValueError(f"alibi_bias needs lengths >= 0, got Lq={Lq}, Lk={Lk}")
+    Lq = as_int(Lq, "Lq", minimum=0)
+    Lk = Lq if Lk is None else as_int(Lk, "Lk", minimum=0)
+    offset = as_int(offset, "offset")
     distance = np.abs(np.arange(Lq)[:, None] + offset - np.arange(Lk)[None, :])  # (Lq, Lk)
     bias = -alibi_slopes(num_heads)[:, None, None] * distance  # (H, 1, 1) * (Lq, Lk) -> (H, Lq, Lk)
     return bias[None].astype(dtype)  # (1, H, Lq, Lk)
@@ -503,6 +508,7 @@ def relative_position_bias_forward(table: np.ndarray, Lq: int, Lk: int, check: b
     """
     if check:
         table = as_float_array(table, "table", ndim=2)
+        Lq, Lk = as_int(Lq, "Lq", minimum=0), as_int(Lk, "Lk", minimum=0)
         if table.shape[1] % 2 != 1:
             raise ValueError(f"table with shape {table.shape} must have an odd number 2R + 1 of columns")
     R = (table.shape[1] - 1) // 2
@@ -619,7 +625,7 @@ def attention_steps_forward(q, k, v, mask, scale: float, dropout_p: float, keep,
     biased, c_bias = score_bias_forward(scores, bias)  # (B, H, Lq, Lk)
     modded, c_mods = score_mods_forward(biased, score_mods)  # (B, H, Lq, Lk)
     masked, c_mask = apply_mask_forward(modded, mask, check=False)  # (B, H, Lq, Lk)
-    weights, c_soft = softmax_forward(masked)  # (B, H, Lq, Lk)
+    weights, c_soft = softmax_forward(masked, check=False)  # (B, H, Lq, Lk)
     dropped, c_drop = dropout_forward(weights, dropout_p, keep_mask=keep)  # (B, H, Lq, Lk)
     context, c_ctx = attention_context_forward(dropped, v)  # (B, H, Lq, dv)
     steps = dict(scores=c_scores, bias=c_bias, mask=c_mask, softmax=c_soft, dropout=c_drop, context=c_ctx)

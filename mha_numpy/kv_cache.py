@@ -11,7 +11,8 @@ the H query heads: that is where GQA and MQA save memory (``nbytes``, ``bytes_pe
     out, _ = mha.forward(x_t, x_t, x_t, kv_cache=kv)  # one step: 1 token attends to all cached ones
 
 Storage grows by doubling, so appending L tokens one at a time copies O(L) entries in all, not O(L²).
-Forward only: a cache is state, ``MultiHeadAttention.backward`` refuses a call that used one.
+Forward only: a cache is state, ``MultiHeadAttention.backward`` refuses a call that used one. For the same reason
+it is never shared between threads or sequences: a ``KVCache`` is the keys and values of one decoding so far.
 """
 
 from __future__ import annotations

@@ -136,3 +136,36 @@ def test_errors_come_before_any_arithmetic(monkeypatch):
     with pytest.raises(ValueError):
         MHA.forward(Q, K, V, mask=np.ones((5, 5), bool))
     assert calls == []
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: F.alibi_bias(2, 3, 3, offset=1.5), "offset must be an int"),
+        (lambda: F.alibi_bias(2, 3, True), "Lk must be a non-negative int, got the bool True"),
+        (lambda: F.alibi_bias(2, "1"), "Lq must be a non-negative int"),
+        (lambda: F.alibi_slopes(2.0), "num_heads must be a positive int"),
+        (lambda: F.relative_position_bias_forward(np.zeros((2, 5)), 1.5, 3), "Lq must be a non-negative int"),
+        (lambda: F.rope_cos_sin([0, 1], "1", 10.0), "head_dim must be a positive int"),
+        (lambda: F.rope_cos_sin([0, 1], 4, -1.0), "theta must be a finite number > 0"),
+        (lambda: F.softmax_forward(np.arange(3)), "x must be a floating-point array"),
+        (lambda: F.dropout_forward(np.zeros((2, 2)), 0.5, keep_mask=[[True], [True, False]]), "keep_mask is not"),
+        (lambda: F.check_positions([[1], [1, 2]], 1, 2), "positions is not a rectangular array"),
+    ],
+)
+def test_the_pairs_name_a_bad_size_offset_or_array(call, match):
+    """The same class of defect as the masks' (a float offset, a bool size, a ragged list), in functional's pairs."""
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_the_kernel_of_a_module_is_checked_when_assigned():
+    mha = MultiHeadAttention(8, 2, rng=0)
+    mha.kernel = "chunked"
+    assert mha.impl == "chunked" and type(mha.kernel).__name__ == "ChunkedKernel"
+    mha.impl = "naive"
+    assert mha.kernel.name == "naive"
+    for bad in (None, "xyz", 3):
+        with pytest.raises(ValueError, match="impl must be one of"):
+            mha.kernel = bad
+    assert mha.impl == "naive"  # unchanged by the refused assignments
