@@ -169,3 +169,13 @@ def test_the_kernel_of_a_module_is_checked_when_assigned():
         with pytest.raises(ValueError, match="impl must be one of"):
             mha.kernel = bad
     assert mha.impl == "naive"  # unchanged by the refused assignments
+
+
+def test_the_interop_converters_name_a_ragged_mask_and_refuse_an_int_dtype():
+    pytest.importorskip("torch", reason="pip install -r requirements-dev.txt")
+    from mha_numpy import interop
+
+    with pytest.raises(ValueError, match="key_padding_mask is not a rectangular array"):
+        interop.mask_from_torch_mha([[True], [True, False]])
+    with pytest.raises(ValueError, match="dtype must be a floating dtype"):
+        interop.mask_to_torch_mha(np.zeros((2, 3)), 1, 2, dtype=np.int32)  # -inf would become INT_MIN

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._checks import as_array
 from .._optional import require as _require_optional
 
 
@@ -12,10 +13,11 @@ def require(package: str):
     return _require_optional(package, "this function of mha_numpy.interop")
 
 
-def to_numpy(x) -> np.ndarray | None:
-    """A torch tensor or array-like -> ndarray (a copy for tensors); None stays None."""
+def to_numpy(x, name: str = "the array") -> np.ndarray | None:
+    """A torch tensor or array-like -> ndarray (a copy for tensors); None stays None; a ragged list is a ValueError
+    naming ``name``."""
     if x is None:
         return None
     if hasattr(x, "detach"):  # a torch tensor
         return x.detach().cpu().numpy().copy()
-    return np.asarray(x)
+    return as_array(x, name)

@@ -71,7 +71,7 @@ def crosscheck_hf_bert_attention(
 
 def _masks(torch, module, tx, attention_mask, dtype) -> tuple:
     """``attention_mask`` -> (ours, HF's extended mask tensor), each None when there is no mask."""
-    am = to_numpy(attention_mask)
+    am = to_numpy(attention_mask, "attention_mask")
     if am is not None and am.ndim == 2:
         try:
             from transformers.masking_utils import create_bidirectional_mask as create

@@ -27,9 +27,9 @@ def mask_from_torch_mha(key_padding_mask=None, attn_mask=None, num_heads: int | 
     """
     parts = []
     if key_padding_mask is not None:
-        parts.append(M.from_torch_key_padding_mask(_to_numpy(key_padding_mask)))  # (B, 1, 1, Lk)
+        parts.append(M.from_torch_key_padding_mask(_to_numpy(key_padding_mask, "key_padding_mask")))  # (B, 1, 1, Lk)
     if attn_mask is not None:
-        parts.append(M.from_torch_attn_mask(_to_numpy(attn_mask), num_heads))  # (Lq, Lk) or (B, H, Lq, Lk)
+        parts.append(M.from_torch_attn_mask(_to_numpy(attn_mask, "attn_mask"), num_heads))  # (Lq, Lk) or (B, H, Lq, Lk)
     return M.combine_masks(*parts)
 
 
@@ -71,6 +71,12 @@ def mask_to_torch_mha(
             f"mask with shape {np.shape(mask)} does not broadcast to (batch_size, num_heads, Lq, Lk) = {full}"
         )
     if dtype is not None and m.dtype != np.bool_:
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError:
+            dtype = None
+        if dtype is None or dtype.kind != "f":  # an int would turn -inf into INT_MIN: torch adds it to the scores
+            raise ValueError(f"dtype must be a floating dtype for a float mask, got {dtype!r}")
         m = m.astype(dtype)
     if m.shape[1:3] == (1, 1):  # a key padding mask
         kpm = M.to_torch_key_padding_mask(np.broadcast_to(m[:, 0, 0, :], (full[0], full[3])))  # (B, Lk)
@@ -84,7 +90,7 @@ def mask_to_torch_mha(
 
 def mask_from_sdpa(attn_mask) -> np.ndarray | None:
     """SDPA ``attn_mask`` (bool True = attend, float added) -> ours (the same convention)."""
-    return None if attn_mask is None else M.from_sdpa_mask(_to_numpy(attn_mask))
+    return None if attn_mask is None else M.from_sdpa_mask(_to_numpy(attn_mask, "attn_mask"))
 
 
 def mask_to_sdpa(mask) -> torch.Tensor | None:
@@ -105,7 +111,7 @@ def mask_from_hf(attention_mask) -> np.ndarray | None:
     """
     if attention_mask is None:
         return None
-    am = _to_numpy(attention_mask)
+    am = _to_numpy(attention_mask, "attention_mask")
     if am.ndim == 4:
         return M.from_sdpa_mask(am) if am.dtype == np.bool_ else M.from_hf_extended_mask(am)
     return M.from_hf_attention_mask(am)  # (B, 1, 1, Lk)
