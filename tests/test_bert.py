@@ -144,7 +144,7 @@ def test_bert_prefixed_and_plain_weight_names_load_the_same_model(tmp_path):
     )  # fmt: skip
     cfg = bert.BertConfig(**{k: v for k, v in config.items() if k != "model_type"})
     rng = np.random.default_rng(0)
-    weights = {name: rng.normal(0, 0.5, shape) for name, shape in bert._expected_shapes(cfg).items()}
+    weights = {name: rng.normal(0, 0.5, shape) for name, shape in bert.expected_shapes(cfg).items()}
     for prefix, extra in (("", {}), ("bert.", {"cls.predictions.bias": rng.normal(0, 1, 40)})):
         d = tmp_path / (prefix or "plain")
         d.mkdir()

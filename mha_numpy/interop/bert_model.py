@@ -68,7 +68,8 @@ def crosscheck_bert_model(
     out, cache = model.forward(ids, mask, types)
     d = random_like(out.last_hidden_state.shape, dtype, rng) if d_last_hidden_state is None else d_last_hidden_state
     d = np.asarray(d, dtype=dtype)
-    grads, d_hidden = model.backward(d, cache, return_hidden_grads=True)
+    grads = model.backward(d, cache, return_hidden_grads=True)
+    d_hidden = [grads.pop(f"hidden_states.{i}") for i in range(len(out.hidden_states))]
 
     ref.zero_grad(set_to_none=True)
     r = ref(*(torch.from_numpy(a) for a in (ids, mask, types)), output_hidden_states=True)

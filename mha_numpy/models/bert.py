@@ -55,9 +55,9 @@ from .bert_files import (  # noqa: F401
     WEIGHTS_PACKAGE,
     BertInputs,
     BertTokenizer,
-    _json_field,
-    _read_safetensors,
     default_model_dir,
+    json_field,
+    read_safetensors,
 )
 from .bert_layer import DROPOUT_SITES, GELU_OF_HIDDEN_ACT, bert_layer
 from .block import Block, BlockCache
@@ -161,7 +161,7 @@ class BertModel:
         self.config, self.dtype, self.tokenizer, self.norm = config, dtype, tokenizer, norm
         self.sentence_max_length = sentence_max_length
         self.params: dict[str, np.ndarray] = {
-            name: np.array(weights[name], dtype=dtype, copy=True) for name in _expected_shapes(config)
+            name: np.array(weights[name], dtype=dtype, copy=True) for name in expected_shapes(config)
         }
         prefixes = [f"encoder.layer.{i}." for i in range(config.num_hidden_layers)]
         self.layers: list[Block] = [bert_layer(config, self.params, p, dtype, norm) for p in prefixes]
@@ -196,14 +196,14 @@ class BertModel:
                 "a BERT directory needs config.json and model.safetensors (and tokenizer.json to tokenize text)"
             )
         config = BertConfig.from_json(path / "config.json")
-        weights = _read_safetensors(path / "model.safetensors")
+        weights = read_safetensors(path / "model.safetensors")
         tokenizer = None
         if (path / "tokenizer.json").is_file():
             max_length = min(
-                _json_field(path / "tokenizer_config.json", "model_max_length", 10**9), config.max_position_embeddings
+                json_field(path / "tokenizer_config.json", "model_max_length", 10**9), config.max_position_embeddings
             )
             tokenizer = BertTokenizer(path / "tokenizer.json", max_length=int(max_length), pad_id=config.pad_token_id)
-        sentence_max_length = _json_field(path / "sentence_bert_config.json", "max_seq_length", None)
+        sentence_max_length = json_field(path / "sentence_bert_config.json", "max_seq_length", None)
         model = cls(config, weights, dtype=dtype, tokenizer=tokenizer, sentence_max_length=sentence_max_length)
         model.path = path
         return model
@@ -293,11 +293,13 @@ class BertModel:
 
     def backward(
         self, d_last_hidden_state: np.ndarray, cache: BertCache, return_hidden_grads: bool = False
-    ) -> dict[str, np.ndarray] | tuple[dict[str, np.ndarray], list[np.ndarray]]:
-        """d_last_hidden_state (B, L, E) -> a gradient for every entry of ``params`` (same names, shapes, dtype).
+    ) -> dict[str, np.ndarray]:
+        """d_last_hidden_state (B, L, E) -> a dict: a gradient for every entry of ``params`` (same names, shapes,
+        dtype), in ``params``' order.
 
-        return_hidden_grads=True also returns the gradients of ``hidden_states`` (a list: the embeddings output
-        first, then each layer's output; the last is d_last_hidden_state itself).
+        return_hidden_grads=True adds the gradients of ``hidden_states`` under "hidden_states.0" (the embeddings
+        output) ... "hidden_states.N" (the last layer's output: d_last_hidden_state itself), after the parameters.
+        One return type either way (docs/architecture.md, the backward return convention).
         """
         if not isinstance(cache, BertCache) or cache.owner is not self._token:
             raise ValueError("cache must come from this model's forward (it was made by another model or is not one)")
@@ -319,7 +321,9 @@ class BertModel:
         names = (f"embeddings.{n}_embeddings.weight" for n in ("word", "position", "token_type"))
         g.update(zip(names, LY.bert_embeddings_backward(d, c_sum)))  # ← F1: scatter-adds into the three tables
         grads = {name: g[name] for name in self.params}
-        return (grads, d_hidden[::-1]) if return_hidden_grads else grads
+        if return_hidden_grads:
+            grads.update({f"hidden_states.{i}": d_h for i, d_h in enumerate(reversed(d_hidden))})
+        return grads
 
     def sample_dropout_masks(self, batch: int, length: int, rng) -> dict[str, np.ndarray]:
         """Fresh keep-masks (bool, True = keep) for a (batch, length) input, by name: 'embeddings' (B, L, E) and,
@@ -406,7 +410,7 @@ class BertModel:
         return ids, attention_mask.astype(np.int64), token_type_ids
 
 
-def _expected_shapes(c: BertConfig) -> dict[str, tuple[int, ...]]:
+def expected_shapes(c: BertConfig) -> dict[str, tuple[int, ...]]:
     """Every weight the encoder uses, by Hugging Face name, with its shape (W in PyTorch layout (out, in))."""
     E, I = c.hidden_size, c.intermediate_size
     shapes = {
@@ -428,7 +432,7 @@ def _expected_shapes(c: BertConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _check_weights(config: BertConfig, weights: dict[str, np.ndarray]) -> None:
-    expected = _expected_shapes(config)
+    expected = expected_shapes(config)
     missing = [name for name in expected if name not in weights]
     if missing:
         raise ValueError(

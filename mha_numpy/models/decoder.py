@@ -184,10 +184,12 @@ class DecoderModel:
 
     def backward(
         self, d_last_hidden_state: np.ndarray, cache: DecoderCache, return_hidden_grads: bool = False
-    ) -> dict[str, np.ndarray] | tuple[dict[str, np.ndarray], list[np.ndarray]]:
-        """d_last_hidden_state (B, L, E) -> a gradient for every entry of ``params`` (same names, shapes, dtype).
+    ) -> dict[str, np.ndarray]:
+        """d_last_hidden_state (B, L, E) -> a dict: a gradient for every entry of ``params`` (same names, shapes,
+        dtype), in ``params``' order.
 
-        return_hidden_grads=True also returns the gradients of ``hidden_states`` (the embeddings first).
+        return_hidden_grads=True adds the gradients of ``hidden_states`` under "hidden_states.0" (the embeddings)
+        ... "hidden_states.N", after the parameters (one return type either way).
         A forward with ``kv_caches`` has no backward (the attention refuses it: a cache is state).
         """
         if not isinstance(cache, DecoderCache) or cache.owner is not self._token:
@@ -209,7 +211,9 @@ class DecoderModel:
         if self.config.pad_token_id is not None:
             g["embed_tokens.weight"][self.config.pad_token_id] = 0.0  # the padding row is frozen, as in torch
         grads = {name: g[name] for name in self.params}
-        return (grads, d_hidden[::-1]) if return_hidden_grads else grads
+        if return_hidden_grads:
+            grads.update({f"hidden_states.{i}": d_h for i, d_h in enumerate(reversed(d_hidden))})
+        return grads
 
     def _check_inputs(self, input_ids, attention_mask, kv_caches):
         """-> (ids (B, L), our mask: bool, True = may attend), or ValueError naming the argument (before arithmetic)."""
