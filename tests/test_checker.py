@@ -12,7 +12,6 @@ import pytest
 from mha_numpy.checker import NOT_DONE, bugs, check_file, check_namespace
 from mha_numpy.checker import reference as R
 from mha_numpy.checker.cases import PAIRS
-from mha_numpy.checker.runner import reference_pair
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "exercises" / "solutions"
@@ -57,7 +56,7 @@ def test_each_known_bug_is_caught_with_its_diagnosis(bug):
     ns = correct_namespace()
     ns[bug.function] = bug.impl
     if bug.function.endswith("_backward"):  # the forward whose cache the buggy backward reads
-        ns[bug.function.replace("_backward", "_forward")] = bug.forward or reference_pair(_spec(bug.pair))[0]
+        ns[bug.function.replace("_backward", "_forward")] = bug.forward or _spec(bug.pair).forward
     report = check_namespace(ns, only=[_pair(bug.function)])
     row = report[bug.function]
     assert row.status == "FAIL"
@@ -166,3 +165,35 @@ def test_functions_of_unknown_pairs_are_listed_not_failed():
     report = check_namespace(ns)
     assert report.passed and report.ignored == ["my_helper_forward"]
     assert "my_helper_forward" in str(report)
+
+
+def test_the_checker_grades_the_registry_pairs_with_the_registry_functions():
+    """One registry: each pair of mha_numpy.pairs with course cases is graded (the same object, so the same
+    reference functions and cases); the only course-only pair is self-attention."""
+    from mha_numpy import pairs
+
+    graded = {p.name: p for p in PAIRS}
+    assert all(graded[p.name] is p for p in pairs.PAIRS if p.cases is not None)
+    assert set(graded) - {p.name for p in pairs.PAIRS} == {"self_attention"}
+
+
+def _sdpa(backward):
+    return {"scaled_dot_product_attention_forward": correct_namespace()["scaled_dot_product_attention_forward"],
+            "scaled_dot_product_attention_backward": backward}  # fmt: skip
+
+
+def test_attention_backward_returns_one_gradient_per_input_of_its_forward():
+    """Exercise 6's forward has no bias: (dq, dk, dv) is right; the library's pair returns (dq, dk, dv, None), right
+    too (its forward has an optional bias, not given); any other count is a FAIL saying what is owed."""
+    from mha_numpy import functional as F
+
+    student = correct_namespace()["scaled_dot_product_attention_backward"]
+    assert check_namespace(_sdpa(student)).passed
+    library = {"scaled_dot_product_attention_forward": F.scaled_dot_product_attention_forward,
+               "scaled_dot_product_attention_backward": F.scaled_dot_product_attention_backward}  # fmt: skip
+    assert check_namespace(library).passed
+    report = check_namespace(_sdpa(lambda d, cache: student(d, cache)[:2]))
+    row = report["scaled_dot_product_attention_backward"]
+    assert row.status == "FAIL" and "returned 2 gradients, expected 3 (dq, dk, dv)" in row.detail
+    row = check_namespace(_sdpa(lambda d, cache: (*student(d, cache), d)))["scaled_dot_product_attention_backward"]
+    assert row.status == "FAIL" and "returned 4 gradients, expected 3" in row.detail

@@ -120,6 +120,28 @@ def test_import_graph_is_one_way():
             visit(node, [])
 
 
+PRIVATE_IMPORTS_LEFT = {  # known, outside the checker's work: for their owners to make public or move
+    ("mha_numpy/interop/llama.py", "_check_numpy_dtype"),
+    ("mha_numpy/interop/llama.py", "_new_mha"),
+    ("mha_numpy/models/bert.py", "_json_field"),
+    ("mha_numpy/models/bert.py", "_read_safetensors"),
+}
+
+
+def test_no_module_imports_a_private_name_of_another_module():
+    """A leading underscore means "this module's own": importing it from elsewhere is a defect (checker/gallery.py
+    imported runner's _array and _finite); names from a private module (``_checks``) are allowed."""
+    import ast
+
+    found = set()
+    for path in (ROOT / "mha_numpy").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not (node.module or "").split(".")[-1].startswith("_"):
+                rel = path.relative_to(ROOT).as_posix()
+                found |= {(rel, a.name) for a in node.names if a.name.startswith("_") and a.name != "__future__"}
+    assert found <= PRIVATE_IMPORTS_LEFT, sorted(found - PRIVATE_IMPORTS_LEFT)
+
+
 def test_every_optional_package_has_an_extra_and_all_installs_them():
     """pip install '.[all]' runs every command; each optional import names an extra that really brings it."""
     import re

@@ -15,15 +15,6 @@ from . import bugs
 RTOL = 1e-6  # max |got - expected| / (largest |expected| of the case); float64 round-off is ~1e-15
 
 
-def as_grads(result, names: tuple[str, ...]) -> dict:
-    """A backward's result (an array, a tuple in ``names`` order, or a dict) as {name: array}."""
-    if isinstance(result, dict):
-        return dict(result)
-    if isinstance(result, tuple | list):
-        return {n: g for n, g in zip(names, result)}
-    return {names[0]: result}
-
-
 def scale_of(arrays) -> float:
     """The largest finite |entry| over ``arrays`` (1.0 if there is none): the yardstick for every error."""
     finite = [np.abs(a[np.isfinite(a)]).max() for a in map(np.asarray, arrays) if np.isfinite(a).any() and a.size]

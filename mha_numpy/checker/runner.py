@@ -11,15 +11,15 @@ against the buggy variants in ``bugs`` for a diagnosis.
 from __future__ import annotations
 
 import copy
-import importlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..gradcheck import numerical_gradient
+from ..pairs import Case, Pair, ReturnConventionError, gradients
 from . import bugs, cases
 from . import reference as R
-from .diagnose import as_grads, compare, matching_bug, scale_of
+from .diagnose import compare, matching_bug, scale_of
 
 FD_RTOL = 1e-5  # central differences with eps = 1e-6 in float64 agree to ~1e-9 of the largest entry
 NOT_DONE = "not done yet"
@@ -47,15 +47,6 @@ class _Failed(Exception):
         self.find_bug = find_bug
 
 
-def reference_pair(pair: cases.Pair):
-    """(forward, backward or None) of the reference, looked up by name (a later pair is picked up when it lands)."""
-    home = importlib.import_module(pair.home)
-    fwd, bwd = getattr(home, f"{pair.name}_forward", None), getattr(home, f"{pair.name}_backward", None)
-    if fwd is None:  # a pair its home does not have (yet): a forward in checker.reference, finite differences only
-        return getattr(R, f"{pair.name}_forward"), None
-    return fwd, bwd
-
-
 def _call(fn, *args):
     """fn(*args) on copies of the arrays (a student's function may modify its inputs)."""
     return fn(*copy.deepcopy(args))
@@ -67,28 +58,30 @@ def _out(result):
     return result
 
 
-def _finite(out) -> np.ndarray:
+def finite(out) -> np.ndarray:
     """The forward's output with -inf (a blocked score, constant under any perturbation) read as 0."""
     out = np.asarray(out, dtype=np.float64)
     return np.where(np.isinf(out), 0.0, out)
 
 
-def _array(case: cases.Case, name: str):
-    """The array named ``name`` among the case's arguments, or inside a dict argument (self-attention's params)."""
-    for arg_name, value in case.args:
-        if arg_name == name:
-            return value
-        if isinstance(value, dict) and name in value:
-            return value[name]
-    raise KeyError(name)
-
-
-def _numerical(pair: cases.Pair, fwd, case: cases.Case, d_out) -> dict:
-    """Central differences of sum(fwd(*case) * d_out) with respect to each input that gets a gradient."""
+def finite_differences(forward, case: Case, names, d_out) -> dict:
+    """Central differences of sum(forward(*case)[0] * d_out) with respect to each input in ``names``."""
     return {
-        name: numerical_gradient(lambda _x: _finite(fwd(*case.values())[0]), _array(case, name), d_out)
-        for name in pair.grads
+        name: numerical_gradient(lambda _x: finite(forward(*case.values())[0]), case.array(name), d_out)
+        for name in names
     }
+
+
+def given(pair: Pair, case: Case) -> list[str]:
+    """The differentiable inputs ``case`` passes: the gradients a backward owes on it."""
+    return [n for n in pair.grads if case.gives(n)]
+
+
+def _grads(pair: Pair, result, case: Case) -> dict:
+    try:
+        return gradients(pair, result, case)
+    except ReturnConventionError as e:
+        raise _Failed(str(e)) from None
 
 
 def run_cases(function: str, case_list, run_case) -> Row:
@@ -110,8 +103,8 @@ def run_cases(function: str, case_list, run_case) -> Row:
     return Row(function, "PASS") if first is None else Row(function, "FAIL", first, bug)
 
 
-def check_forward(pair: cases.Pair, student_fwd, rng) -> Row:
-    ref_fwd, _ = reference_pair(pair)
+def check_forward(pair: Pair, student_fwd, rng) -> Row:
+    ref_fwd = pair.forward
     function = f"{pair.name}_forward"
 
     def run_case(case):
@@ -125,62 +118,42 @@ def check_forward(pair: cases.Pair, student_fwd, rng) -> Row:
                 lambda: matching_bug(function, {"out": got}, lambda b: {"out": b.impl(*case.values())[0]}, scale),
             )
 
-    return run_cases(function, pair.make_cases(rng), run_case)
+    return run_cases(function, pair.cases(rng), run_case)
 
 
-def check_backward(pair: cases.Pair, student_bwd, student_fwd, rng, forward_failed: bool = False) -> Row:
-    ref_fwd, ref_bwd = reference_pair(pair)
+def check_backward(pair: Pair, student_bwd, student_fwd, rng, forward_failed: bool = False) -> Row:
+    ref_fwd, ref_bwd = pair.forward, pair.backward
     fwd = student_fwd or ref_fwd
     function = f"{pair.name}_backward"
-    if ref_bwd is None and student_fwd is None:  # no cache to give the backward but the student's own
-        try:
-            student_bwd(None, None)
-        except NotImplementedError:
-            return Row(function, NOT_DONE)
-        except Exception:  # noqa: BLE001, S110 - expected: None is no cache
-            pass
-        return Row(function, "FAIL", f"not checked: make {pair.name}_forward pass first, the backward reads its cache")
 
     def run_case(case):
         out, cache = _out(_call(fwd, *case.values()))
         # a random upstream gradient, never ones: an all-ones one hides a swapped transpose or a mean-for-sum
         d_out = rng.standard_normal() if pair.scalar_output else rng.standard_normal(np.shape(out))
         try:
-            got = as_grads(student_bwd(copy.deepcopy(d_out), cache), pair.grads)
+            result = student_bwd(copy.deepcopy(d_out), cache)
         except NotImplementedError:
             raise
         except Exception as exc:
             if not forward_failed:
                 raise
             raise _Failed(f"not checked: fix {pair.name}_forward first, the backward reads its cache") from exc
-        expected = as_grads(ref_bwd(d_out, ref_fwd(*case.values())[1]), pair.grads) if ref_bwd else {}
-        numerical = _numerical(pair, fwd, case, d_out)
+        got = _grads(pair, result, case)
+        expected = gradients(pair, ref_bwd(d_out, ref_fwd(*case.values())[1]), case)
+        numerical = finite_differences(fwd, case, given(pair, case), d_out)
         scale = scale_of([*expected.values(), *numerical.values()])
-        for name in pair.grads:
-            problem = compare(f"d{name}", got.get(name), expected.get(name, numerical[name]), scale) or compare(
+        for name in given(pair, case):
+            problem = compare(f"d{name}", got.get(name), expected[name], scale) or compare(
                 f"d{name} vs finite differences", got.get(name), numerical[name], scale, FD_RTOL
             )
             if problem:
 
                 def run_variant(bug):
-                    return as_grads(bug.impl(d_out, (bug.forward or ref_fwd)(*case.values())[1]), pair.grads)
+                    return gradients(pair, bug.impl(d_out, (bug.forward or ref_fwd)(*case.values())[1]), case)
 
                 raise _Failed(problem, lambda: matching_bug(function, got, run_variant, scale))
 
-    return run_cases(function, pair.make_cases(rng), run_case)
-
-
-def online_softmax_cases(rng):
-    rising = np.cumsum(np.abs(rng.standard_normal((2, 3, 7))), axis=-1) * 3  # the max grows block after block
-    masked = rng.standard_normal((2, 3, 7))
-    masked[0, 1, :3] = -np.inf  # the first block of this row has no key allowed
-    masked[1, 2, :] = -np.inf  # this row has none at all: context 0
-    v = rng.standard_normal((2, 7, 4))
-    return [
-        cases.Case(f"scores {s.shape}, block {b}{extra}", [("scores", s), ("v", v), ("block", b)])
-        for s, extra in [(rising, ", rising scores"), (masked, ", masked blocks")]
-        for b in (2, 3)
-    ]
+    return run_cases(function, pair.cases(rng), run_case)
 
 
 def check_online_softmax(update, rng) -> Row:
@@ -199,7 +172,7 @@ def check_online_softmax(update, rng) -> Row:
 
             raise _Failed(problem, lambda: matching_bug(function, {"out": got}, run_variant, scale))
 
-    return run_cases(function, online_softmax_cases(rng), run_case)
+    return run_cases(function, cases.online_softmax_cases(rng), run_case)
 
 
 def check_namespace(namespace: dict, only=None) -> list[Row]:
