@@ -89,6 +89,10 @@ class Pair:
     sample: Callable[[Sizes, np.random.Generator], list[Case]] | None = None
     scalar_output: bool = False
 
+    def owed(self, case: Case) -> list[str]:
+        """The differentiable inputs ``case`` passes, in order: the gradients the backward owes on it."""
+        return [n for n in self.grads if case.gives(n)]
+
 
 class ReturnConventionError(ValueError):
     """A backward returned a different number of gradients than its forward has differentiable inputs."""
@@ -102,7 +106,7 @@ def gradients(pair: Pair, result, case: Case) -> dict:
     ``scaled_dot_product_attention_backward`` without a bias); or a dict by name (self-attention).
     Anything else raises ReturnConventionError, with one line saying what was expected.
     """
-    given = [n for n in pair.grads if case.gives(n)]
+    given = pair.owed(case)
     if isinstance(result, dict):
         return {n: result.get(n) for n in given}
     result = list(result) if isinstance(result, tuple | list) else [result]
