@@ -39,7 +39,10 @@ def _flush() -> None:
 
 
 def _raised(e: BaseException) -> dict:
-    message = (str(e).splitlines() or [""])[0][:200]
+    try:
+        message = (str(e).splitlines() or [""])[0][:200]
+    except Exception:  # noqa: BLE001 - an exception whose str() fails
+        message = ""
     not_done = isinstance(e, NotImplementedError)
     return {"kind": "raised", "type": type(e).__name__, "message": message, "not_done": not_done}
 

@@ -9,7 +9,8 @@ Time: importing the file, and each function's check (``start`` begins it), may t
 call still running then is stopped by killing the process. A process that dies (``os._exit``, a crash) or is
 killed is started again, and the file imported again, at the next call; the function being checked is a FAIL.
 At the end (``close``) the process group is killed, so threads and subprocesses the file left running end too.
-What the file printed is kept apart (``output``): it never mixes with the report.
+What the file printed is kept apart (``output``): it never mixes with the report. POSIX only (Linux, macOS):
+process groups, ``select`` on pipes.
 """
 
 from __future__ import annotations
@@ -138,9 +139,14 @@ class ChildProcess:
         return reply
 
     def _died(self, during: str, error: type[Exception]) -> Exception:
-        code = self.proc.wait() if self.proc else None
+        try:
+            code = self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            code = None  # it closed the checker's pipe and runs on
         self._kill()
-        how = f"exit code {code}" if code is not None and code >= 0 else f"signal {-code}" if code else "no exit code"
+        if code is None:
+            return error(f"the process running {self.shown} closed the checker's pipe during {during}")
+        how = f"exit code {code}" if code >= 0 else f"signal {-code}"
         return error(f"the process running {self.shown} ended during {during} ({how}: os._exit or a crash)")
 
     def _kill(self) -> None:
