@@ -6,7 +6,7 @@ Public names:
 - ``masks``: mask helpers and converters (our convention: bool True = may attend, float = added).
 - ``gradcheck``: finite-difference checks with a printable report.
 - ``KVCache``: keys and values of earlier calls, for decoding one token at a time (``forward(..., kv_cache=)``).
-torch is never imported here; only ``mha_numpy.torch_compat`` uses it, lazily.
+torch is never imported here; only ``mha_numpy.interop`` (also ``mha_numpy.torch_compat``) uses it, lazily.
 """
 
 from . import functional, gradcheck, masks

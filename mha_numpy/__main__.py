@@ -5,8 +5,7 @@ from __future__ import annotations
 import sys
 
 from ._optional import MissingDependency
-from .commands import COMMANDS
-from .commands._args import Parser, UsageError
+from .commands import COMMANDS, Parser, UsageError
 
 
 def main(argv: list[str] | None = None) -> int:

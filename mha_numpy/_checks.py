@@ -27,13 +27,16 @@ def as_float_array(x, name: str, ndim: int | None = None) -> np.ndarray:
     return arr
 
 
-def check_mask(mask, scores_shape: tuple[int, ...], name: str = "mask", allow_bool: bool = True) -> np.ndarray | None:
+def check_mask(
+    mask, scores_shape: tuple[int, ...], name: str = "mask", allow_bool: bool = True, dtype=None
+) -> np.ndarray | None:
     """Validate a mask against the score shape (B, H, Lq, Lk); return it as an ndarray.
 
     Accepted: ``None``; a boolean array (True = may attend); a floating array added to the scores.
     Integer masks are refused on purpose: 0/1 conventions differ between libraries
     (see ``docs/masks.md``) and must be converted explicitly with ``mha_numpy.masks``.
-    ``allow_bool=False`` (for a score bias) accepts floating arrays only.
+    ``allow_bool=False`` (for a score bias) accepts floating arrays only, and with ``dtype`` (that of q, k, v) only
+    in that dtype: a bias is differentiated, and its gradient would come back in another dtype than the call's.
     """
     if mask is None:
         return None
@@ -52,6 +55,11 @@ def check_mask(mask, scores_shape: tuple[int, ...], name: str = "mask", allow_bo
         raise ValueError(
             f"{name} with shape {m.shape} does not broadcast to the scores' shape "
             f"(B, H, Lq, Lk) = {tuple(scores_shape)}"
+        )
+    if dtype is not None and not allow_bool and m.dtype != dtype:
+        raise ValueError(
+            f"{name} has dtype {m.dtype} (shape {m.shape}) but q, k, v are {np.dtype(dtype)}; "
+            f"convert it with .astype(np.{np.dtype(dtype).name})"
         )
     return m
 

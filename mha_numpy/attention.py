@@ -1,29 +1,29 @@
-"""``MultiHeadAttention``: the module that chains the steps of ``functional``.
+"""``MultiHeadAttention``: one module whose data path is a list of steps (``mha_numpy.steps``), walked forwards and
+backwards (``mha_numpy.flow``), around one interchangeable kernel (``mha_numpy.kernels``).
 
     query (B, Lq, E)    --linear W_q--> (B, Lq, E) --split_heads--> (B, H, Lq, d) -+
-    key   (B, Lk, kdim) --linear W_k--> (B, Lk, E) --split_heads--> (B, H, Lk, d) -+- attention
+    key   (B, Lk, kdim) --linear W_k--> (B, Lk, E) --split_heads--> (B, H, Lk, d) -+- attention (the kernel)
     value (B, Lk, vdim) --linear W_v--> (B, Lk, E) --split_heads--> (B, H, Lk, d) -+
     output (B, Lq, E) <--linear W_o-- merge_heads <-- context (B, H, Lq, d)
 
-Today's optional steps (``mha_numpy.variants`` decides which a call needs): grouped-query heads
-(K, V with num_kv_heads heads, ``repeat_kv`` before the kernel), RoPE on Q and K after the split,
-a KV cache appended before ``repeat_kv``, ALiBi as the kernel's score bias.
-
-The backward runs the same steps in reverse. The attention in the middle is a kernel
-(``mha_numpy.kernels``): the module owns everything around it, once, for every kernel.
+The module owns the parameters and the call's boundary: every argument is checked here, once, before any
+arithmetic; the steps below then compute without checking again. ``mha.steps`` is the list of a call's steps and
+``print(mha.describe())`` shows it; ``steps.build_steps`` is where the options become that list.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from . import functional as F
-from . import recompute as RC
-from . import variants as VAR
-from ._checks import FLOAT_DTYPES, as_float_array, as_generator, check_probability
+from . import flow
+from ._checks import as_float_array, as_generator
+from .flow import Flow, RecomputeCache
 from .kernels import check_args, get_kernel
+from .steps import AttentionConfig, build_steps, describe
+
+_OPTIONS = tuple(f.name for f in fields(AttentionConfig))
 
 
 @dataclass
@@ -31,15 +31,17 @@ class MHACache:
     """Everything ``MultiHeadAttention.backward`` needs, and the named intermediates (public).
 
     Q: (B, H, Lq, d), K, V: (B, Hkv, Lk, d) the projected inputs after the head split and RoPE, before
-        ``repeat_kv`` (Hkv = num_kv_heads); with a KV cache, K and V hold every cached position.
-    attention: the kernel's cache (``attn_weights``, ``scores``, ``kernel``, ...).
+        ``repeat_kv`` (Hkv = num_kv_heads); with a KV cache, K and V hold every cached position (and the keys
+        ``add_bias_kv`` / ``add_zero_attn`` append, at the end).
+    attention: the kernel's cache (``attn_weights``, ``scores``, ``kernel``, ...; ``kernels.base`` lists them).
     context: (B, H, Lq, d) the per-head weighted sums, before the head merge.
     steps: each step's cache by name, in forward order: "qkv_proj" (self-attention: one GEMM) or
         "q_proj", "k_proj", "v_proj"; "q_split", "k_split", "v_split"; "q_rope", "k_rope" (rope_theta);
-        "kv_cache" (the number of positions cached before the call); "k_repeat", "v_repeat" (grouped-query);
-        "rel_bias" (when the module has one); "merge"; "out_proj". Each is the cache of the ``functional``
-        pair of that name's kind.
+        "kv_cache" (the number of positions cached before the call); "rel_bias" (rel_pos_max_distance);
+        "bias_k", "bias_v" (add_bias_kv); "zero_k", "zero_v" (add_zero_attn); "k_repeat", "v_repeat"
+        (grouped-query); "merge"; "out_proj". Each is the cache of the ``functional`` pair of that name's kind.
     owner: the module that made the cache; ``backward`` refuses a cache of another module.
+    plan: the steps of the call, which ``backward`` walks in reverse.
     """
 
     Q: np.ndarray
@@ -49,6 +51,7 @@ class MHACache:
     context: np.ndarray
     steps: dict
     owner: object = None
+    plan: tuple = ()
 
     @property
     def attn_weights(self) -> np.ndarray:
@@ -57,18 +60,13 @@ class MHACache:
 
     @property
     def scores(self) -> np.ndarray:
-        """(B, H, Lq, Lk) scaled scores (plus any bias) before the mask."""
+        """(B, H, Lq, Lk) scaled scores (plus every score term) before the mask."""
         return self.attention.scores
 
     @property
     def dropout_mask(self) -> np.ndarray | None:
         """(B, H, Lq, Lk) bool keep-mask used by dropout, or None."""
         return self.attention.dropout_mask
-
-
-def _xavier_uniform(rng: np.random.Generator, shape: tuple[int, int], fan_in: int, fan_out: int, dtype):
-    bound = np.sqrt(6.0 / (fan_in + fan_out))
-    return rng.uniform(-bound, bound, size=shape).astype(dtype)
 
 
 class MultiHeadAttention:
@@ -82,22 +80,30 @@ class MultiHeadAttention:
     ``rng`` is an int seed or a numpy Generator; it also drives dropout.
     ``impl`` picks the kernel (``mha_numpy.kernels``): "vectorized" (batched over (B, H)), "naive" (a
     Python loop over batch and heads), "chunked" (blocked online softmax, memory O(L·block); takes
-    ``block_size`` and ``num_threads``, None = measured defaults), or a kernel object. All give the same
-    outputs and gradients. ``rel_pos_max_distance`` R adds a learned bias per head and clipped distance
-    j - i to the scores (T5-style), ``params["rel_bias"]`` (H, 2R + 1).
+    ``block_size`` and ``num_threads``, None = measured defaults), "auto", or a kernel object. All give the same
+    outputs and gradients.
 
-    Today's variants (``docs/derivation.md`` § 14): ``num_kv_heads`` Hkv (None = H) key/value heads for grouped-query
-    (1 = multi-query) attention, W_k (Hkv·d, kdim), W_v (Hkv·d, vdim), b_k, b_v (Hkv·d,), query head h reading
-    key/value head h // (H / Hkv); ``rope_theta`` rotates Q and K per head (RoPE, Hugging Face Llama convention,
-    positions 0, 1, ... or ``forward(..., positions=)``); ``alibi=True`` adds ALiBi's distance penalty to the scores.
-    ``forward(..., kv_cache=KVCache())`` decodes incrementally (forward only).
+    ``options`` (``steps.AttentionConfig`` checks them; each turns on one step of the data path, and every
+    combination runs with every kernel or is refused by ``steps.build_steps`` naming both options):
 
-    ``recompute=True`` trades one more forward of the projections and the kernel for memory (activation
-    checkpointing, ``mha_numpy/recompute.py``): forward and backward run one key/value head and its query heads
-    at a time (one head without grouped-query attention), the cache keeps only the inputs, and the backward
-    recomputes each group's Q, K, V and context. Same outputs and gradients (to rounding); sampled dropout draws
-    its own keep-masks per group (``cache.dropout_mask`` shows them); no ``kv_cache``. With the chunked kernel,
-    memory is then a few (L, d) arrays beyond the inputs, outputs and gradients.
+    - ``num_kv_heads`` Hkv (None = H): grouped-query (1 = multi-query) attention, W_k (Hkv·d, kdim), W_v (Hkv·d,
+      vdim), b_k, b_v (Hkv·d,); query head h reads key/value head h // (H / Hkv).
+    - ``rope_theta``: rotates Q and K per head (RoPE, Hugging Face Llama convention, positions 0, 1, ... or
+      ``forward(..., positions=)``).
+    - ``alibi=True``: ALiBi's distance penalty added to the scores.
+    - ``rel_pos_max_distance`` R: a learned bias per head and clipped distance j - i added to the scores
+      (T5-style), ``params["rel_bias"]`` (H, 2R + 1).
+    - ``add_bias_kv=True``, ``add_zero_attn=True``: torch MHA's learned key/value ``params["bias_k"]``,
+      ``params["bias_v"]`` (Hkv·d,) and its zero key/value, appended after the keys (every query may attend to
+      them; no mask or score term reaches them).
+    - ``recompute=True``: trades one more forward of the projections and the kernel for memory (activation
+      checkpointing, ``mha_numpy/flow.py``): forward and backward run one key/value head and its query heads at a
+      time, the cache keeps only the inputs, and the backward recomputes each group's forward. Same outputs and
+      gradients (to rounding); sampled dropout draws its own keep-masks per group (``cache.dropout_mask`` shows
+      them); no ``kv_cache``.
+
+    ``forward(..., kv_cache=KVCache())`` decodes incrementally (forward only). Options can be read as attributes
+    (``mha.num_kv_heads``) and changed by assignment (``mha.dropout = 0.1``, checked again).
     """
 
     def __init__(
@@ -113,85 +119,97 @@ class MultiHeadAttention:
         impl="vectorized",
         block_size: int | None = None,
         num_threads: int | None = None,
-        rel_pos_max_distance: int | None = None,
-        num_kv_heads: int | None = None,
-        rope_theta: float | None = None,
-        alibi: bool = False,
-        recompute: bool = False,
+        **options,
     ) -> None:
-        kdim = embed_dim if kdim is None else kdim
-        vdim = embed_dim if vdim is None else vdim
-        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads), ("kdim", kdim), ("vdim", vdim)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if embed_dim % num_heads != 0:
-            raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
-        R = rel_pos_max_distance
-        if R is not None and (isinstance(R, bool) or not isinstance(R, (int, np.integer)) or R < 0):
-            raise ValueError(f"rel_pos_max_distance must be a non-negative int or None, got {R!r}")
-        check_probability(dropout, "dropout")
-        try:
-            dtype = np.dtype(dtype)
-        except TypeError:
-            raise ValueError(f"dtype must be np.float32 or np.float64, got {dtype!r}") from None
-        if dtype not in FLOAT_DTYPES:
-            raise ValueError(f"dtype must be np.float32 or np.float64, got {dtype}")
-        num_kv_heads = VAR.check_variants(embed_dim, num_heads, num_kv_heads, rope_theta, alibi)
-        if not isinstance(recompute, (bool, np.bool_)):
-            raise ValueError(f"recompute must be True or False, got {recompute!r}")
+        unknown = sorted(set(options) - set(_OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown option {unknown[0]!r}; the options are {', '.join(_OPTIONS[7:])}")
+        config = AttentionConfig(embed_dim, num_heads, bias, kdim, vdim, dropout, dtype, **options)
+        self.__dict__["config"] = config
         self.kernel = get_kernel(impl, block_size=block_size, num_threads=num_threads)
         self.impl = self.kernel.name
-
-        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
-        self.kdim, self.vdim, self.bias, self.dropout, self.dtype = kdim, vdim, bias, float(dropout), dtype
         self.rng = as_generator(rng)
-        self.num_kv_heads, self.rope_theta, self.alibi = num_kv_heads, rope_theta, bool(alibi)
-        self.recompute = bool(recompute)
+        self.params: dict[str, np.ndarray] = self._initial_params()
 
-        E, Ekv = embed_dim, num_kv_heads * self.head_dim  # Ekv = E unless grouped-query
-        packed = kdim == E and vdim == E and Ekv == E  # torch initialises the packed (3E, E) in_proj_weight
-        fan_out = 3 * E if packed else E
-        self.params: dict[str, np.ndarray] = {
-            "W_q": _xavier_uniform(self.rng, (E, E), E, fan_out, dtype),
-            "W_k": _xavier_uniform(self.rng, (Ekv, kdim), kdim, fan_out, dtype),
-            "W_v": _xavier_uniform(self.rng, (Ekv, vdim), vdim, fan_out, dtype),
-            "W_o": self.rng.uniform(-1 / np.sqrt(E), 1 / np.sqrt(E), size=(E, E)).astype(dtype),
-        }
-        if bias:
-            for name, size in (("b_q", E), ("b_k", Ekv), ("b_v", Ekv), ("b_o", E)):
-                self.params[name] = np.zeros(size, dtype=dtype)
-        if R is not None:
-            self.params["rel_bias"] = self.rng.normal(0.0, 1.0, size=(num_heads, 2 * R + 1)).astype(dtype)
+    def __getattr__(self, name: str):  # only for names not found the usual way: the options
+        config = self.__dict__.get("config")
+        if config is not None and (name in _OPTIONS or name in ("head_dim", "kv_dim")):
+            return getattr(config, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _OPTIONS:  # an option: checked again, and the next call's steps follow it
+            self.__dict__["config"] = replace(self.config, **{name: value})
+        else:
+            super().__setattr__(name, value)
 
     def __repr__(self) -> str:
+        c = self.config
+        shown = {k: v for k, v in c.changed().items() if k not in ("bias", "dropout", "dtype", "kdim", "vdim")}
         return (
-            f"MultiHeadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}, bias={self.bias}, "
-            f"kdim={self.kdim}, vdim={self.vdim}, dropout={self.dropout}, dtype={self.dtype.name}"
+            f"MultiHeadAttention(embed_dim={c.embed_dim}, num_heads={c.num_heads}, bias={c.bias}, "
+            f"kdim={c.kdim}, vdim={c.vdim}, dropout={c.dropout}, dtype={c.dtype.name}"
             + ("" if self.impl == "vectorized" else f", impl={self.kernel!r}")
-            + ("" if self.num_kv_heads == self.num_heads else f", num_kv_heads={self.num_kv_heads}")
-            + ("" if self.rope_theta is None else f", rope_theta={self.rope_theta:g}")
-            + (", alibi=True" if self.alibi else "")
-            + (", recompute=True" if self.recompute else "")
+            + "".join(f", {k}={v:g}" if isinstance(v, float) else f", {k}={v}" for k, v in shown.items())
             + ")"
         )
+
+    @property
+    def steps(self) -> tuple:
+        """The steps of a call (without a KV cache), in forward order; ``backward`` walks them reversed."""
+        return build_steps(self.config)
+
+    def describe(self, kv_cache: bool = False) -> str:
+        """The data path as text: one line per step, the caches it names and the parameters it owns."""
+        return describe(self.config, build_steps(self.config, kv_cache))
+
+    # ------------------------------------------------------------------ parameters
+
+    @staticmethod
+    def _specs(steps) -> dict:
+        """Every parameter of the steps by name, in the order of initialisation (``steps.Param.rank``)."""
+        specs = [(name, p) for step in steps for name, p in step.params().items()]
+        return dict(sorted(specs, key=lambda item: item[1].rank))  # stable: the data path's order within a rank
+
+    def _initial_params(self) -> dict[str, np.ndarray]:
+        return {name: spec.init(self.rng, self.config.dtype) for name, spec in self._specs(self.steps).items()}
+
+    def _check_params(self, specs: dict) -> None:
+        """``params`` must hold exactly the steps' parameters, with their shapes, in the module's dtype."""
+        P, dtype = self.params, self.config.dtype
+        missing, extra = [n for n in specs if n not in P], [n for n in P if n not in specs]
+        if missing or extra:
+            raise ValueError(
+                f"params has {'no ' + ', '.join(missing) if missing else ''}"
+                f"{' and ' if missing and extra else ''}{'an unknown ' + ', '.join(extra) if extra else ''}; "
+                f"the module's options need exactly {', '.join(specs)}"
+            )
+        for name, spec in specs.items():
+            p = P[name]
+            if not isinstance(p, np.ndarray) or p.shape != spec.shape or p.dtype != dtype:
+                raise ValueError(
+                    f"params[{name!r}] has dtype {getattr(p, 'dtype', type(p).__name__)} and shape {np.shape(p)}; "
+                    f"the module needs {dtype} {spec.shape} (convert with .astype(np.{dtype.name}))"
+                )
 
     # ------------------------------------------------------------------ checks
 
     def _check_inputs(self, query, key, value):
+        c = self.config
         query = as_float_array(query, "query", ndim=3)
         key = as_float_array(key, "key", ndim=3)
         value = as_float_array(value, "value", ndim=3)
         for name, x, size, what in (
-            ("query", query, self.embed_dim, "embed_dim"),
-            ("key", key, self.kdim, "kdim"),
-            ("value", value, self.vdim, "vdim"),
+            ("query", query, c.embed_dim, "embed_dim"),
+            ("key", key, c.kdim, "kdim"),
+            ("value", value, c.vdim, "vdim"),
         ):
             if x.shape[-1] != size:
                 raise ValueError(f"{name} with shape {x.shape}: last dim must be {what}={size}")
-            if x.dtype != self.dtype:
+            if x.dtype != c.dtype:
                 raise ValueError(
-                    f"{name} has dtype {x.dtype} (shape {x.shape}) but the parameters are {self.dtype}; "
-                    f"convert with .astype(np.{self.dtype.name}) or build the module with dtype=np.{x.dtype.name}"
+                    f"{name} has dtype {x.dtype} (shape {x.shape}) but the parameters are {c.dtype}; "
+                    f"convert with .astype(np.{c.dtype.name}) or build the module with dtype=np.{x.dtype.name}"
                 )
         if not query.shape[0] == key.shape[0] == value.shape[0]:
             raise ValueError(f"batch sizes differ: query {query.shape}, key {key.shape}, value {value.shape}")
@@ -199,27 +217,55 @@ class MultiHeadAttention:
             raise ValueError(f"key and value lengths differ: key {key.shape}, value {value.shape}")
         return query, key, value
 
+    def _begin(self, steps, query, key, value, mask, training, dropout_mask, positions, kv_cache) -> Flow:
+        """Check every argument of a call, before any arithmetic -> the call's flow, ready for its steps."""
+        c = self.config
+        query, key, value = self._check_inputs(query, key, value)
+        self._check_params(self._specs(steps))
+        if dropout_mask is not None and not training:
+            raise ValueError("dropout_mask is only used with training=True")
+        if positions is not None and c.rope_theta is None:
+            raise ValueError("positions= rotates queries and keys: it needs a module with rope_theta set")
+        H, (B, Lq, _), Lk = c.num_heads, query.shape, key.shape[1]
+        f = Flow(query=query, key=key, value=value, P=self.params, H=H, Hkv=c.num_kv_heads, heads=slice(0, H),
+                 B=B, Lq=Lq, Lk=Lk, positions=positions, kv_cache=kv_cache, owner=self,
+                 self_attention=query is key is value and c.kdim == c.vdim == c.embed_dim)  # fmt: skip
+        for step in steps:
+            step.check(f)  # the call arguments each step reads (positions, kv_cache)
+        keys = f.cached + Lk  # the sequence's keys: the ones a mask covers
+        shape = (B, H, Lq, keys + sum(step.appended for step in steps))  # (B, H, Lq, Lk): the scores' shape
+        p_drop = c.dropout if training else 0.0
+        f.args = check_args(
+            shape, c.head_dim, mask, None, p_drop, self.rng, dropout_mask, dtype=c.dtype, mask_keys=keys
+        )
+        f.pos_q = np.arange(f.cached, f.cached + Lq) if positions is None else positions  # RoPE's positions
+        f.pos_k = np.arange(f.cached, keys) if positions is None else positions
+        f.kernel = self.kernel.choose(shape)  # the kernel of this call, once (``auto`` picks one by the shape)
+        f.matmul = f.kernel.matmul  # the projections' products run on the kernel's threads (mha_numpy/threads.py)
+        return f
+
     def _check_cache(self, d_output, cache) -> np.ndarray:
-        if not isinstance(cache, (MHACache, RC.RecomputeCache)):
+        if not isinstance(cache, (MHACache, RecomputeCache)):
             raise ValueError(
                 f"cache must be the MHACache returned by this module's forward, got {type(cache).__name__}"
             )
         if cache.owner is not self:
             raise ValueError("cache was made by another MultiHeadAttention: pass the cache of this module's forward")
-        if isinstance(cache, MHACache) and "kv_cache" in cache.steps:
+        refused = [step.option for step in cache.plan if not step.differentiable]
+        if refused:
             raise ValueError(
-                "backward through a call with kv_cache is not supported: the cache is state (forward only)"
+                f"backward through a call with {refused[0]} is not supported: the cache is state (forward only)"
             )
         d_output = as_float_array(d_output, "d_output", ndim=3)
-        if isinstance(cache, RC.RecomputeCache):
-            B, Lq = cache.query.shape[:2]  # query (B, Lq, E)
+        if isinstance(cache, RecomputeCache):
+            B, Lq = cache.flow.query.shape[:2]  # query (B, Lq, E)
         else:
             B, Lq = cache.context.shape[0], cache.context.shape[2]  # context (B, H, Lq, d)
-        expected = (B, Lq, self.embed_dim)
-        if d_output.shape != expected or d_output.dtype != self.dtype:
+        expected = (B, Lq, self.config.embed_dim)
+        if d_output.shape != expected or d_output.dtype != self.config.dtype:
             raise ValueError(
                 f"d_output has shape {d_output.shape} and dtype {d_output.dtype}; expected {expected} and "
-                f"{self.dtype} like the output"
+                f"{self.config.dtype} like the output"
             )
         return d_output
 
@@ -240,61 +286,19 @@ class MultiHeadAttention:
 
         mask: bool (True = may attend) or float (added), broadcastable to (B, H, Lq, Lk).
         training: apply dropout to the attention weights (when ``dropout`` > 0).
-        dropout_mask: optional bool keep-mask (B, H, Lq, Lk) used instead of sampling.
+        dropout_mask: optional bool keep-mask (B, H, Lq, Lk) used instead of sampling (Lk counts the keys that
+            ``add_bias_kv`` / ``add_zero_attn`` append).
         positions: RoPE positions of the tokens, (L,) or (B, L) (self-attention); default 0, 1, ... (after a
             KV cache: its length, length + 1, ...).
         kv_cache: a ``KVCache`` (self-attention, forward only): the call's keys and values are appended and the
             queries attend to every cached position, causally within the call; Lk above counts them all.
         """
-        query, key, value = self._check_inputs(query, key, value)
-        if dropout_mask is not None and not training:
-            raise ValueError("dropout_mask is only used with training=True")
-        P, H, Hkv = self.params, self.num_heads, self.num_kv_heads
-        B, Lq, Lk = query.shape[0], query.shape[1], key.shape[1]
-        p_drop = self.dropout if training else 0.0
-        if self.recompute and kv_cache is not None:
-            raise ValueError(
-                "kv_cache with recompute=True is not supported: decoding keeps K and V, recompute does not"
-            )
-        Lk_all = VAR.check_call(self, B, Lq, Lk, positions, kv_cache)  # + cached positions; before arithmetic
-        args = check_args(
-            (B, H, Lq, Lk_all), self.head_dim, mask, None, p_drop, self.rng, dropout_mask
-        )  # before arithmetic
-        pos_q, pos_k = VAR.positions_of(positions, Lq, Lk, 0 if kv_cache is None else len(kv_cache))
-        if self.recompute:  # head group by head group, keeping only the inputs (recompute.py)
-            return RC.forward(self, query, key, value, args, (pos_q, pos_k))
-        kernel = self.kernel.choose(args.shape)  # the kernel of this call (``auto`` picks one by the shape)
-        mm = kernel.matmul  # the projections' products run on the kernel's threads (mha_numpy/threads.py)
-        s: dict = {}  # each step's cache, by name
-
-        if query is key is value and self.kdim == self.vdim == self.embed_dim:  # self-attention: one GEMM
-            biases = [P["b_q"], P["b_k"], P["b_v"]] if self.bias else None
-            (q, k, v), s["qkv_proj"] = F.fused_linear_forward(query, [P["W_q"], P["W_k"], P["W_v"]], biases, mm)
-        else:
-            q, s["q_proj"] = F.linear_forward(query, P["W_q"], P.get("b_q"), mm)  # (B, Lq, E)
-            k, s["k_proj"] = F.linear_forward(key, P["W_k"], P.get("b_k"), mm)  # (B, Lk, Ekv), Ekv = Hkv·d
-            v, s["v_proj"] = F.linear_forward(value, P["W_v"], P.get("b_v"), mm)  # (B, Lk, Ekv)
-        Q, s["q_split"] = F.split_heads_forward(q, H)  # (B, H, Lq, d)
-        K, s["k_split"] = F.split_heads_forward(k, Hkv)  # (B, Hkv, Lk, d)
-        V, s["v_split"] = F.split_heads_forward(v, Hkv)  # (B, Hkv, Lk, d)
-        if self.rope_theta is not None:  # rotary positions: turn each feature pair by its position's angle
-            Q, s["q_rope"] = F.rope_forward(Q, pos_q, self.rope_theta)  # (B, H, Lq, d)
-            K, s["k_rope"] = F.rope_forward(K, pos_k, self.rope_theta)  # (B, Hkv, Lk, d)
-        if kv_cache is not None:  # forward only: append, attend to every cached position
-            K, V, args, s["kv_cache"] = VAR.cache_step(kv_cache, K, V, args)  # (B, Hkv, Lk_all, d)
-        K_heads, V_heads = K, V  # the cache's K, V: Hkv heads
-        if Hkv != H:  # grouped-query: query head h reads key/value head h // (H / Hkv)
-            K_heads, s["k_repeat"] = F.repeat_kv_forward(K, H // Hkv)  # (B, H, Lk_all, d)
-            V_heads, s["v_repeat"] = F.repeat_kv_forward(V, H // Hkv)  # (B, H, Lk_all, d)
-        if "rel_bias" in P:  # a learned bias per head and distance, added to the scores
-            bias, s["rel_bias"] = F.relative_position_bias_forward(P["rel_bias"], Lq, Lk)  # (1, H, Lq, Lk)
-            args = replace(args, bias=bias)
-        if self.alibi:  # ALiBi: a fixed distance penalty per head, added to the scores
-            args = VAR.with_alibi(args, self.dtype)  # bias (1, H, Lq, Lk_all), no gradient
-        context, attention = kernel.run(Q, K_heads, V_heads, args)  # (B, H, Lq, d)
-        merged, s["merge"] = F.merge_heads_forward(context)  # (B, Lq, E)
-        output, s["out_proj"] = F.linear_forward(merged, P["W_o"], P.get("b_o"), mm)  # (B, Lq, E)
-        return output, MHACache(Q, K, V, attention, context, s, owner=self)
+        steps = build_steps(self.config, kv_cache=kv_cache is not None)  # this call's data path; refusals here
+        f = self._begin(steps, query, key, value, mask, training, dropout_mask, positions, kv_cache)
+        if self.config.recompute:  # head group by head group, keeping only the inputs (flow.py)
+            return flow.recompute_forward(steps, f, self._specs(steps))
+        s = flow.forward(steps, f)  # every step, in order
+        return f.output, MHACache(f.Q, f.K, f.V, f.attention, f.context, s, owner=self, plan=steps)
 
     __call__ = forward
 
@@ -306,31 +310,11 @@ class MultiHeadAttention:
         as query, key and value) its gradient is grads["query"] + grads["key"] + grads["value"].
         """
         d_output = self._check_cache(d_output, cache)
-        if isinstance(cache, RC.RecomputeCache):  # recompute each head group's forward, then its backward
-            return RC.backward(self, d_output, cache)
-        s, g, kernel = cache.steps, {}, cache.attention.kernel  # the kernel that ran the forward
-        d_merged, g["W_o"], g["b_o"] = F.linear_backward(d_output, s["out_proj"], kernel.matmul)  # (B, Lq, E)
-        d_context = F.merge_heads_backward(d_merged, s["merge"])  # (B, H, Lq, d)
-        dQ, dK, dV, d_bias = kernel.backward(d_context, cache.attention)  # (B, H, L, d)
-        if "rel_bias" in s:  # (with ALiBi too: ALiBi's part of d_bias is the same, the table's gradient)
-            g["rel_bias"] = F.relative_position_bias_backward(d_bias, s["rel_bias"])  # (H, 2R + 1)
-        if "k_repeat" in s:
-            dK = F.repeat_kv_backward(dK, s["k_repeat"])  # (B, Hkv, Lk, d): the sum over each group
-            dV = F.repeat_kv_backward(dV, s["v_repeat"])  # (B, Hkv, Lk, d)
-        if "q_rope" in s:
-            dK = F.rope_backward(dK, s["k_rope"])  # (B, Hkv, Lk, d): the inverse rotation
-            dQ = F.rope_backward(dQ, s["q_rope"])  # (B, H, Lq, d)
-        dq = F.split_heads_backward(dQ, s["q_split"])  # (B, Lq, E)
-        dk = F.split_heads_backward(dK, s["k_split"])  # (B, Lk, Ekv)
-        dv = F.split_heads_backward(dV, s["v_split"])  # (B, Lk, Ekv)
-        if "qkv_proj" in s:
-            (g["query"], g["key"], g["value"]), dWs, dbs = F.fused_linear_backward(
-                [dq, dk, dv], s["qkv_proj"], kernel.matmul
-            )
-            g["W_q"], g["W_k"], g["W_v"] = dWs
-            g["b_q"], g["b_k"], g["b_v"] = dbs if dbs is not None else (None, None, None)
-        else:
-            g["query"], g["W_q"], g["b_q"] = F.linear_backward(dq, s["q_proj"], kernel.matmul)  # (B, Lq, E)
-            g["key"], g["W_k"], g["b_k"] = F.linear_backward(dk, s["k_proj"], kernel.matmul)  # (B, Lk, kdim)
-            g["value"], g["W_v"], g["b_v"] = F.linear_backward(dv, s["v_proj"], kernel.matmul)  # (B, Lk, vdim)
-        return {name: g[name] for name in ("query", "key", "value", *self.params)}
+        if isinstance(cache, RecomputeCache):  # recompute each head group's forward, then its backward
+            grads = {name: np.zeros_like(p) for name, p in self.params.items()}
+            inputs = flow.recompute_backward(cache, d_output, grads)
+            return {**inputs, **grads}
+        kernel = cache.attention.kernel  # the kernel that ran the forward, and its product for the projections
+        g = Flow(output=d_output, P={}, kernel=kernel, matmul=kernel.matmul, attention=cache.attention)
+        flow.backward(cache.plan, g, cache.steps)  # every step, in reverse
+        return {"query": g.query, "key": g.key, "value": g.value, **{name: g.P[name] for name in self.params}}

@@ -7,6 +7,10 @@ The derivation of every formula is in ``docs/derivation.md``.
 
 Mask convention (the only one used inside mha_numpy): a boolean mask is True where a query
 *may attend* to a key; a floating mask is *added* to the scores (use -inf to block).
+
+Validation: a pair called directly checks its arguments (``ValueError`` naming the argument and its shape).
+``MultiHeadAttention`` checks everything once, at its boundary, and then calls the pairs with ``check=False``:
+the same arithmetic without checking again what it has just checked.
 """
 
 from __future__ import annotations
@@ -29,13 +33,24 @@ from ._checks import (
 # --------------------------------------------------------------------------- linear
 
 
-def linear_forward(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None, matmul=np.matmul):
+def linear_forward(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None, matmul=np.matmul, check: bool = True):
     """y = x Wᵀ + b, with W in PyTorch layout.
 
     x: (..., in)   W: (out, in)   b: (out,) or None   ->   y: (..., out)
     matmul: the 2-D product to use (``MultiHeadAttention`` passes its kernel's, so that every product of a
     call runs on the same threads); the backward takes the same.
     """
+    if check:
+        x, W, b = check_linear(x, W, b)
+    x2 = x.reshape(-1, W.shape[1])  # (N, in), N = product of the leading dims: one GEMM, not one per batch item
+    y = matmul(x2, W.T)  # F1: (N, in) @ (in, out) -> (N, out)
+    if b is not None:
+        y += b  # F2: (N, out) + (out,), in place on the fresh product
+    return y.reshape(*x.shape[:-1], W.shape[0]), (x2, W, b is not None, x.shape)  # (..., out)
+
+
+def check_linear(x, W, b):
+    """x (..., in), W (out, in), b (out,) or None as floating arrays, or ValueError naming the one that does not fit."""
     x = as_float_array(x, "x")
     W = as_float_array(W, "W", ndim=2)
     if x.ndim < 1 or x.shape[-1] != W.shape[1]:
@@ -46,11 +61,16 @@ def linear_forward(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None, ma
         b = as_float_array(b, "b", ndim=1)
         if b.shape[0] != W.shape[0]:
             raise ValueError(f"b with shape {b.shape} does not match W with shape {W.shape}")
-    x2 = x.reshape(-1, W.shape[1])  # (N, in), N = product of the leading dims: one GEMM, not one per batch item
-    y = matmul(x2, W.T)  # F1: (N, in) @ (in, out) -> (N, out)
-    if b is not None:
-        y += b  # F2: (N, out) + (out,), in place on the fresh product
-    return y.reshape(*x.shape[:-1], W.shape[0]), (x2, W, b is not None, x.shape)  # (..., out)
+    return x, W, b
+
+
+def linear_cache(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None):
+    """The cache ``linear_forward(x, W, b)`` returns, without computing y: all its backward needs.
+
+    For activation checkpointing (``MultiHeadAttention(recompute=True)``), whose backward recomputes a head
+    group's forward but needs only the inputs of that group's share of the output projection.
+    """
+    return x.reshape(-1, W.shape[1]), W, b is not None, x.shape
 
 
 def linear_backward(dy: np.ndarray, cache, matmul=np.matmul):
@@ -63,14 +83,16 @@ def linear_backward(dy: np.ndarray, cache, matmul=np.matmul):
     return dx, dW, db
 
 
-def fused_linear_forward(x: np.ndarray, Ws: list[np.ndarray], bs: list[np.ndarray] | None = None, matmul=np.matmul):
+def fused_linear_forward(
+    x: np.ndarray, Ws: list[np.ndarray], bs: list[np.ndarray] | None = None, matmul=np.matmul, check: bool = True
+):
     """[y₁, ..., yₙ] with yᵢ = x Wᵢᵀ + bᵢ, as one GEMM over the stacked weights (q, k, v of self-attention).
 
     x: (..., in)   Wᵢ: (outᵢ, in)   bᵢ: (outᵢ,)   ->   [yᵢ: (..., outᵢ)] (views of one array), cache
     """
     W = np.concatenate(Ws)  # (Σ outᵢ, in)
     b = None if bs is None else np.concatenate(bs)  # (Σ outᵢ,)
-    y, c = linear_forward(x, W, b, matmul)  # F1: (..., Σ outᵢ)
+    y, c = linear_forward(x, W, b, matmul, check)  # F1: (..., Σ outᵢ)
     cuts = np.cumsum([w.shape[0] for w in Ws])[:-1]
     return np.split(y, cuts, axis=-1), (c, cuts)  # F2: split the columns
 
@@ -92,12 +114,13 @@ def fused_linear_backward(dys: list[np.ndarray], cache, matmul=np.matmul):
 # --------------------------------------------------------------------------- heads
 
 
-def split_heads_forward(x: np.ndarray, num_heads: int):
+def split_heads_forward(x: np.ndarray, num_heads: int, check: bool = True):
     """(B, L, E) -> (B, H, L, d): head h sees features h*d ... (h+1)*d - 1."""
-    x = as_float_array(x, "x", ndim=3)
+    if check:
+        x = as_float_array(x, "x", ndim=3)
+        if num_heads <= 0 or x.shape[2] % num_heads != 0:
+            raise ValueError(f"x with shape {x.shape}: last dim {x.shape[2]} is not divisible by num_heads={num_heads}")
     B, L, E = x.shape
-    if num_heads <= 0 or E % num_heads != 0:
-        raise ValueError(f"x with shape {x.shape}: last dim {E} is not divisible by num_heads={num_heads}")
     d = E // num_heads
     out = x.reshape(B, L, num_heads, d)  # F1: (B, L, H, d)
     out = out.transpose(0, 2, 1, 3)  # F2: (B, H, L, d)
@@ -111,9 +134,10 @@ def split_heads_backward(d_out: np.ndarray, cache):
     return dx.reshape(B, L, E)  # ← F1: (B, L, E)
 
 
-def merge_heads_forward(x: np.ndarray):
+def merge_heads_forward(x: np.ndarray, check: bool = True):
     """(B, H, L, d) -> (B, L, E): the inverse of split_heads (concatenate the heads)."""
-    x = as_float_array(x, "x", ndim=4)
+    if check:
+        x = as_float_array(x, "x", ndim=4)
     B, H, L, d = x.shape
     out = x.transpose(0, 2, 1, 3)  # F1: (B, L, H, d)
     out = out.reshape(B, L, H * d)  # F2: (B, L, E)
@@ -152,7 +176,7 @@ def attention_scores_backward(d_scores: np.ndarray, cache):
 # --------------------------------------------------------------------------- mask
 
 
-def apply_mask_forward(scores: np.ndarray, mask: np.ndarray | None = None):
+def apply_mask_forward(scores: np.ndarray, mask: np.ndarray | None = None, check: bool = True):
     """Block the positions a query may not attend to.
 
     scores: (B, H, Lq, Lk)
@@ -160,7 +184,8 @@ def apply_mask_forward(scores: np.ndarray, mask: np.ndarray | None = None):
           any shape broadcastable to (B, H, Lq, Lk).
     -> masked scores (B, H, Lq, Lk). The input is never modified.
     """
-    mask = check_mask(mask, scores.shape)
+    if check:
+        mask = check_mask(mask, scores.shape)
     if mask is None:
         return scores, None
     if mask.dtype == np.bool_:
@@ -273,15 +298,16 @@ def attention_context_backward(d_context: np.ndarray, cache):
 # --------------------------------------------------------------------------- today's variants: GQA, RoPE, ALiBi
 
 
-def repeat_kv_forward(x: np.ndarray, n_rep: int):
+def repeat_kv_forward(x: np.ndarray, n_rep: int, check: bool = True):
     """Share each key/value head with ``n_rep`` query heads (grouped-query / multi-query attention).
 
     x: (B, Hkv, L, d) -> out: (B, Hkv·n_rep, L, d); out head h is x head h // n_rep, the grouping of torch
     SDPA's ``enable_gqa=True`` and Hugging Face's ``repeat_kv``. n_rep = 1 returns x itself (no copy).
     """
-    x = as_float_array(x, "x", ndim=4)
-    if not isinstance(n_rep, (int, np.integer)) or isinstance(n_rep, bool) or n_rep <= 0:
-        raise ValueError(f"n_rep must be a positive int (num_heads // num_kv_heads), got {n_rep!r}")
+    if check:
+        x = as_float_array(x, "x", ndim=4)
+        if not isinstance(n_rep, (int, np.integer)) or isinstance(n_rep, bool) or n_rep <= 0:
+            raise ValueError(f"n_rep must be a positive int (num_heads // num_kv_heads), got {n_rep!r}")
     if n_rep == 1:
         return x, (x.shape, 1)
     out = np.repeat(x, n_rep, axis=1)  # F1: (B, Hkv, L, d) -> (B, Hkv·n_rep, L, d), head h <- h // n_rep
@@ -295,6 +321,28 @@ def repeat_kv_backward(d_out: np.ndarray, cache):
         return d_out
     grouped = d_out.reshape(B, Hkv, n_rep, L, d)  # ← F1: (B, Hkv, n_rep, L, d), the heads of one group together
     return grouped.sum(axis=2)  # ← F1: (B, Hkv, L, d)
+
+
+def rms_norm_forward(x: np.ndarray, weight: np.ndarray, eps: float):
+    """RMSNorm over the last axis, as Llama's and Qwen3's: x / sqrt(mean(x²) + eps) · weight (no mean, no bias).
+
+    x: (..., n)   weight: (n,)   ->   out: (..., n). In the module: a per-head norm of Q and K (n = d).
+    """
+    rstd = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)  # F1: (..., 1) 1 / rms
+    x_hat = x * rstd  # F2: (..., n)
+    return x_hat * weight, (x_hat, rstd, weight)  # F3: (..., n)
+
+
+def rms_norm_backward(d_out: np.ndarray, cache):
+    """d_out: (..., n) -> dx (..., n), d_weight (n,).
+
+    dx = (1/rms) · (dx̂ - x̂ · mean(dx̂ · x̂)) with dx̂ = d_out · weight: LayerNorm's backward without the mean term.
+    """
+    x_hat, rstd, weight = cache
+    d_weight = (d_out * x_hat).reshape(-1, x_hat.shape[-1]).sum(axis=0)  # ← F3: (n,), summed over every row
+    dx_hat = d_out * weight  # ← F3: (..., n)
+    dx = rstd * (dx_hat - x_hat * (dx_hat * x_hat).mean(axis=-1, keepdims=True))  # ← F2, F1: (..., n)
+    return dx, d_weight
 
 
 def rope_cos_sin(positions: np.ndarray, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -339,15 +387,18 @@ def _check_rope(x, positions, theta):
     return x, (np.arange(L) if positions is None else check_positions(positions, B, L))
 
 
-def rope_forward(x: np.ndarray, positions: np.ndarray | None = None, theta: float = 10000.0):
+def rope_forward(x: np.ndarray, positions: np.ndarray | None = None, theta: float = 10000.0, check: bool = True):
     """Rotary position embedding: turn each feature pair (i, i + d/2) of x by the angle of its position.
 
     x: (B, H, L, d), d even   positions: None (0, 1, ..., L-1), (L,) or (B, L)   ->   out: (B, H, L, d)
     out = x · cos + rotate_half(x) · sin (Hugging Face Llama's ``apply_rotary_pos_emb``). Rotated q·k then
     depends on the positions only through their difference. The angles are float64, cast to x's dtype.
     """
-    x, pos = _check_rope(x, positions, theta)
-    cos, sin = rope_cos_sin(pos, x.shape[-1], theta)  # (L, d) or (B, L, d)
+    if check:
+        x, positions = _check_rope(x, positions, theta)
+    cos, sin = rope_cos_sin(
+        np.arange(x.shape[2]) if positions is None else positions, x.shape[-1], theta
+    )  # (L, d) or (B, L, d)
     if cos.ndim == 3:
         cos, sin = cos[:, None], sin[:, None]  # (B, 1, L, d): one rotation shared by the heads
     cos, sin = cos.astype(x.dtype, copy=False), sin.astype(x.dtype, copy=False)
@@ -392,8 +443,8 @@ def alibi_bias(num_heads: int, Lq: int, Lk: int | None = None, offset: int = 0, 
     into it (a kernel's dbias for it is discarded).
     """
     Lk = Lq if Lk is None else Lk
-    if min(Lq, Lk) <= 0:
-        raise ValueError(f"alibi_bias needs positive lengths, got Lq={Lq}, Lk={Lk}")
+    if min(Lq, Lk) < 0:
+        raise ValueError(f"alibi_bias needs lengths >= 0, got Lq={Lq}, Lk={Lk}")
     distance = np.abs(np.arange(Lq)[:, None] + offset - np.arange(Lk)[None, :])  # (Lq, Lk)
     bias = -alibi_slopes(num_heads)[:, None, None] * distance  # (H, 1, 1) * (Lq, Lk) -> (H, Lq, Lk)
     return bias[None].astype(dtype)  # (1, H, Lq, Lk)
@@ -427,16 +478,17 @@ def sum_to_shape(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return x.sum(axis=axes, keepdims=True).reshape(shape) if axes else x
 
 
-def relative_position_bias_forward(table: np.ndarray, Lq: int, Lk: int):
+def relative_position_bias_forward(table: np.ndarray, Lq: int, Lk: int, check: bool = True):
     """A learned bias per head and clipped distance j - i (as in T5 / Shaw et al., without buckets).
 
     table: (H, 2R + 1), column R + t is the bias for key j = i + t, t clipped to [-R, R]
     -> bias (1, H, Lq, Lk), to be added to the scores by ``score_bias_forward``.
     """
-    table = as_float_array(table, "table", ndim=2)
+    if check:
+        table = as_float_array(table, "table", ndim=2)
+        if table.shape[1] % 2 != 1:
+            raise ValueError(f"table with shape {table.shape} must have an odd number 2R + 1 of columns")
     R = (table.shape[1] - 1) // 2
-    if table.shape[1] != 2 * R + 1:
-        raise ValueError(f"table with shape {table.shape} must have an odd number 2R + 1 of columns")
     dist = np.arange(Lk)[None, :] - np.arange(Lq)[:, None]  # (Lq, Lk) j - i
     idx = np.clip(dist, -R, R) + R  # (Lq, Lk) column of the table
     bias = table[:, idx][None]  # F1: (H, Lq, Lk) gather -> (1, H, Lq, Lk)
@@ -446,10 +498,42 @@ def relative_position_bias_forward(table: np.ndarray, Lq: int, Lk: int):
 def relative_position_bias_backward(d_bias: np.ndarray, cache):
     """d_bias: (..., H, Lq, Lk) broadcast over a batch axis -> d_table: (H, 2R + 1)."""
     idx, shape = cache
-    d = d_bias.reshape(-1, *d_bias.shape[-3:]).sum(axis=0)  # (H, Lq, Lk), summed over the batch
+    d = d_bias.sum(axis=tuple(range(d_bias.ndim - 3)))  # (H, Lq, Lk), summed over the batch (empty ones too)
     d_table = np.zeros(shape, dtype=d_bias.dtype)
     np.add.at(d_table, (slice(None), idx), d)  # ← F1: scatter-add, repeated columns accumulate
     return d_table
+
+
+def append_positions_forward(x: np.ndarray, extra: np.ndarray):
+    """Append positions to a sequence of heads: a learned key/value (torch MHA's ``add_bias_kv``) or a zero one
+    (``add_zero_attn``).
+
+    x: (B, H, L, d)   extra: broadcastable to (B, H, n, d), e.g. (H, 1, d)   ->   out: (B, H, L + n, d)
+    """
+    B, H, L, d = x.shape
+    tail = np.broadcast_to(extra, (B, H, np.shape(extra)[-2], d))  # (B, H, n, d), a view
+    return np.concatenate([x, tail], axis=2), (L, np.shape(extra))  # F1: (B, H, L + n, d)
+
+
+def append_positions_backward(d_out: np.ndarray, cache):
+    """d_out: (B, H, L + n, d) -> dx: (B, H, L, d), d_extra: extra's shape (summed over what it was broadcast to)."""
+    L, extra_shape = cache
+    return d_out[:, :, :L], sum_to_shape(d_out[:, :, L:], extra_shape)  # ← F1: the two parts of the concatenation
+
+
+def soft_cap_forward(scores: np.ndarray, cap: float):
+    """Soft-capping (Gemma 2): cap · tanh(scores / cap), elementwise; the scores stay within (-cap, cap).
+
+    scores: (...) -> (...). Small scores pass almost unchanged, large ones flatten towards ±cap.
+    """
+    t = np.tanh(scores / cap)  # F1: (...) in (-1, 1); a Python float keeps float32 float32
+    return t * cap, t  # F2
+
+
+def soft_cap_backward(d_out: np.ndarray, cache):
+    """d_out: (...) -> d_scores: (...), d/ds [cap · tanh(s / cap)] = 1 - tanh²(s / cap)."""
+    t = cache
+    return d_out * (1.0 - t * t)  # ← F2, F1
 
 
 # --------------------------------------------------------------------------- attention
@@ -459,11 +543,12 @@ def relative_position_bias_backward(d_bias: np.ndarray, cache):
 class AttentionCache:
     """The cache of ``scaled_dot_product_attention_forward``: named intermediates and each step's cache.
 
-    scores: (B, H, Lq, Lk) q kᵀ · scale (+ bias), before the mask.
+    scores: (B, H, Lq, Lk) q kᵀ · scale (+ bias, then any score changes such as a soft-cap), before the mask.
     masked_scores: (B, H, Lq, Lk) after the mask (-inf where blocked).
     attn_weights: (B, H, Lq, Lk) after softmax, before dropout. Fully masked rows are 0.
     dropout_mask: (B, H, Lq, Lk) bool keep-mask, or None when no dropout was applied.
-    steps: each step's cache by name: "scores", "bias", "mask", "softmax", "dropout", "context".
+    steps: each step's cache by name: "scores", "bias", "mask", "softmax", "dropout", "context", and
+        "score_mods" when the call had score changes (a list of (change, cache)).
     kernel: the kernel that made this cache (set by ``mha_numpy.kernels``), or None.
     """
 
@@ -499,23 +584,47 @@ def scaled_dot_product_attention_forward(
     q, k, v = check_qkv(q, k, v)
     shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])  # (B, H, Lq, Lk)
     mask = check_mask(mask, shape)
-    bias = check_mask(bias, shape, name="bias", allow_bool=False)
+    bias = check_mask(bias, shape, name="bias", allow_bool=False, dtype=q.dtype)
     keep = check_dropout(shape, dropout_p, rng, dropout_mask)
     if keep is None and dropout_p > 0.0:
         keep = as_generator(rng).random(shape) >= dropout_p  # (B, H, Lq, Lk) True = keep
     return attention_steps_forward(q, k, v, mask, default_scale(q.shape[-1], scale), dropout_p, keep, bias)
 
 
-def attention_steps_forward(q, k, v, mask, scale: float, dropout_p: float, keep, bias=None):
-    """The composition itself, on arguments already checked (``keep``: bool keep-mask or None)."""
+def attention_steps_forward(q, k, v, mask, scale: float, dropout_p: float, keep, bias=None, score_mods=(), kernel=None):
+    """The composition itself, on arguments already checked (``keep``: bool keep-mask or None).
+
+    score_mods: elementwise changes of the scores after the bias, before the mask (e.g. a soft-cap), each an
+    object with a pair ``forward(s) -> (s, cache)`` / ``backward(ds, cache) -> ds`` (``kernels.ScoreMod``).
+    kernel: the kernel running this composition, recorded in the cache (None when called directly).
+    """
     scores, c_scores = attention_scores_forward(q, k, scale)  # (B, H, Lq, Lk)
     biased, c_bias = score_bias_forward(scores, bias)  # (B, H, Lq, Lk)
-    masked, c_mask = apply_mask_forward(biased, mask)  # (B, H, Lq, Lk)
+    modded, c_mods = score_mods_forward(biased, score_mods)  # (B, H, Lq, Lk)
+    masked, c_mask = apply_mask_forward(modded, mask, check=False)  # (B, H, Lq, Lk)
     weights, c_soft = softmax_forward(masked)  # (B, H, Lq, Lk)
     dropped, c_drop = dropout_forward(weights, dropout_p, keep_mask=keep)  # (B, H, Lq, Lk)
     context, c_ctx = attention_context_forward(dropped, v)  # (B, H, Lq, dv)
     steps = dict(scores=c_scores, bias=c_bias, mask=c_mask, softmax=c_soft, dropout=c_drop, context=c_ctx)
-    return context, AttentionCache(biased, masked, weights, None if c_drop is None else c_drop[0], steps)
+    if score_mods:
+        steps["score_mods"] = c_mods
+    return context, AttentionCache(modded, masked, weights, None if c_drop is None else c_drop[0], steps, kernel)
+
+
+def score_mods_forward(scores: np.ndarray, mods=()):
+    """Apply each elementwise score change in order: (B, H, Lq, Lk) -> (B, H, Lq, Lk), and their caches."""
+    caches = []
+    for mod in mods:
+        scores, c = mod.forward(scores)  # F1: (B, H, Lq, Lk), one per change
+        caches.append((mod, c))
+    return scores, caches
+
+
+def score_mods_backward(d_out: np.ndarray, caches):
+    """d_out: (B, H, Lq, Lk) -> the gradient of the scores before the changes, in reverse order."""
+    for mod, c in reversed(caches):
+        d_out = mod.backward(d_out, c)  # ← F1
+    return d_out
 
 
 def scaled_dot_product_attention_backward(d_context: np.ndarray, cache: AttentionCache):
@@ -532,7 +641,8 @@ def attention_steps_backward(d_context: np.ndarray, cache: AttentionCache):
     d_dropped, dv = attention_context_backward(d_context, c["context"])  # (B, H, Lq, Lk), (B, H, Lk, dv)
     d_weights = dropout_backward(d_dropped, c["dropout"])  # (B, H, Lq, Lk)
     d_masked = softmax_backward(d_weights, c["softmax"])  # (B, H, Lq, Lk)
-    d_biased = apply_mask_backward(d_masked, c["mask"])  # (B, H, Lq, Lk)
+    d_modded = apply_mask_backward(d_masked, c["mask"])  # (B, H, Lq, Lk)
+    d_biased = score_mods_backward(d_modded, c.get("score_mods", ()))  # (B, H, Lq, Lk)
     d_scores, d_bias = score_bias_backward(d_biased, c["bias"])  # (B, H, Lq, Lk), bias shape
     dq, dk = attention_scores_backward(d_scores, c["scores"])  # (B, H, Lq, d), (B, H, Lk, d)
     return dq, dk, dv, d_bias

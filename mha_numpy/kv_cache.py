@@ -70,19 +70,21 @@ class KVCache:
         """(num_new,) the positions of the next call's tokens: length, length + 1, ..."""
         return np.arange(self.length, self.length + num_new)
 
-    def bind(self, module, batch: int | None = None) -> None:
-        """Tie the cache to ``module`` on first use; ValueError naming ``kv_cache`` for another module, another
-        dtype or (given ``batch``) another batch size than the cached one. Runs before any arithmetic."""
-        owner = None if self._owner is None else self._owner()
-        if owner is None and self._owner is not None and self.length:
+    def bind(self, owner, dtype=None, batch: int | None = None) -> None:
+        """Tie the cache to ``owner`` (the attention module that appends to it) on first use; ValueError naming
+        ``kv_cache`` for another owner, another ``dtype`` (default: ``owner.dtype``) or, given ``batch``, another
+        batch size than the cached one. Runs before any arithmetic."""
+        dtype = getattr(owner, "dtype", None) if dtype is None else np.dtype(dtype)
+        held = None if self._owner is None else self._owner()
+        if held is None and self._owner is not None and self.length:
             raise ValueError("kv_cache belongs to a module that no longer exists; start a new KVCache()")
-        if owner is not None and owner is not module:
-            raise ValueError(f"kv_cache belongs to another module ({owner!r}); use one KVCache per attention module")
-        if self.dtype is not None and self.dtype != module.dtype:
-            raise ValueError(f"kv_cache holds {self.dtype} keys and values but the module is {module.dtype}")
+        if held is not None and held is not owner:
+            raise ValueError(f"kv_cache belongs to another module ({held!r}); use one KVCache per attention module")
+        if self.dtype is not None and dtype is not None and self.dtype != dtype:
+            raise ValueError(f"kv_cache holds {self.dtype} keys and values but the module is {dtype}")
         if batch is not None and self._k is not None and self._k.shape[0] != batch:
             raise ValueError(f"kv_cache holds a batch of {self._k.shape[0]} sequences, this call has {batch}")
-        self._owner = weakref.ref(module)
+        self._owner = weakref.ref(owner)
 
     def append(self, K: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Store K (B, Hkv, Lnew, d) and V (B, Hkv, Lnew, dv) after the cached positions.

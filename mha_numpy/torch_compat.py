@@ -1,7 +1,8 @@
-"""Kept so that old imports keep working: the torch and Hugging Face interop is mha_numpy.interop (same module)."""
+"""The torch and Hugging Face interop under its first name: ``from mha_numpy import torch_compat``.
 
-import sys
+A plain re-export of ``mha_numpy.interop`` (the same functions and the same ``names`` and ``convert`` modules),
+kept because notebooks and users' code import it by this name. New code can import ``mha_numpy.interop``.
+"""
 
-from . import interop as _module
-
-sys.modules[__name__] = _module
+from .interop import *  # noqa: F403
+from .interop import __all__, convert, names  # noqa: F401

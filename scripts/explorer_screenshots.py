@@ -1,4 +1,4 @@
-"""Screenshots of the explorer's three views for the docs: docs/explorer_{head,masked,model,neuron}.png.
+"""Screenshots of the explorer's three views for the docs: docs/explorer_{head,masked,model,neuron,terms}.png.
 
 Run from the repository root (needs chromium, chromium-driver and selenium, as the browser tests):
     PYTHONPATH=$PWD python scripts/explorer_screenshots.py
@@ -18,6 +18,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the browser set-up the tests use
 from browser import Browser  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
+from mha_numpy import MultiHeadAttention  # noqa: E402
 from mha_numpy.bert import BertModel  # noqa: E402
 from mha_numpy.commands._config import make_example  # noqa: E402
 from mha_numpy.viz import explore_attention, explore_bert  # noqa: E402
@@ -51,6 +52,14 @@ def main() -> None:
     _, cache = mha.forward(q, k, v, mask=mask)
     title = "One MultiHeadAttention: a padded key (k5) and a fully masked query (q4)"
     explore_attention(mha, cache, mask=mask, title=title).save(out / "mha.html")
+    rng = np.random.default_rng(5)
+    mha = MultiHeadAttention(16, 4, alibi=True, rel_pos_max_distance=2, rng=rng)
+    q, kv = rng.standard_normal((1, 4, 16)), rng.standard_normal((1, 6, 16))
+    mask = rng.normal(0, 1.5, (1, 1, 4, 6))  # a float mask: added to the scores
+    mask[..., 1, 2] = -np.inf  # and one blocked pair
+    _, cache = mha.forward(q, kv, kv, mask=mask)
+    title = "MultiHeadAttention(alibi=True, rel_pos_max_distance=2) with a float mask"
+    explore_attention(mha, cache, mask=mask, title=title).save(out / "terms.html")
 
     b = Browser()
     try:
@@ -70,6 +79,10 @@ def main() -> None:
         shot(d, "explorer_neuron.png")
         d = b.open(out / "mha.html")
         shot(d, "explorer_masked.png")
+        d = b.open(out / "terms.html")
+        d.find_element(By.ID, "tab-neuron").click()
+        select(d, "neuron-query", 1)
+        shot(d, "explorer_terms.png")
     finally:
         b.close()
 

@@ -39,3 +39,17 @@ def grad_check(forward, backward, inputs, names, seed=0, allow_zero=True):
     for row in report.rows:
         assert (allow_zero or not row.zero_gradient) and row.max_rel_err <= RTOL_TARGET, str(report)
     return report
+
+
+def alibi_by_hand(H, Lq, Lk):
+    """ALiBi (H, Lq, Lk) from the paper: slopes 2^(-8 (h + 1) / H), -m_h |i + (Lk - Lq) - j| (queries last)."""
+    slopes = 2.0 ** (-8.0 * np.arange(1, H + 1) / H)
+    i, j = np.arange(Lq)[:, None] + (Lk - Lq), np.arange(Lk)[None, :]
+    return -slopes[:, None, None] * np.abs(i - j)
+
+
+def rel_bias_by_hand(table, Lq, Lk):
+    """T5-style (H, Lq, Lk): table[h, clip(j - i, -R, R) + R]."""
+    R = (table.shape[1] - 1) // 2
+    rows = [[[table[h, min(max(j - i, -R), R) + R] for j in range(Lk)] for i in range(Lq)] for h in range(len(table))]
+    return np.array(rows)

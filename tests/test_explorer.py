@@ -10,6 +10,7 @@ import re
 
 import numpy as np
 import pytest
+from helpers import alibi_by_hand, rel_bias_by_hand
 
 from mha_numpy import MultiHeadAttention
 from mha_numpy.__main__ import main
@@ -65,8 +66,8 @@ def test_page_holds_the_rounded_weights_tokens_and_masks():
 
 def test_queries_and_keys_round_trip_within_half_a_step():
     rng = np.random.default_rng(1)
-    A = random_attention(1, 2, 3, 3)
     Q, K = rng.normal(0, 3, (1, 2, 3, 8)), rng.normal(0, 3, (1, 2, 3, 8))
+    A = softmax(0.5 * Q @ K.swapaxes(-1, -2))  # (1, 2, 3, 3)
     vn = np.abs(rng.normal(size=(1, 2, 3)))
     N = page_data(A, None, queries=Q, keys=K, value_norms=vn, scale=0.5)["neuron"]
     assert N["d"] == 8 and N["scale"] == 0.5
@@ -81,8 +82,8 @@ def test_queries_and_keys_round_trip_within_half_a_step():
 
 def test_six_layers_twelve_heads_64_tokens_stay_under_2_mb():
     rng = np.random.default_rng(0)
-    A = random_attention(6, 12, 64, 64)
     Q, K = rng.normal(0, 2, (6, 12, 64, 32)), rng.normal(0, 2, (6, 12, 64, 32))
+    A = softmax(Q @ K.swapaxes(-1, -2) / np.sqrt(32))  # (6, 12, 64, 64)
     page = explorer_html(A, [f"tok{i}" for i in range(64)], queries=Q, keys=K, value_norms=np.ones((6, 12, 64)))
     assert len(page.encode()) < 2_000_000
 
@@ -113,6 +114,22 @@ def test_notebook_display_and_save(tmp_path):
         ),
         (dict(attentions=np.ones((1, 2, 3, 3)) / 2), r"attentions rows must sum to 1.*layer 0, head 0, query 0"),
         (dict(attentions=np.ones((1, 2, 3, 3)) * np.nan), r"attentions must hold finite weights"),
+        (dict(attentions=np.ones((1, 2, 0, 3))), r"\(layers, H, Lq, Lk\) = \(1, 2, 0, 3\) has no queries \(Lq = 0\)"),
+        (dict(attentions=np.ones((1, 2, 3, 0))), r"\(1, 2, 3, 0\) has no keys \(Lk = 0\): there is nothing to show"),
+        (dict(attentions=[np.ones((2, 2, 0, 3))]), r"\(1, 2, 0, 3\) has no queries \(Lq = 0\)"),
+        (dict(attentions=np.ones((1, 0, 3, 3))), r"\(1, 0, 3, 3\) has no heads \(H = 0\)"),
+        (dict(attentions=np.ones((0, 2, 3, 3))), r"attentions is empty \(no layers\)"),
+        (
+            dict(attentions=np.ones((1, 1, 2, 2)) / 2, queries=np.ones((1, 1, 2, 0)), keys=np.ones((1, 1, 2, 0))),
+            r"queries \(1, 1, 2, 0\) and keys .* and d > 0",
+        ),
+        (
+            dict(
+                attentions=np.ones((1, 1, 2, 2)) / 2, queries=np.ones((1, 1, 2, 4)) * np.inf, keys=np.ones((1, 1, 2, 4))
+            ),
+            r"queries must be finite",
+        ),
+        (dict(attentions=np.ones((1, 1, 2, 2)) / 2, biases={"b": np.zeros((2, 2))}), r"value_norms and biases need"),
         (dict(attentions=np.zeros((1, 1, 2, 2))), r"sums to 0 \(and masks does not block all its keys\)"),
         (
             dict(attentions=np.ones((1, 1, 2, 2)) / 2, masks=np.array([[True, False], [True, True]])),
@@ -227,3 +244,170 @@ def test_bert_html_writes_only_the_page(tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.html"]
     data = payload((tmp_path / "b.html").read_text(encoding="utf-8"))
     assert data["qtok"][0] == "[CLS]" and len(data["layers"]) == 6 and data["heads"] == 12
+
+
+# --------------------------------------------------------------------------- the score terms (the neuron view)
+
+
+TERM_RTOL = 1e-7  # the page writes the score terms with 8 significant digits
+
+
+def scores_and_terms(seed=0, H=2, Lq=3, Lk=4, d=8):
+    """Random q, k and two additive terms; the weights softmax(q·kᵀ / sqrt(d) + bias + finite mask)."""
+    rng = np.random.default_rng(seed)
+    Q, K = rng.normal(0, 1, (1, H, Lq, d)), rng.normal(0, 1, (1, H, Lk, d))
+    bias = rng.normal(0, 1, (1, H, Lq, Lk))
+    mask = rng.normal(0, 1, (1, 1, Lq, Lk))  # a finite float mask: added to the scores
+    mask[..., 0, -1] = -np.inf  # and one blocked pair
+    A = softmax(Q @ K.swapaxes(-1, -2) / np.sqrt(d) + bias + mask)  # (1, H, Lq, Lk)
+    return A, Q, K, bias, mask
+
+
+def test_weights_that_are_not_the_softmax_of_every_term_are_refused():
+    A, Q, K, bias, mask = scores_and_terms()
+    for kwargs, missing in (
+        (dict(masks=mask), r"softmax\(q·kᵀ × scale \+ mask\).*layer 0, head \d, query \d, key \d has weight"),
+        (dict(biases={"ALiBi": bias}), r"softmax\(q·kᵀ × scale \+ ALiBi\)"),
+        (dict(biases={"ALiBi": bias}, masks=mask, scale=0.5), r"\(scale = 0.5\)"),
+    ):
+        with pytest.raises(ValueError, match=missing):
+            explorer_html(A, queries=Q, keys=K, **kwargs)
+    N = payload(explorer_html(A, queries=Q, keys=K, biases={"ALiBi": bias}, masks=mask))["neuron"]
+    assert [t["name"] for t in N["terms"]] == ["ALiBi"]
+    assert N["terms"][0]["index"] == [[0, 1]]
+    for h in range(2):
+        np.testing.assert_allclose(np.reshape(N["terms"][0]["maps"][h], (3, 4)), bias[0, h], rtol=TERM_RTOL)
+    finite = np.where(np.isneginf(mask), 0, mask)[0, 0]  # the blocked pair is drawn blocked, its term is 0
+    assert N["mask"]["index"] == [[0, 0]]  # one map, shared by both heads
+    np.testing.assert_allclose(np.reshape(N["mask"]["maps"][0], (3, 4)), finite, rtol=TERM_RTOL)
+
+
+def test_a_finite_mask_that_swamps_the_scores_in_float32_is_named():
+    """float32 s + (-1e9) is -1e9 for every key of a row: the model's weights are uniform, not the softmax."""
+    mha = MultiHeadAttention(8, 2, rng=0, dtype=np.float32)
+    x = np.random.default_rng(0).standard_normal((1, 3, 8)).astype(np.float32)
+    mask = np.zeros((1, 1, 3, 3), np.float32)
+    mask[..., 1, :] = -1e9  # query 1: every key "blocked" by a finite value
+    _, cache = mha.forward(x, x, x, mask=mask)
+    np.testing.assert_allclose(cache.attn_weights[0, :, 1], 1 / 3)
+    with pytest.raises(ValueError, match=r"query 1, .* swamps q·k in float32 .* block with -inf or a bool mask"):
+        explore_attention(mha, cache, mask=mask)
+    blocked = np.where(mask < 0, -np.inf, 0).astype(np.float32)  # the same row blocked with -inf: zero weights
+    _, cache = mha.forward(x, x, x, mask=blocked)
+    assert payload(explore_attention(mha, cache, mask=blocked))["maskIndex"] == [[0, 0]]
+
+
+def test_a_bool_mask_or_no_term_adds_nothing():
+    A, Q, K, *_ = scores_and_terms()
+    A = softmax(Q @ K.swapaxes(-1, -2) / np.sqrt(8))
+    N = payload(explorer_html(A, queries=Q, keys=K))["neuron"]
+    assert N["terms"] == [] and N["mask"] is None
+
+
+@pytest.mark.parametrize(
+    "biases, message",
+    [
+        ([np.zeros((2, 3, 4))], r"biases must be a dict"),
+        ({"b": np.zeros((2, 3, 4), dtype=int)}, r"biases\['b'\] must hold finite floats, got dtype int64"),
+        ({"b": np.full((2, 3, 4), np.nan)}, r"biases\['b'\] must hold finite floats"),
+        ({"b": np.zeros((2, 3, 5))}, r"biases\['b'\] with shape \(2, 3, 5\) does not broadcast to \(H, Lq, Lk\)"),
+        ({"b": [np.zeros((2, 3, 4))] * 2}, r"biases\['b'\] has 2 entries but the attention has 1 layers"),
+    ],
+)
+def test_bad_biases_name_the_term(biases, message):
+    A, Q, K, *_ = scores_and_terms()
+    with pytest.raises(ValueError, match=message):
+        explorer_html(A, queries=Q, keys=K, biases=biases)
+
+
+def test_a_mask_with_nan_is_refused_before_it_reaches_the_page():
+    A, Q, K, *_ = scores_and_terms()
+    with pytest.raises(ValueError, match=r"masks must be bool or float with finite values or -inf"):
+        explorer_html(A, queries=Q, keys=K, masks=np.full((3, 4), np.nan))
+
+
+def test_explore_attention_has_every_score_term_of_the_module():
+    rng = np.random.default_rng(4)
+    H, Lq, Lk = 4, 3, 6
+    mha = MultiHeadAttention(16, H, num_kv_heads=2, alibi=True, rel_pos_max_distance=2, rope_theta=100.0, rng=rng)
+    q, kv = rng.standard_normal((2, Lq, 16)), rng.standard_normal((2, Lk, 16))
+    mask = rng.normal(0, 1, (2, 1, Lq, Lk))  # a finite float mask, per sequence
+    _, cache = mha.forward(q, kv, kv, mask=mask)
+    N = payload(explore_attention(mha, cache, mask=mask, batch=1))["neuron"]
+    assert [t["name"] for t in N["terms"]] == ["ALiBi", "relative bias"]
+    expected = (alibi_by_hand(H, Lq, Lk), rel_bias_by_hand(mha.params["rel_bias"], Lq, Lk))
+    for term, want in zip(N["terms"], expected):
+        got = np.array([np.reshape(term["maps"][term["index"][0][h]], (Lq, Lk)) for h in range(H)])
+        np.testing.assert_allclose(got, want, rtol=1e-7, atol=1e-12)
+    np.testing.assert_allclose(np.reshape(N["mask"]["maps"][0], (Lq, Lk)), mask[1, 0], rtol=TERM_RTOL)
+    K_heads = cache.K[1][[h // 2 for h in range(H)]]  # query head h reads kv head h // (H / Hkv)
+    for h in range(H):
+        got = unpack(N["k"][0][h], N["kStep"][0][h]).reshape(Lk, 4)
+        assert np.abs(got - K_heads[h]).max() <= N["kStep"][0][h] / 2 * (1 + 1e-9)
+
+
+def test_explore_attention_with_an_empty_sequence_says_there_is_nothing_to_show():
+    mha = MultiHeadAttention(8, 2, rng=0)
+    for Lq, Lk, what in ((0, 3, r"no queries \(Lq = 0\)"), (3, 0, r"no keys \(Lk = 0\)")):
+        _, cache = mha.forward(np.ones((1, Lq, 8)), np.ones((1, Lk, 8)), np.ones((1, Lk, 8)))
+        with pytest.raises(ValueError, match=what):
+            explore_attention(mha, cache)
+
+
+def test_tour_html_with_an_additive_mask_holds_its_values(tmp_path, capsys):
+    path = tmp_path / "tour.html"
+    assert main(["tour", "--mask", "additive", "--html", str(path)]) == 0
+    N = payload(path.read_text(encoding="utf-8"))["neuron"]
+    assert N["mask"] is not None and any(v not in (0, 0.0) for v in N["mask"]["maps"][0])
+
+
+# --------------------------------------------------------------------------- hostile text
+
+
+HOSTILE = [
+    "<!--<script>",
+    "</script>",
+    "<script>window.injected = 1</script>",
+    "<img src=x onerror='window.injected = 2'>",
+    "]]>",
+    "--><!--",
+    "\u2028",
+    "\u2029",
+    "'single' \"double\"",
+    "back\\slash\\",
+    "${window.injected = 3}",
+    "&amp; &lt;b&gt; &#x41;",
+    "😀",
+    "\ud800",  # a lone surrogate: JSON allows it as an escape
+    "",
+    "x" * 5000,
+]
+
+
+def test_hostile_text_lands_in_the_page_only_as_inert_json_and_escaped_title(tmp_path):
+    title = "".join(HOSTILE[:14])
+    page = explorer_html(random_attention(1, 1, len(HOSTILE), 2), HOSTILE, key_tokens=["<b>", "</script>"], title=title)
+    raw = re.search(r"<script id='explorer-data' type='application/json'>(.*?)</script>", page, re.S)[1]
+    assert raw.isascii() and not set("<>&") & set(raw)  # nothing in the data can end, open or comment a tag
+    data = json.loads(raw)
+    assert data["qtok"] == HOSTILE and data["ktok"] == ["<b>", "</script>"] and data["title"] == title
+    around = page.replace(raw, "")  # the page's own HTML, script and style: two scripts, no comment
+    assert around.count("<script") == around.count("</script") == 2 and "<!--" not in around
+    head = page[page.index("<title>") + 7 : page.index("</title>")]
+    assert "<" not in head and ">" not in head and "\ufffd" in head  # escaped; the lone surrogate replaced
+    page.encode("utf-8")  # the page can be written (the lone surrogate is only an escape in it)
+    assert page.save(tmp_path / "p.html").read_text(encoding="utf-8") == page
+
+
+@pytest.mark.parametrize("options", [{}, dict(alibi=True, rel_pos_max_distance=2, num_kv_heads=1, rope_theta=9.0)])
+def test_a_recompute_cache_gives_the_page_of_the_default_path(options):
+    """explore_attention on a MultiHeadAttention(recompute=True) cache (once: AttributeError 'Q'): its recomputed
+    Q, K, V and weights give the same page as the default path with the same parameters."""
+    rng = np.random.default_rng(3)
+    default = MultiHeadAttention(8, 2, rng=0, **options)
+    lean = MultiHeadAttention(8, 2, rng=0, recompute=True, **options)
+    lean.params = default.params
+    x = rng.standard_normal((2, 4, 8))
+    mask = np.tril(np.ones((4, 4), bool))
+    pages = [explore_attention(m, m.forward(x, x, x, mask=mask)[1], mask=mask, batch=1) for m in (default, lean)]
+    assert str(pages[0]) == str(pages[1])

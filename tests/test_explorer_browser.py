@@ -1,19 +1,26 @@
 """The explorer page in a real browser (headless Chromium): what it draws, against mha_numpy's own arrays.
 
-Two pages: a real BERT sentence (6 layers x 12 heads) and one MultiHeadAttention cross-attention with a
-mask that blocks a padded key for every query and every key of one query (a fully masked row).
-Expected numbers come from the arrays mha_numpy computed (attention weights, Q, K, V, W_o), never from the page.
+Pages: a real BERT sentence (6 layers x 12 heads); one MultiHeadAttention cross-attention with a mask that
+blocks a padded key for every query and every key of one query (a fully masked row); modules whose scores
+have more terms than q·k × scale (ALiBi, a relative-position bias, a finite float mask, all of them with
+grouped-query heads and RoPE); and a page of hostile text (tokens, title, layer names).
+Expected numbers come from the arrays mha_numpy computed (attention weights, Q, K, V, W_o) or from the
+formulas written out in the test, never from the page.
 """
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from browser import Browser, console_errors, requested_urls
+from helpers import alibi_by_hand, rel_bias_by_hand
 
 from mha_numpy import MultiHeadAttention
 from mha_numpy import functional as F
-from mha_numpy.viz import explore_attention, explore_bert
+from mha_numpy.__main__ import main
+from mha_numpy.viz import explore_attention, explore_bert, explorer_html
 from mha_numpy.viz.explorer_sources import bert_caches
 
 try:
@@ -186,9 +193,16 @@ def neuron_rows(driver) -> list[dict]:
     script = """return [...document.querySelectorAll('#neuron-table tr[data-j]')].map(r => ({
         j: +r.dataset.j, masked: r.classList.contains('masked'),
         products: [...r.querySelectorAll('.strip.prod .cell')].map(c => +c.dataset.v),
-        dot: +r.querySelector('td.dot').dataset.v, score: r.querySelector('td.score').dataset.v,
+        dot: +r.querySelector('td.dot').dataset.v, scaled: +r.querySelector('td.scaled').dataset.v,
+        terms: [...r.querySelectorAll('td.term')].map(c => +c.dataset.v),
+        mask: r.querySelector('td.mask') && r.querySelector('td.mask').dataset.v,
+        score: r.querySelector('td.score').dataset.v,
         scoreText: r.querySelector('td.score').textContent, weight: +r.querySelector('td.weight').dataset.v}))"""
     return driver.execute_script(script)
+
+
+def neuron_columns(driver) -> list[str]:
+    return driver.execute_script("return [...document.querySelectorAll('#neuron-table th')].map(t => t.title)")
 
 
 def test_neuron_view_products_sum_to_the_score_mha_numpy_computed(browser, mha_page):
@@ -252,3 +266,205 @@ def test_fully_masked_row_and_padded_key_are_drawn_as_masked(browser, mha_page):
     rows = neuron_rows(d)
     assert all(r["masked"] and r["weight"] == 0 for r in rows)
     assert "Fully masked row" in d.find_element(By.ID, "neuron-caption").text
+
+
+# --------------------------------------------------------------------------- every score term
+
+
+TERMS = {  # module options, a finite float mask or not
+    "alibi": (dict(alibi=True), False),
+    "relative bias": (dict(rel_pos_max_distance=2), False),
+    "float mask": ({}, True),
+    "all, grouped-query, rope": (dict(alibi=True, rel_pos_max_distance=2, num_kv_heads=2, rope_theta=100.0), True),
+}
+
+
+@pytest.fixture(scope="module", params=list(TERMS))
+def terms_page(request, tmp_path_factory):
+    options, float_mask = TERMS[request.param]
+    rng = np.random.default_rng(5)
+    Lq, Lk = 4, 6
+    mha = MultiHeadAttention(16, 4, rng=rng, **options)
+    q, kv = rng.standard_normal((1, Lq, 16)), rng.standard_normal((1, Lk, 16))
+    mask = None
+    if float_mask:
+        mask = rng.normal(0, 1.5, (1, 1, Lq, Lk))  # added to the scores
+        mask[..., 1, 2] = -np.inf  # one blocked pair
+    _, cache = mha.forward(q, kv, kv, mask=mask)
+    path = tmp_path_factory.mktemp("terms") / "terms.html"
+    explore_attention(mha, cache, mask=mask).save(path)
+    return {"path": path, "mha": mha, "cache": cache, "mask": mask}
+
+
+def expected_terms(mha, Lq: int, Lk: int, mask) -> dict[str, np.ndarray]:
+    """{column: (H, Lq, Lk)} every term the module adds to q·k × scale, written out (not read from the page)."""
+    H, terms = mha.num_heads, {}
+    if mha.alibi:
+        terms["ALiBi"] = alibi_by_hand(H, Lq, Lk)
+    if "rel_bias" in mha.params:
+        terms["relative bias"] = rel_bias_by_hand(mha.params["rel_bias"], Lq, Lk)
+    if mask is not None:
+        terms["mask"] = np.broadcast_to(mask[0], (H, Lq, Lk))
+    return terms
+
+
+def test_neuron_view_weights_are_the_models_with_every_score_term(browser, terms_page):
+    mha, cache, mask = terms_page["mha"], terms_page["cache"], terms_page["mask"]
+    H, Lq, Lk = cache.attn_weights.shape[1:]
+    scale, group = 1 / np.sqrt(mha.head_dim), H // mha.num_kv_heads
+    Q, K = cache.Q[0], cache.K[0][[h // group for h in range(H)]]  # query head h reads kv head h // (H / Hkv)
+    terms = expected_terms(mha, Lq, Lk, mask)
+    scores = scale * Q @ K.swapaxes(-1, -2) + sum(terms.values())  # (H, Lq, Lk), -inf where blocked
+    np.testing.assert_allclose(scores, cache.attention.masked_scores[0], rtol=1e-12, atol=1e-12)  # as written out
+    only_qk = F.softmax_forward(np.where(np.isneginf(scores), -np.inf, scale * Q @ K.swapaxes(-1, -2)))[0]
+    assert np.abs(only_qk - cache.attn_weights[0]).max() > 0.05  # the terms matter: q·k × scale alone is wrong
+
+    d = browser.open(terms_page["path"])
+    d.find_element(By.ID, "tab-neuron").click()
+    bias_names = [n for n in terms if n != "mask"]
+    assert json.loads(d.find_element(By.ID, "neuron-caption").get_attribute("data-terms")) == bias_names
+    assert neuron_columns(d)[4:-2] == ["× scale", *(f"+ {n}" for n in terms)]
+    caption = d.find_element(By.ID, "neuron-caption").text
+    assert "score_j = " + " + ".join(["q·k × scale", *terms]) in caption
+    for h in range(H):
+        select(d, "neuron-head", h)
+        q_step, k_step = np.abs(Q[h]).max() / 2047, np.abs(K[h]).max() / 2047  # the page's rounding of q and k
+        for i in range(Lq):
+            select(d, "neuron-query", i)
+            rows = neuron_rows(d)
+            assert [r["j"] for r in rows] == list(range(Lk))
+            # the page's score differs from the model's by the rounding of q and k (and 8 digits of each term)
+            eps = scale * np.sum(np.abs(Q[h, i]) * k_step / 2 + np.abs(K[h]) * q_step / 2 + q_step * k_step / 4, -1)
+            eps = eps.max() + 1e-7 * sum(np.abs(np.where(np.isinf(t), 0, t[h, i])).max() for t in terms.values())
+            for r in rows:
+                j = r["j"]
+                assert r["scaled"] == pytest.approx(r["dot"] * scale, rel=1e-7)
+                for got, name in zip(r["terms"], bias_names):
+                    assert got == pytest.approx(terms[name][h, i, j], rel=1e-7, abs=1e-12)
+                if mask is None:
+                    assert r["mask"] is None
+                elif np.isneginf(mask[0, 0, i, j]):
+                    assert r["mask"] == "-inf" and r["score"] == "-inf" and r["masked"]
+                else:
+                    assert float(r["mask"]) == pytest.approx(mask[0, 0, i, j], rel=1e-7)
+                if r["score"] != "-inf":
+                    assert float(r["score"]) == pytest.approx(r["scaled"] + sum(r["terms"]) + float(r["mask"] or 0))
+                    assert abs(float(r["score"]) - scores[h, i, j]) <= eps
+            weights = np.array([r["weight"] for r in rows])
+            # softmax moves each weight by at most a factor exp(±2 eps) when every score moves by at most eps
+            assert np.abs(weights - cache.attn_weights[0, h, i]).max() <= np.expm1(2 * eps) + 1e-7
+
+
+# --------------------------------------------------------------------------- hostile text
+
+
+HOSTILE = [
+    "<!--<script>",
+    "</script>",
+    "<script>window.injected = 1</script>",
+    "<img src=x onerror='window.injected = 2'>",
+    "<svg onload='window.injected = 3'>",
+    "]]>",
+    "--><!--",
+    "\u2028",
+    "\u2029",
+    "'single' \"double\"",
+    "back\\slash\\",
+    "${window.injected = 4}",
+    "&amp; &lt;b&gt; &#x41;",
+    "😀",
+    "\ud800",  # a lone surrogate: JSON allows it as an escape
+    "",
+    "x" * 5000,
+]
+LABEL_MAX = 32  # explorer.js: a longer token or name is shown cut, ending in "…"
+
+
+def shown(text: str) -> str:
+    return text if len(text) <= LABEL_MAX else text[: LABEL_MAX - 1] + "…"
+
+
+def codes(text: str) -> list[int]:
+    return [ord(c) for c in text]  # code points, as the page's Array.from(text) sees them
+
+
+@pytest.fixture(scope="module")
+def hostile_page(tmp_path_factory):
+    rng = np.random.default_rng(7)
+    L, d = len(HOSTILE), 4
+    Q, K = rng.normal(0, 1, (2, 2, L, d)), rng.normal(0, 1, (2, 2, L, d))
+    A = F.softmax_forward(Q @ K.swapaxes(-1, -2) / 2)[0]  # (2 layers, 2 heads, L, L)
+    title = "".join(HOSTILE[:15]) + "x" * 300
+    layers = [HOSTILE[0] + HOSTILE[4], HOSTILE[-1]]
+    path = tmp_path_factory.mktemp("hostile") / "hostile.html"
+    page = explorer_html(A, HOSTILE, queries=Q, keys=K, layer_names=layers, title=title)
+    page.save(path)
+    return {"path": path, "title": title, "layers": layers}
+
+
+CODES = "const c = (s) => Array.from(s, (ch) => ch.codePointAt(0));"
+
+
+def test_hostile_text_shows_literally_and_the_script_runs(browser, hostile_page):
+    d = browser.open(hostile_page["path"])
+    assert d.execute_script("return document.body.dataset.ready") == "1"  # the script ran to its end
+    assert d.execute_script("return window.injected") is None  # and nothing in the text ran
+    counts = d.execute_script(
+        "return [document.scripts.length, document.querySelectorAll('img, iframe, object, embed').length,"
+        " document.querySelectorAll('svg').length, document.body.children.length]"
+    )
+    assert counts == [2, 0, 1, 3]  # the two scripts, the head view's svg, #explorer: no element from the text
+    title, layers = hostile_page["title"], hostile_page["layers"]
+    got = d.execute_script(
+        CODES + "return {title: c(document.title), h1: c(document.querySelector('h1').textContent),"
+        " layers: [...document.querySelectorAll('#layer option')].map(o => [c(o.textContent), c(o.title)]),"
+        " q: [...document.querySelectorAll('#head-svg text.tok.q')].map(t =>"
+        "   [c(t.querySelector('tspan').textContent), c(t.querySelector('title').textContent)]),"
+        " k: [...document.querySelectorAll('#head-svg text.tok.k')].map(t => c(t.querySelector('tspan').textContent))}"
+    )
+    assert got["title"] == codes(title) and got["h1"] == codes(title)
+    assert got["layers"] == [[codes(shown(n)), codes(n)] for n in layers]
+    assert got["q"] == [[codes(shown(t)), codes(t)] for t in HOSTILE]
+    assert got["k"] == [codes(shown(t)) for t in HOSTILE]
+    assert len(lines(d)) > 0  # the head view is drawn
+    svg_box = d.execute_script("const r = document.getElementById('head-svg').getBBox(); return [r.x, r.width]")
+    assert svg_box[0] >= 0  # no label is pushed out of the picture on the left
+
+    d.find_element(By.ID, "tab-model").click()
+    got = d.execute_script(
+        CODES + "return {th: [...document.querySelectorAll('#model-grid tr th[title]')].map(t =>"
+        "   [c(t.textContent), c(t.title)]),"
+        " canvas: [...document.querySelectorAll('canvas.thumb')].map(t => c(t.title))}"
+    )
+    assert got["th"] == [[codes(shown(n)), codes(n)] for n in layers]
+    assert got["canvas"] == [codes(f"{n}, head {h}: click to open in the head view") for n in layers for h in (0, 1)]
+
+    d.find_element(By.ID, "tab-neuron").click()
+    select(d, "neuron-query", 0)
+    got = d.execute_script(
+        CODES + "return {options: [...document.querySelectorAll('#neuron-query option')].map(o =>"
+        "   [c(o.textContent), c(o.title)]),"
+        " keys: [...document.querySelectorAll('#neuron-table tr[data-j] td.tok')].map(t =>"
+        "   [c(t.textContent), c(t.title)]),"
+        " q: c(document.querySelector('#q-vector td.tok').title), caption: c(document.getElementById('neuron-caption')"
+        "   .textContent)}"
+    )
+    assert got["options"] == [[codes(f"{i}: {shown(t)}"), codes(t)] for i, t in enumerate(HOSTILE)]
+    assert got["keys"] == [[codes(shown(t)), codes(t)] for t in HOSTILE]
+    assert got["q"] == codes(HOSTILE[0])
+    caption = codes(f"{shown(layers[0])}, head 0, query 0 “{shown(HOSTILE[0])}”: score_j")
+    assert got["caption"][: len(caption)] == caption
+    assert len(neuron_rows(d)) == len(HOSTILE)
+    assert console_errors(d) == []
+    assert [u for u in requested_urls(d) if u != hostile_page["path"].resolve().as_uri()] == []
+
+
+def test_bert_html_of_a_hostile_sentence_runs(browser, tmp_path, monkeypatch):
+    """The CLI's page of `bert 'a <!--<script> b'`: its title holds the sentence."""
+    monkeypatch.chdir(tmp_path)
+    text = "a <!--<script> b </script> c"
+    assert main(["bert", text, "--html", "p.html"]) == 0
+    d = browser.open(tmp_path / "p.html")
+    assert d.execute_script("return document.body.dataset.ready") == "1"
+    assert text in d.find_element(By.TAG_NAME, "h1").text and text in d.title
+    assert console_errors(d) == []

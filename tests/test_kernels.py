@@ -240,6 +240,32 @@ def test_nan_and_inf_give_nan_rows_and_empty_inputs_are_defined(impl, options, r
 
 
 @pytest.mark.parametrize("impl, options", KERNEL_CASES, ids=IDS)
+def test_the_cache_keeps_the_contract_of_kernels_base(impl, options, rng):
+    """Every cache exposes CACHE_ATTRIBUTES (kernels/base.py) with the documented shapes and values; reading them
+    (a kernel may compute them only then) changes nothing its backward returns."""
+    kernel = kernels.get_kernel(impl, **options)
+    q, k, v = qkv(rng)
+    mask, bias = make_mask("additive+padding", rng, B, H, LQ, LK), rng.normal(0, 1, (1, H, LQ, LK))
+    keep = rng.random((B, H, LQ, LK)) >= 0.3
+    args = dict(mask=mask, bias=bias, dropout_p=0.3, dropout_mask=keep)
+    d_context = rng.standard_normal((B, H, LQ, D + 1))
+    _, untouched = kernel.forward(q, k, v, **args)
+    before = kernel.backward(d_context, untouched)
+    _, cache = kernel.forward(q, k, v, **args)
+    ref = kernels.VectorizedKernel().forward(q, k, v, **args)[1]
+    assert set(kernels.base.CACHE_ATTRIBUTES) == {"kernel", "scores", "masked_scores", "attn_weights", "dropout_mask"}
+    assert cache.kernel.backward.__self__ is cache.kernel and isinstance(cache.kernel, kernels.Kernel)
+    for name in ("scores", "masked_scores", "attn_weights"):
+        got = getattr(cache, name)
+        assert got.shape == (B, H, LQ, LK) and got.dtype == q.dtype, name
+        finite = np.isfinite(getattr(ref, name))
+        assert np.array_equal(np.isfinite(got), finite) and rel_err(got[finite], getattr(ref, name)[finite]) <= 1e-12
+    assert np.array_equal(cache.dropout_mask, keep) and kernel.forward(q, k, v)[1].dropout_mask is None
+    after = kernel.backward(d_context, cache)
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+
+
+@pytest.mark.parametrize("impl, options", KERNEL_CASES, ids=IDS)
 def test_backward_refuses_a_wrong_d_context(impl, options, rng):
     kernel = kernels.get_kernel(impl, **options)
     ctx, cache = kernel.forward(*qkv(rng))

@@ -163,8 +163,8 @@ def test_llama_crosscheck_fails_on_a_wrong_rotation(transformers, monkeypatch):
 
     right = F.rope_forward
 
-    def wrong(x, positions=None, theta=10000.0):
-        return right(x, None if positions is None else -np.asarray(positions), theta)
+    def wrong(x, positions=None, theta=10000.0, **kw):
+        return right(x, None if positions is None else -np.asarray(positions), theta, **kw)
 
     monkeypatch.setattr(F, "rope_forward", wrong)
     module = llama.hf_llama_attention(16, 4, 2)

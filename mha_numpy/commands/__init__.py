@@ -5,5 +5,8 @@ Commands import their heavy dependencies (matplotlib, torch, ...) inside ``run``
 """
 
 from . import bert, check, crosscheck, finetune, gradcheck, tour, train
+from ._args import Parser, UsageError
 
 COMMANDS = [tour, gradcheck, bert, crosscheck, train, finetune, check]
+
+__all__ = ["COMMANDS", "Parser", "UsageError"]

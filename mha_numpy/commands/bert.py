@@ -46,7 +46,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..bert import BertModel
+    from ..models.bert import BertModel
 
     require("matplotlib", "bert (it draws the attention maps)")
     problem = html_path_error(args.html)

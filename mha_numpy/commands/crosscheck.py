@@ -149,8 +149,8 @@ def _run_bert(args: argparse.Namespace) -> int:
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers reads the local directory, never a hub
-    from ..bert import BertModel
     from ..interop.bert_model import crosscheck_bert_model
+    from ..models.bert import BertModel
 
     ok = True
     for dname in list(DTYPES) if args.dtype == "both" else [args.dtype]:
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     require("transformers", "crosscheck")
     if args.model == "bert":
         return _run_bert(args)
-    from .. import torch_compat as tc
+    from .. import interop as tc
 
     torch.set_num_threads(1)  # tiny tensors: threads only add overhead
 

@@ -53,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
     make_dir("--out", args.out)
     import numpy as np
 
-    from ..bert import BertModel
     from ..finetune import TASK, finetune
+    from ..models.bert import BertModel
 
     start = time.perf_counter()
     try:

@@ -19,14 +19,18 @@ if TYPE_CHECKING:  # for the annotations only: never imported at run time here
     from transformers.models.bert.modeling_bert import BertAttention
 
 
-def _check_numpy_dtype(torch_dtype) -> np.dtype:
+_NOT_IN_TORCH_MHA = ("num_kv_heads", "rope_theta", "alibi", "rel_pos_max_distance")
+
+
+def numpy_dtype_of(torch_dtype) -> np.dtype:
+    """A torch dtype -> the NumPy dtype of the same name, or ValueError naming what mha_numpy supports."""
     name = str(torch_dtype).removeprefix("torch.")
     if name not in ("float16", "float32", "float64"):
         raise ValueError(f"the module's dtype is {torch_dtype}; mha_numpy supports float16, float32 and float64")
     return np.dtype(name)
 
 
-def _new_mha(E, H, bias, kdim, vdim, dropout, dtype, params, **options) -> MultiHeadAttention:
+def module_with_params(E, H, bias, kdim, vdim, dropout, dtype, params, **options) -> MultiHeadAttention:
     """A module with the given weights; ``options`` go to the constructor (e.g. num_kv_heads, rope_theta)."""
     mha = MultiHeadAttention(E, H, bias=bias, kdim=kdim, vdim=vdim, dropout=dropout, dtype=dtype, rng=0, **options)
     for name, p in mha.params.items():
@@ -41,23 +45,24 @@ def from_torch_mha(module: torch.nn.MultiheadAttention) -> MultiHeadAttention:
 
     Packed ``in_proj_weight`` or separate ``q/k/v_proj_weight`` (kdim / vdim), with or without bias,
     either ``batch_first`` (our arrays are always (B, L, E)); the dtype follows the module.
-    ``add_bias_kv`` and ``add_zero_attn`` change the keys themselves and are refused.
+    ``add_bias_kv=True`` (a learned key and value appended, ``bias_k``, ``bias_v``) and ``add_zero_attn=True``
+    (a zero key and value appended) become the module's options of the same names.
     """
     torch = require("torch")
     if not isinstance(module, torch.nn.MultiheadAttention):
         raise ValueError(f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}")
-    if module.bias_k is not None or module.bias_v is not None:
-        raise ValueError("add_bias_kv=True appends learned bias_k/bias_v as an extra key; mha_numpy does not model it")
-    if module.add_zero_attn:
-        raise ValueError("add_zero_attn=True appends a zero key/value; mha_numpy does not model it")
+    bias_kv = module.bias_k is not None
+    if bias_kv != (module.bias_v is not None):
+        raise ValueError("bias_k and bias_v must both be present (add_bias_kv=True) or both absent")
     bias = module.in_proj_bias is not None
     if bias != (module.out_proj.bias is not None):
         raise ValueError("in_proj_bias and out_proj.bias must both be present or both absent")
     packed = bool(module._qkv_same_embed_dim)
-    dtype = _check_numpy_dtype(module.out_proj.weight.dtype)
-    name_map = names.torch_mha_name_map(module.embed_dim, packed=packed, bias=bias)
+    dtype = numpy_dtype_of(module.out_proj.weight.dtype)
+    name_map = names.torch_mha_name_map(module.embed_dim, packed=packed, bias=bias, bias_kv=bias_kv)
     params = names.params_from_state(dict(module.named_parameters()), name_map)
-    return _new_mha(module.embed_dim, module.num_heads, bias, module.kdim, module.vdim, module.dropout, dtype, params)
+    sizes = (module.embed_dim, module.num_heads, bias, module.kdim, module.vdim, module.dropout, dtype)
+    return module_with_params(*sizes, params, add_bias_kv=bias_kv, add_zero_attn=bool(module.add_zero_attn))
 
 
 def to_torch_mha(mha: MultiHeadAttention) -> torch.nn.MultiheadAttention:
@@ -67,6 +72,9 @@ def to_torch_mha(mha: MultiHeadAttention) -> torch.nn.MultiheadAttention:
     The dtype follows ``mha``; values are copied exactly.
     """
     torch = require("torch")
+    missing = [f"{k}={v}" for k, v in mha.config.changed().items() if k in _NOT_IN_TORCH_MHA]
+    if missing:
+        raise ValueError(f"torch.nn.MultiheadAttention has no {missing[0]}: this module cannot be exported to it")
     module = torch.nn.MultiheadAttention(
         mha.embed_dim,
         mha.num_heads,
@@ -76,15 +84,18 @@ def to_torch_mha(mha: MultiHeadAttention) -> torch.nn.MultiheadAttention:
         vdim=mha.vdim,
         batch_first=True,
         dtype=getattr(torch, mha.dtype.name),
+        add_bias_kv=mha.add_bias_kv,
+        add_zero_attn=mha.add_zero_attn,
     )
     named = dict(module.named_parameters())
-    name_map = names.torch_mha_name_map(mha.embed_dim, module._qkv_same_embed_dim, mha.bias)
+    name_map = names.torch_mha_name_map(mha.embed_dim, module._qkv_same_embed_dim, mha.bias, mha.add_bias_kv)
     with torch.no_grad():
         for ours, (torch_name, rows) in name_map.items():
             target = named[torch_name] if rows is None else named[torch_name][rows]
-            if tuple(target.shape) != mha.params[ours].shape:
+            value = mha.params[ours].reshape(target.shape) if ours in ("bias_k", "bias_v") else mha.params[ours]
+            if tuple(target.shape) != value.shape:
                 raise ValueError(f"{ours} has shape {mha.params[ours].shape}, torch expects {tuple(target.shape)}")
-            target.copy_(torch.from_numpy(mha.params[ours]))
+            target.copy_(torch.from_numpy(value))
     return module
 
 
@@ -106,6 +117,6 @@ def from_hf_bert_attention(module: BertAttention) -> MultiHeadAttention:
     scaling = getattr(self_attn, "scaling", self_attn.attention_head_size**-0.5)  # older transformers: implicit
     if not np.isclose(scaling, self_attn.attention_head_size**-0.5, rtol=1e-15):
         raise ValueError(f"BertSelfAttention.scaling={scaling} is not 1/sqrt(head size); not modelled")
-    dtype = _check_numpy_dtype(self_attn.query.weight.dtype)
+    dtype = numpy_dtype_of(self_attn.query.weight.dtype)
     params = names.params_from_state(dict(module.named_parameters()), names.HF_BERT_NAME_MAP)
-    return _new_mha(E, H, True, E, E, float(self_attn.dropout.p), dtype, params)
+    return module_with_params(E, H, True, E, E, float(self_attn.dropout.p), dtype, params)

@@ -33,7 +33,7 @@ from ..attention import MultiHeadAttention
 from ..kv_cache import KVCache
 from ._harness import add_grad_rows, random_like
 from ._lazy import require
-from .convert import _check_numpy_dtype, _new_mha
+from .convert import module_with_params, numpy_dtype_of
 from .names import HF_LLAMA_NAME_MAP, params_from_state
 from .report import CrosscheckReport, rtol_for
 
@@ -75,11 +75,11 @@ def from_hf_llama_attention(module: LlamaAttention) -> MultiHeadAttention:
     if len(set(has_bias)) != 1:
         raise ValueError(f"q/k/v/o_proj biases must all be present or all absent, got {dict(zip(names, has_bias))}")
     bias = has_bias[0]
-    dtype = _check_numpy_dtype(module.q_proj.weight.dtype)
+    dtype = numpy_dtype_of(module.q_proj.weight.dtype)
     name_map = {ours: entry for ours, entry in HF_LLAMA_NAME_MAP.items() if bias or ours.startswith("W_")}
     params = params_from_state(dict(module.named_parameters()), name_map)
     dropout = float(getattr(cfg, "attention_dropout", 0.0))
-    return _new_mha(E, H, bias, E, E, dropout, dtype, params, num_kv_heads=Hkv, rope_theta=_rope_theta(cfg))
+    return module_with_params(E, H, bias, E, E, dropout, dtype, params, num_kv_heads=Hkv, rope_theta=_rope_theta(cfg))
 
 
 def _torch_cos_sin(torch, positions: np.ndarray, head_dim: int, theta: float, dtype):

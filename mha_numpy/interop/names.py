@@ -24,12 +24,13 @@ HF_BERT_NAME_MAP: NameMap = {
 """BertAttention's parameters as ours. output.LayerNorm is *not* part of multi-head attention."""
 
 
-def torch_mha_name_map(embed_dim: int, packed: bool = True, bias: bool = True) -> NameMap:
+def torch_mha_name_map(embed_dim: int, packed: bool = True, bias: bool = True, bias_kv: bool = False) -> NameMap:
     """Where each of our parameters lives in a ``torch.nn.MultiheadAttention`` state dict.
 
     packed (kdim == vdim == embed_dim): W_q, W_k, W_v are the row blocks [0:E], [E:2E], [2E:3E] of
     ``in_proj_weight`` (3E, E). Otherwise they are ``q_proj_weight`` (E, E), ``k_proj_weight`` (E, kdim),
     ``v_proj_weight`` (E, vdim). The input biases are always the blocks of ``in_proj_bias`` (3E,).
+    bias_kv (``add_bias_kv=True``): our bias_k, bias_v (E,) are torch's ``bias_k``, ``bias_v`` (1, 1, E).
     """
     E = embed_dim
     rows = {"q": slice(0, E), "k": slice(E, 2 * E), "v": slice(2 * E, 3 * E)}
@@ -41,6 +42,8 @@ def torch_mha_name_map(embed_dim: int, packed: bool = True, bias: bool = True) -
         for x in "qkv":
             name_map[f"b_{x}"] = ("in_proj_bias", rows[x])
         name_map["b_o"] = ("out_proj.bias", None)
+    if bias_kv:
+        name_map["bias_k"], name_map["bias_v"] = ("bias_k", None), ("bias_v", None)
     return name_map
 
 
@@ -62,6 +65,8 @@ def params_from_state(state: Mapping, name_map: NameMap) -> dict[str, np.ndarray
             raise KeyError(f"{torch_name!r} (our {ours}) is missing; got {sorted(state)}")
         full = to_numpy(state[torch_name])
         out[ours] = np.array(full if rows is None else full[rows], copy=True)
+        if ours in ("bias_k", "bias_v"):
+            out[ours] = out[ours].reshape(-1)  # torch's (1, 1, E) -> our (E,)
     return out
 
 

@@ -67,11 +67,13 @@ def crosscheck_torch_mha(
     path = "need_weights=True" if need_weights else "need_weights=False"
     layout = "separate q/k/v_proj_weight" if not module._qkv_same_embed_dim else "packed in_proj_weight"
     report = CrosscheckReport(
-        f"torch.nn.MultiheadAttention ({path}, {layout}, bias={mha.bias}, batch_first={module.batch_first})",
+        f"torch.nn.MultiheadAttention ({path}, {layout}, bias={mha.bias}, batch_first={module.batch_first}"
+        + "".join(f", {k}=True" for k in ("add_bias_kv", "add_zero_attn") if getattr(mha, k))
+        + ")",
         dtype,
         rtol,
     )
-    name_map = names.torch_mha_name_map(mha.embed_dim, module._qkv_same_embed_dim, mha.bias)
+    name_map = names.torch_mha_name_map(mha.embed_dim, module._qkv_same_embed_dim, mha.bias, mha.add_bias_kv)
     _compare(report, out, cache, grads, theirs, self_attention, name_map)
     return report
 
@@ -151,7 +153,16 @@ def _torch_steps(torch, module, mha: MultiHeadAttention, batch_first_qkv, additi
         bq, bk, bv = b.chunk(3) if b is not None else (None, None, None)
         w = (module.q_proj_weight, module.k_proj_weight, module.v_proj_weight)
         q_t, k_t, v_t = torch.nn.functional._in_projection(tq, tk, tv, *w, bq, bk, bv)
+    if module.bias_k is not None:  # add_bias_kv: one learned key and value after the sequence's
+        k_t = torch.cat([k_t, module.bias_k.transpose(0, 1).expand(B, 1, -1)], dim=1)  # (B, Lk + 1, E)
+        v_t = torch.cat([v_t, module.bias_v.transpose(0, 1).expand(B, 1, -1)], dim=1)
     Q_t, K_t, V_t = (heads(x, mha.num_heads) for x in (q_t, k_t, v_t))  # (B, H, L, d)
+    if module.add_zero_attn:  # one zero key and value more
+        zero = torch.zeros((B, mha.num_heads, 1, mha.head_dim), dtype=K_t.dtype)
+        K_t, V_t = torch.cat([K_t, zero], dim=2), torch.cat([V_t, zero], dim=2)  # (B, H, Lk + n, d)
+    extra = K_t.shape[2] - tk.shape[1]  # the appended keys: every query may attend to them
+    if additive is not None and extra:
+        additive = torch.nn.functional.pad(additive.expand(B, mha.num_heads, Lq, -1), (0, extra))  # zeros
     scores_t, _, ctx_t = torch_attention(torch, Q_t, K_t, V_t, mha.head_dim**-0.5, additive)
     merged_t = ctx_t.transpose(1, 2).reshape(B, Lq, E)  # (B, Lq, E)
     out_ops_t = torch.nn.functional.linear(merged_t, module.out_proj.weight, module.out_proj.bias)

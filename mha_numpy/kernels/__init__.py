@@ -6,7 +6,7 @@
     auto        one of the two above per call, by a documented rule on the shape (``auto.py``)
 
 The protocol (``base.Kernel``): ``forward(q, k, v, mask=None, scale=None, dropout_p=0.0, rng=None,
-dropout_mask=None, bias=None) -> (context, cache)`` and ``backward(d_context, cache) -> (dq, dk, dv,
+dropout_mask=None, bias=None, score_mods=()) -> (context, cache)`` and ``backward(d_context, cache) -> (dq, dk, dv,
 d_bias)``; the cache carries its kernel and exposes ``attn_weights``. ``get_kernel`` is the only place
 a name is resolved: ``MultiHeadAttention(impl=...)`` takes a registered name or a kernel object. A new
 kernel is one file here and one ``register`` call; the conformance tests pick it up from ``KERNELS``.
@@ -15,7 +15,7 @@ kernel is one file here and one ``register`` call; the conformance tests pick it
 from __future__ import annotations
 
 from .auto import AutoKernel
-from .base import AttentionArgs, Kernel, check_args
+from .base import CACHE_ATTRIBUTES, AttentionArgs, Kernel, ScoreMod, check_args
 from .chunked import ChunkedKernel
 from .naive import NaiveKernel
 from .vectorized import VectorizedKernel
@@ -50,5 +50,5 @@ register("naive", NaiveKernel)
 register("chunked", ChunkedKernel)
 register("auto", AutoKernel)
 
-__all__ = ["AttentionArgs", "Kernel", "KERNELS", "register", "get_kernel", "check_args"]
+__all__ = ["AttentionArgs", "Kernel", "KERNELS", "register", "get_kernel", "check_args", "ScoreMod", "CACHE_ATTRIBUTES"]
 __all__ += ["VectorizedKernel", "NaiveKernel", "ChunkedKernel", "AutoKernel"]

@@ -1,24 +1,53 @@
-"""The kernel protocol and the preamble every kernel shares.
+"""The kernel protocol, the preamble every kernel shares, and the contract of a kernel's cache.
 
-A kernel computes softmax(q kᵀ · scale + bias + mask) v on (B, H, L, d) arrays, and its backward:
+A kernel computes softmax(mods(q kᵀ · scale + bias) + mask) v on (B, H, L, d) arrays, and its backward:
 
     context, cache = kernel.forward(q, k, v, mask=None, scale=None, dropout_p=0.0, rng=None,
-                                    dropout_mask=None, bias=None)
+                                    dropout_mask=None, bias=None, score_mods=())
     dq, dk, dv, d_bias = kernel.backward(d_context, cache)      # d_bias is None without a bias
 
 ``forward`` checks its arguments once (``check_qkv`` and ``check_args``) and calls ``run``, which
 a kernel implements on checked arguments; ``MultiHeadAttention`` checks early (before any arithmetic)
-and calls ``run`` itself. Every cache carries its kernel (``cache.kernel``), so a backward never
-dispatches on a name, and exposes ``attn_weights`` (B, H, Lq, Lk), after softmax and before dropout.
+and calls ``run`` itself. ``score_mods`` are elementwise changes of the scores (``ScoreMod``, e.g. a
+soft-cap), applied in order after the bias and before the mask, on whatever block of scores a kernel
+holds (the whole tensor, one head, one tile).
+
+The cache contract (``CACHE_ATTRIBUTES``; ``tests/test_kernels.py`` checks it for every registered kernel):
+every kernel's cache has
+
+    kernel          the kernel that made it (set when the cache is made), so a backward never dispatches on a name
+    scores          (B, H, Lq, Lk) mods(q kᵀ · scale + bias), before the mask
+    masked_scores   (B, H, Lq, Lk) after the mask (-inf where a bool mask blocks)
+    attn_weights    (B, H, Lq, Lk) after softmax, before dropout; fully masked rows are 0
+    dropout_mask    (B, H, Lq, Lk) bool keep-mask used by dropout, or None
+
+A kernel may compute the four arrays only when they are read (the chunked kernel does: they are Lq × Lk,
+the memory it exists to avoid); reading one never changes what ``backward`` returns.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .._checks import as_generator, check_dropout, check_mask, check_qkv, default_scale
+
+CACHE_ATTRIBUTES = ("kernel", "scores", "masked_scores", "attn_weights", "dropout_mask")
+
+
+@dataclass(frozen=True)
+class ScoreMod:
+    """An elementwise change of the scores without parameters, e.g. a soft-cap s -> c · tanh(s / c).
+
+    ``forward(s) -> (s', cache)`` and ``backward(ds', cache) -> ds`` are a pair in ``functional`` (with its
+    options bound); a kernel calls them on any block of scores, so they must act entry by entry.
+    """
+
+    name: str
+    forward: Callable
+    backward: Callable
 
 
 @dataclass(frozen=True)
@@ -27,6 +56,7 @@ class AttentionArgs:
 
     mask: None, bool (True = may attend) or float (added).   bias: None or float (added, differentiable).
     dropout_p: in [0, 1).   keep: a given bool keep-mask (B, H, Lq, Lk), or None.   rng: draws the rest.
+    score_mods: ``ScoreMod`` s applied in order after the bias, before the mask.
     """
 
     shape: tuple[int, int, int, int]
@@ -36,6 +66,30 @@ class AttentionArgs:
     dropout_p: float = 0.0
     keep: np.ndarray | None = None
     rng: np.random.Generator | None = None
+    score_mods: tuple = ()
+
+    def add_bias(self, term: np.ndarray) -> AttentionArgs:
+        """These arguments with ``term`` (broadcastable to the scores) added to the bias."""
+        return replace(self, bias=term if self.bias is None else self.bias + term)
+
+    def add_score_mod(self, mod: ScoreMod) -> AttentionArgs:
+        """These arguments with one more elementwise change of the scores, applied after the others."""
+        return replace(self, score_mods=(*self.score_mods, mod))
+
+    def append_keys(self, length: int, n: int) -> AttentionArgs:
+        """For n keys appended after the ``length`` there are (torch's ``add_bias_kv``, ``add_zero_attn``): every
+        query may attend to them (the mask gets n allowed columns) and no bias reaches them (n zero columns)."""
+
+        def extend(a, fill):
+            if a is None:
+                return None
+            a = a.reshape((1,) * (4 - a.ndim) + a.shape)  # (b, h, lq, lk), lk = length or 1 (broadcast)
+            a = np.broadcast_to(a, (*a.shape[:3], length))  # (b, h, lq, length): the keys so far, explicitly
+            tail = np.full((*a.shape[:3], n), fill, dtype=a.dtype)  # (b, h, lq, n)
+            return np.concatenate([a, tail], axis=-1)  # (b, h, lq, length + n)
+
+        allowed = True if self.mask is not None and self.mask.dtype == np.bool_ else 0.0
+        return replace(self, mask=extend(self.mask, allowed), bias=extend(self.bias, 0.0))
 
     @property
     def dropout(self) -> bool:
@@ -54,14 +108,29 @@ class AttentionArgs:
         return int(self.rng.integers(2**63))
 
 
-def check_args(shape, head_dim: int, mask=None, scale=None, dropout_p=0.0, rng=None, dropout_mask=None, bias=None):
-    """Validate everything but q, k, v for scores of ``shape`` = (B, H, Lq, Lk) -> AttentionArgs."""
+def check_args(
+    shape, head_dim: int, mask=None, scale=None, dropout_p=0.0, rng=None, dropout_mask=None, bias=None,
+    score_mods=(), dtype=None, mask_keys=None,
+):  # fmt: skip
+    """Validate everything but q, k, v for scores of ``shape`` = (B, H, Lq, Lk) -> AttentionArgs.
+
+    dtype: the dtype of q, k, v. A bias of another dtype is refused (it is differentiated: its gradient would
+    come back in another dtype than it has); a float mask of another dtype is converted to it (a mask is not).
+    mask_keys: the keys the mask covers when keys are appended after them (``MultiHeadAttention``'s
+    ``add_bias_kv``, ``add_zero_attn``), default all Lk.
+    """
     shape = tuple(int(n) for n in shape)
-    mask = check_mask(mask, shape)
-    bias = check_mask(bias, shape, name="bias", allow_bool=False)
+    mask = check_mask(mask, shape if mask_keys is None else (*shape[:3], int(mask_keys)))
+    bias = check_mask(bias, shape, name="bias", allow_bool=False, dtype=dtype)
+    if dtype is not None and mask is not None and mask.dtype != np.bool_ and mask.dtype != dtype:
+        with np.errstate(over="ignore"):  # float64's finfo.min becomes float32's -inf: still "blocked"
+            mask = mask.astype(dtype)
+    if not all(isinstance(m, ScoreMod) for m in score_mods):
+        raise ValueError(f"score_mods must be kernels.ScoreMod objects, got {score_mods!r:.80}")
     keep = check_dropout(shape, dropout_p, rng, dropout_mask)
     rng = None if rng is None else as_generator(rng)
-    return AttentionArgs(shape, default_scale(head_dim, scale), mask, bias, float(dropout_p), keep, rng)
+    scale = default_scale(head_dim, scale)
+    return AttentionArgs(shape, scale, mask, bias, float(dropout_p), keep, rng, tuple(score_mods))
 
 
 class Kernel:
@@ -69,11 +138,14 @@ class Kernel:
 
     name = "kernel"
 
-    def forward(self, q, k, v, mask=None, scale=None, dropout_p=0.0, rng=None, dropout_mask=None, bias=None):
+    def forward(
+        self, q, k, v, mask=None, scale=None, dropout_p=0.0, rng=None, dropout_mask=None, bias=None, score_mods=()
+    ):
         """q (B, H, Lq, d), k (B, H, Lk, d), v (B, H, Lk, dv) -> context (B, H, Lq, dv), cache."""
         q, k, v = check_qkv(q, k, v)
         shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-        return self.run(q, k, v, check_args(shape, q.shape[-1], mask, scale, dropout_p, rng, dropout_mask, bias))
+        args = check_args(shape, q.shape[-1], mask, scale, dropout_p, rng, dropout_mask, bias, score_mods, q.dtype)
+        return self.run(q, k, v, args)
 
     def run(self, q, k, v, args: AttentionArgs):  # pragma: no cover - the protocol
         raise NotImplementedError

@@ -29,7 +29,9 @@ down to 128 × 128 parts (``_Tiles.parts``): a causal diagonal tile costs little
 half. A row with no allowed key gets ℓ = 0 and 1/ℓ is stored as 0, which makes its recomputed
 weights exactly 0: zero weights, zero context, zero (finite) gradients. A float ``bias`` (ALiBi, a
 relative-position table) is added like a float mask, and its gradient, the sum of dS over the bias's
-broadcast axes, is accumulated tile by tile.
+broadcast axes, is accumulated tile by tile. Score mods (``kernels.ScoreMod``: an elementwise change such
+as a soft-cap) act on each tile after the bias and before the mask; the backward recomputes them with the
+tile and takes dS back through their pair's backward before dQ, dK and the bias gradient.
 
 Dropout (training): the keep-mask of a tile is either cut from a given ``dropout_mask`` or drawn
 from its own generator seeded by (seed, b, h, i, j), so the backward regenerates exactly the same
@@ -55,6 +57,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import functional as F
 from .._checks import check_d_context, positive_int_or_none
 from ..threads import AVAILABLE_CORES, pooled_matmul, run_items
 from .base import AttentionArgs, Kernel
@@ -85,6 +88,7 @@ class _Tiles:
             return None if a is None else np.broadcast_to(a, args.shape)[b, hs]  # (g, Lq, Lk) view
 
         self.mask, self.bias, self.keep = view(args.mask), view(args.bias), view(args.keep)
+        self.mods = args.score_mods
         self.p, self.seed, self.b, self.hs = args.dropout_p, seed, b, hs
         mshape = (1,) * (4 - np.ndim(args.mask)) + np.shape(args.mask)  # the mask's own (b, h, Lq, Lk) sizes
         self.states = states  # heads and batch items that share their mask share its tile states:
@@ -133,16 +137,22 @@ class _Tiles:
             for c0, c1 in ((j0, jm), (jm, j1)):
                 yield from self.parts(r0, r1, c0, c1)
 
-    def finish_scores(self, s: np.ndarray, i0: int, j0: int, state: int, m) -> None:
-        """Add the bias and apply a _PARTIAL mask tile m (n, bk) to the score tile s = S[:, i0:, j0:] (g, n, bk)."""
+    def finish_scores(self, s: np.ndarray, i0: int, j0: int, state: int, m) -> list:
+        """Add the bias, apply the score mods, then a _PARTIAL mask tile m (n, bk), to the score tile
+        s = S[:, i0:, j0:] (g, n, bk), in place. -> the mods' caches (for the backward; [] without mods)."""
         if self.bias is not None:
             i1, j1 = i0 + s.shape[-2], j0 + s.shape[-1]
             np.add(s, self.bias[:, i0:i1, j0:j1], out=s, casting="unsafe")  # the same order as the vectorized path
+        mods = []
+        if self.mods:
+            out, mods = F.score_mods_forward(s.copy(), self.mods)  # (g, n, bk); a copy: s is reused in place below
+            s[...] = out
         if state == _PARTIAL:
             if m.dtype == np.bool_:
                 np.copyto(s, -np.inf, where=~m)  # (g, n, bk), the mask tile broadcast over the group's heads
             else:
                 np.add(s, m, out=s, casting="unsafe")
+        return mods
 
     def keep_tile(self, i0: int, i1: int, j0: int, j1: int):
         """Dropout keep-mask of the tile (bool, (g, i1 - i0, j1 - j0)), or None without dropout.
@@ -262,7 +272,7 @@ def _backward_keys(r: _HeadRows, bq: int, bk: int, j_start: int, j_stop: int, dq
                 kj, vj = kb[:, c0 - j0 : c1 - j0], vb[:, c0 - j0 : c1 - j0]  # the part's keys, (g, bk, ·)
                 e, dp = e_buf[:, : r1 - r0, : c1 - c0], dp_buf[:, : r1 - r0, : c1 - c0]
                 np.matmul(r.q[:, r0:r1], kj.swapaxes(1, 2), out=e)  # (g, bq, d) @ (g, d, bk) -> (g, bq, bk) S
-                tiles.finish_scores(e, r0, c0, state, mtile)
+                mods = tiles.finish_scores(e, r0, c0, state, mtile)  # the mods' caches, for dS below
                 np.subtract(e, r.m[:, r0:r1, None], out=e)
                 np.exp(e, out=e)  # (g, bq, bk) E = exp(S - m); the forward's weights are E / ℓ
                 np.matmul(r.da[:, r0:r1], vj.swapaxes(1, 2), out=dp)  # (g, bq, dv+1) @ (g, dv+1, bk) -> (dP - D) / ℓ
@@ -276,6 +286,8 @@ def _backward_keys(r: _HeadRows, bq: int, bk: int, j_start: int, j_stop: int, dq
                     dp *= scale_drop
                     np.subtract(dp, r.D_l[:, r0:r1, None], out=dp)
                 np.multiply(dp, e, out=dp)  # (g, bq, bk) dS = E ∘ (dP - D) / ℓ = P ∘ (dP - D), the softmax VJP
+                if mods:
+                    dp = F.score_mods_backward(dp, mods)  # (g, bq, bk) the gradient of the scores before the mods
                 dq[:, r0:r1] += dp @ kj  # (g, bq, bk) @ (g, bk, d) -> (g, bq, d)
                 dk[:, c0:c1] += dp.swapaxes(1, 2) @ r.q[:, r0:r1]  # (g, bk, bq) @ (g, bq, d) -> (g, bk, d)
                 if d_bias is not None:
@@ -348,9 +360,10 @@ class ChunkedCache:
 
     @property
     def scores(self) -> np.ndarray:
-        """(B, H, Lq, Lk) q kᵀ · scale (+ bias) before the mask (computed now, Lq × Lk memory)."""
+        """(B, H, Lq, Lk) mods(q kᵀ · scale + bias) before the mask (computed now, Lq × Lk memory)."""
         s = (self.q * self.args.scale) @ self.k.swapaxes(-1, -2)  # (B, H, Lq, d) @ (B, H, d, Lk) -> (B, H, Lq, Lk)
-        return s if self.args.bias is None else s + self.args.bias
+        s = s if self.args.bias is None else s + self.args.bias
+        return F.score_mods_forward(s, self.args.score_mods)[0]
 
     @property
     def masked_scores(self) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 "Attention Is All You Need" read literally, one (batch item, head) at a time:
 
-    head_h = softmax(Q_h K_hᵀ · scale + bias_h + mask_h) V_h
+    head_h = softmax(mods(Q_h K_hᵀ · scale + bias_h) + mask_h) V_h
 
 with the same composition of pairs as the vectorized kernel (``functional.attention_steps_forward``),
 applied to 2-D (L, ·) arrays. It gives the same numbers and is the baseline of the benchmark: the
@@ -55,6 +55,7 @@ class NaiveKernel(Kernel):
                 context[b, h], c = F.attention_steps_forward(
                     q[b, h], k[b, h], v[b, h], _per_head(args.mask, args.shape, b, h), args.scale,
                     args.dropout_p, None if keep is None else keep[b, h], _per_head(args.bias, args.shape, b, h),
+                    args.score_mods,
                 )  # fmt: skip  # (Lq, dv)
                 scores[b, h], masked[b, h], weights[b, h], heads[b, h] = c.scores, c.masked_scores, c.attn_weights, c
         bias_shape = None if args.bias is None else np.shape(args.bias)

@@ -28,7 +28,7 @@ def _blas_for(shape):
 
 
 class VectorizedKernel(Kernel):
-    """softmax(q kᵀ · scale + bias + mask) v as ``functional.attention_steps_forward`` computes it."""
+    """softmax(mods(q kᵀ · scale + bias) + mask) v as ``functional.attention_steps_forward`` computes it."""
 
     name = "vectorized"
 
@@ -36,9 +36,8 @@ class VectorizedKernel(Kernel):
         keep = args.keep_mask()
         with _blas_for(args.shape):
             context, cache = F.attention_steps_forward(
-                q, k, v, args.mask, args.scale, args.dropout_p, keep, args.bias
+                q, k, v, args.mask, args.scale, args.dropout_p, keep, args.bias, args.score_mods, kernel=self
             )  # (B, H, Lq, dv)
-        cache.kernel = self
         return context, cache
 
     def backward(self, d_context, cache: F.AttentionCache):

@@ -18,7 +18,7 @@ WEIGHT_CMAP = "viridis"
 DIVERGING_CMAP = "RdBu_r"
 
 
-def _labels(tokens: Sequence[str] | None, n: int, what: str) -> list[str]:
+def tick_labels(tokens: Sequence[str] | None, n: int, what: str) -> list[str]:
     """Tick labels: the tokens (checked against the axis length) or the indices 0 .. n-1."""
     if tokens is None:
         return [str(i) for i in range(n)]
@@ -46,7 +46,7 @@ def blocked_cells(mask, shape: tuple[int, ...]) -> np.ndarray:
         raise ValueError(f"mask with shape {m.shape} does not broadcast to {shape}") from None
 
 
-def _mark_blocked(ax, blocked: np.ndarray) -> PatchCollection | None:
+def mark_blocked(ax, blocked: np.ndarray) -> PatchCollection | None:
     """Draw a light-grey hatched square over every True cell of the 2-D ``blocked``."""
     rows, cols = np.nonzero(blocked)
     if rows.size == 0:
@@ -60,13 +60,13 @@ def _mark_blocked(ax, blocked: np.ndarray) -> PatchCollection | None:
     return coll
 
 
-def _set_ticks(ax, xlabels, ylabels, *, show_x=True, show_y=True, fontsize=9, rotate=60) -> None:
+def set_ticks(ax, xlabels, ylabels, *, show_x=True, show_y=True, fontsize=9, rotate=60) -> None:
     ax.set_xticks(range(len(xlabels)), xlabels, rotation=rotate, ha="right" if rotate else "center", fontsize=fontsize)
     ax.set_yticks(range(len(ylabels)), ylabels, fontsize=fontsize)
     ax.tick_params(labelbottom=show_x, labelleft=show_y, length=2)
 
 
-def _annotate(ax, values: np.ndarray, blocked: np.ndarray | None, vmin: float, vmax: float, fmt: str) -> None:
+def annotate_cells(ax, values: np.ndarray, blocked: np.ndarray | None, vmin: float, vmax: float, fmt: str) -> None:
     """Write each value in its cell, white on dark cells and black on light ones."""
     span = vmax - vmin if vmax > vmin else 1.0
     for (i, j), v in np.ndenumerate(values):
@@ -81,11 +81,11 @@ def _annotate(ax, values: np.ndarray, blocked: np.ndarray | None, vmin: float, v
 _CHAR_W = 0.075  # inches per character of a 9 pt tick label (DejaVu Sans, on average)
 
 
-def _needs_rotation(labels: Sequence[str]) -> bool:
+def needs_rotation(labels: Sequence[str]) -> bool:
     return any(len(t) > 2 for t in labels)
 
 
-def _panel_grid(
+def panel_grid(
     n: int,
     ncols: int,
     rows: int,
@@ -107,7 +107,7 @@ def _panel_grid(
     swatch labelled "masked" sits under the colorbar. Returns (fig, axes, colorbar_axes).
     """
     nrows = math.ceil(n / ncols)
-    rotated = _needs_rotation(xlabels)
+    rotated = needs_rotation(xlabels)
     longest_x = max((len(t) for t in xlabels), default=1)
     longest_y = max((len(t) for t in ylabels), default=1)
     left = 0.35 + 0.1 + _CHAR_W * longest_y  # axis label + tick labels
@@ -147,12 +147,12 @@ def _panel_grid(
     return fig, axes, cax
 
 
-def _grid(n: int, ncols: int | None, max_cols: int = 4) -> tuple[int, int]:
+def grid_shape(n: int, ncols: int | None, max_cols: int = 4) -> tuple[int, int]:
     ncols = min(n, max_cols) if ncols is None else max(1, min(ncols, n))
     return math.ceil(n / ncols), ncols
 
 
-def _pick_heads(num_heads: int, heads) -> list[int]:
+def pick_heads(num_heads: int, heads) -> list[int]:
     if heads is None:
         return list(range(num_heads))
     heads = [heads] if isinstance(heads, (int, np.integer)) else list(heads)
@@ -162,7 +162,7 @@ def _pick_heads(num_heads: int, heads) -> list[int]:
     return [int(h) for h in heads]
 
 
-def _as_bhqk(x, name: str) -> np.ndarray:
+def as_bhqk(x, name: str) -> np.ndarray:
     """(Lq, Lk) | (H, Lq, Lk) | (B, H, Lq, Lk) -> (B, H, Lq, Lk)."""
     a = np.asarray(x)
     if a.ndim not in (2, 3, 4):
@@ -170,7 +170,7 @@ def _as_bhqk(x, name: str) -> np.ndarray:
     return a.reshape((1,) * (4 - a.ndim) + a.shape)
 
 
-def _check_batch(batch: int, B: int, name: str) -> int:
+def check_batch(batch: int, B: int, name: str) -> int:
     if not 0 <= batch < B:
         raise ValueError(f"batch={batch} out of range for {name} with batch size {B}")
     return int(batch)

@@ -1,13 +1,18 @@
 // mha_numpy attention explorer: head view, model view, neuron view.
 // Plain JavaScript and SVG, no libraries, no network. The data (written by mha_numpy/viz/explorer.py) is the
-// JSON in <script id="explorer-data">:
+// JSON in the script element with id "explorer-data":
 //   qtok, ktok       query and key tokens
 //   layers, heads    layer names, number of heads
 //   attn[l][h]       attention weights in thousandths, row-major (Lq, Lk)
 //   masks, maskIndex distinct masks as '0'/'1' strings (1 = blocked); maskIndex[l][h] = index or -1
-//   neuron           null, or {d, scale, q[l][h], qStep[l][h], k[l][h], kStep[l][h], vnorm[l][h] or null}
+//   neuron           null, or {d, scale, q[l][h], qStep[l][h], k[l][h], kStep[l][h], vnorm[l][h] or null,
+//                    terms, mask}
 //                    q, k: row-major (L, d) ints, two base-64 characters each (int + 2048 = 64·hi + lo);
 //                    the value is int * step
+//                    terms: the additive score terms besides q·k × scale, [{name, maps, index}]; mask: a float
+//                    mask's finite values, {maps, index} or null. maps: distinct row-major (Lq, Lk) floats,
+//                    index[l][h] = the map of that layer and head or -1 (all zero)
+// Text from the data (tokens, title, layer names) goes into the page as text nodes and attribute values only.
 "use strict";
 
 const D = JSON.parse(document.getElementById("explorer-data").textContent);
@@ -31,7 +36,7 @@ const state = {
 // ------------------------------------------------------------------ small helpers
 
 function el(tag, attrs, parent, text) {
-  const svg = ["svg", "line", "text", "rect", "g", "title"].includes(tag);
+  const svg = ["svg", "line", "text", "tspan", "rect", "g", "title"].includes(tag);
   const node = svg ? document.createElementNS("http://www.w3.org/2000/svg", tag) : document.createElement(tag);
   for (const [name, value] of Object.entries(attrs || {})) node.setAttribute(name, value);
   if (text !== undefined) node.textContent = text;
@@ -62,22 +67,36 @@ function visibleHeads() {
 }
 
 function fmt(x, digits) {
-  return Number.isFinite(x) ? x.toFixed(digits) : "−∞";
+  if (!Number.isFinite(x)) return x > 0 ? "∞" : "−∞";
+  return Math.abs(x) >= 1e5 ? x.toExponential(digits - 1) : x.toFixed(digits);
+}
+
+const LABEL_MAX = 32;  // characters of a token or name shown; a longer one ends in "…" (its tooltip has it all)
+
+function label(text) {
+  const chars = Array.from(text);  // code points, so that a character is never cut in half
+  return chars.length > LABEL_MAX ? chars.slice(0, LABEL_MAX - 1).join("") + "…" : text;
+}
+
+function termValue(t, l, h, i, j) {   // a term {maps, index} at query i, key j (0 where it has no map)
+  const m = t.index[l][h];
+  return m < 0 ? 0 : t.maps[m][i * LK + j];
 }
 
 // ------------------------------------------------------------------ page skeleton
 
+document.title = D.title;  // as text (the <title> in the HTML has it too, escaped)
 const root = el("div", { id: "explorer" }, document.body);
 el("h1", {}, root, D.title);
 const tabs = el("div", { class: "tabs" }, root);
-for (const [view, label] of [["head", "Head view"], ["model", "Model view"], ["neuron", "Neuron view"]]) {
-  const b = el("button", { id: `tab-${view}`, "data-view": view }, tabs, label);
+for (const [view, caption] of [["head", "Head view"], ["model", "Model view"], ["neuron", "Neuron view"]]) {
+  const b = el("button", { id: `tab-${view}`, "data-view": view }, tabs, caption);
   b.addEventListener("click", () => show(view));
 }
 const controls = el("div", { class: "controls" }, root);
 const layerLabel = el("label", {}, controls, "layer ");
 const layerSelect = el("select", { id: "layer" }, layerLabel);
-D.layers.forEach((name, l) => el("option", { value: l }, layerSelect, name));
+D.layers.forEach((name, l) => el("option", { value: l, title: name }, layerSelect, label(name)));
 layerSelect.addEventListener("change", () => { state.layer = +layerSelect.value; render(); });
 const thrLabel = el("label", {}, controls, " draw weights ≥ ");
 const thrInput = el("input", { id: "threshold", type: "number", min: "0", max: "1", step: "0.01",
@@ -107,16 +126,21 @@ el("p", { class: "hint" }, views.head,
    "Lines go from each query (left) to the keys it attends to (right); opacity = weight. Hover a token to see " +
    "only its lines, click to pin it. Grey struck-through keys are masked; ⊘ marks a fully masked query (zero weights).");
 const ROW = 20;
+const GAP = 244;  // px between the query and the key labels, where the lines go
 const svg = el("svg", { id: "head-svg", width: 560, height: Math.max(LQ, LK) * ROW + 40 }, views.head);
+const layout = { qx: 150, kx: 410 };  // the right edge of the query labels, the left edge of the keys
 
 function setHeads(pick) {
   for (let h = 0; h < H; h++) state.visible[h] = pick(h);
   headBar.querySelectorAll("input[data-head]").forEach((box) => { box.checked = state.visible[+box.dataset.head]; });
 }
 
-function tokenText(side, index, x, anchor) {
-  const t = el("text", { x, y: 30 + index * ROW, "text-anchor": anchor, class: `tok ${side}`,
-                        "data-index": index }, svg, (side === "q" ? D.qtok : D.ktok)[index]);
+function tokenText(side, index) {
+  const tok = (side === "q" ? D.qtok : D.ktok)[index];
+  const t = el("text", { y: 30 + index * ROW, "text-anchor": side === "q" ? "end" : "start", class: `tok ${side}`,
+                        "data-index": index }, svg);
+  el("title", {}, t, tok);  // the tooltip: the whole token
+  el("tspan", { class: "label" }, t, label(tok));
   t.addEventListener("mouseenter", () => { if (!state.pinned) { state.focus = { side, index }; drawLines(); } });
   t.addEventListener("mouseleave", () => { if (!state.pinned) { state.focus = null; drawLines(); } });
   t.addEventListener("click", () => {
@@ -128,13 +152,29 @@ function tokenText(side, index, x, anchor) {
   return t;
 }
 
+function widest(texts, prefix) {         // px of the widest label (measured; estimated when not rendered)
+  return Math.max(40, ...texts.map((t) => {
+    const s = t.querySelector("tspan");
+    const text = s.textContent;
+    s.textContent = prefix + text;
+    const w = t.getComputedTextLength() || 8 * Array.from(s.textContent).length;
+    s.textContent = text;
+    return w;
+  }));
+}
+
 function drawHeadView() {
   svg.replaceChildren();
-  el("text", { x: 150, y: 12, "text-anchor": "end", class: "axis" }, svg, "query");
-  el("text", { x: 410, y: 12, class: "axis" }, svg, "key");
+  const qAxis = el("text", { y: 12, "text-anchor": "end", class: "axis" }, svg, "query");
+  const kAxis = el("text", { y: 12, class: "axis" }, svg, "key");
   el("g", { id: "lines" }, svg);
-  for (let i = 0; i < LQ; i++) tokenText("q", i, 150, "end");
-  for (let j = 0; j < LK; j++) tokenText("k", j, 410, "start");
+  const qs = D.qtok.map((_, i) => tokenText("q", i));
+  const ks = D.ktok.map((_, j) => tokenText("k", j));
+  layout.qx = 10 + widest(qs, "⊘ ");  // room for the fully-masked mark
+  layout.kx = layout.qx + GAP + 16;
+  svg.setAttribute("width", layout.kx + widest(ks, "") + 10);
+  for (const t of [qAxis, ...qs]) t.setAttribute("x", layout.qx);
+  for (const t of [kAxis, ...ks]) t.setAttribute("x", layout.kx);
   drawLines();
 }
 
@@ -155,7 +195,8 @@ function drawLines() {
         if (f && f.side === "k" && f.index !== j) continue;
         const w = D.attn[l][h][i * LK + j];
         if (w === 0 || w < minInt) continue;
-        el("line", { x1: 158, y1: 26 + i * ROW + off, x2: 402, y2: 26 + j * ROW + off, stroke: headColor(h),
+        el("line", { x1: layout.qx + 8, y1: 26 + i * ROW + off, x2: layout.kx - 8, y2: 26 + j * ROW + off,
+                     stroke: headColor(h),
                      "stroke-opacity": Math.min(1, 0.1 + w / 1000).toFixed(3), "stroke-width": 2, class: "attn",
                      "data-q": i, "data-k": j, "data-h": h, "data-w": (w / 1000).toFixed(3) }, g);
         count++;
@@ -182,7 +223,7 @@ function markTokens(heads) {
     const i = +t.dataset.index;
     const full = heads.length > 0 && heads.every((h) => fullyMasked(l, h, i));
     t.classList.toggle("fully-masked", full);
-    t.textContent = (full ? "⊘ " : "") + D.qtok[i];
+    t.querySelector("tspan").textContent = (full ? "⊘ " : "") + label(D.qtok[i]);
     t.classList.toggle("focus", !!f && f.side === "q" && f.index === i);
   });
 }
@@ -219,7 +260,7 @@ function drawModelView() {
   for (let h = 0; h < H; h++) el("th", { style: `color:${headColor(h)}` }, head, `head ${h}`);
   D.layers.forEach((name, l) => {
     const row = el("tr", {}, table);
-    el("th", {}, row, name);
+    el("th", { title: name }, row, label(name));
     for (let h = 0; h < H; h++) {
       const td = el("td", {}, row);
       const c = el("canvas", { class: "thumb", width: LK * CELL, height: LQ * CELL, "data-layer": l, "data-head": h,
@@ -245,7 +286,7 @@ const nHeadSelect = el("select", { id: "neuron-head" }, nHeadLabel);
 for (let h = 0; h < H; h++) el("option", { value: h }, nHeadSelect, String(h));
 const nQueryLabel = el("label", {}, neuronBar, " query ");
 const nQuerySelect = el("select", { id: "neuron-query" }, nQueryLabel);
-D.qtok.forEach((t, i) => el("option", { value: i }, nQuerySelect, `${i}: ${t}`));
+D.qtok.forEach((t, i) => el("option", { value: i, title: t }, nQuerySelect, `${i}: ${label(t)}`));
 const vwLabel = el("label", {}, neuronBar, " ");
 const vwBox = el("input", { id: "value-weighted", type: "checkbox" }, vwLabel);
 el("span", {}, vwLabel, " value-weighted: α·‖v W_oᵀ‖");
@@ -290,18 +331,26 @@ function drawNeuronView() {
   const i = state.nQuery;
   const q = vector("q", l, h, i);
   const full = fullyMasked(l, h, i);
+  const masked = D.masks.length > 0 || !!N.mask;  // a "+ mask" column: blocked keys (−∞) and finite values
+  const names = N.terms.map((t) => t.name);
+  const sum = ["q·k × scale", ...names, ...(masked ? ["mask"] : [])].join(" + ");
   const head = el("p", { class: "hint" }, neuronBody,
-    `${D.layers[l]}, head ${h}, query ${i} “${D.qtok[i]}”: score_j = (q · k_j) × scale, scale = ${N.scale.toPrecision(6)}` +
-    (full ? ". Fully masked row: every key is blocked, all weights are 0." : ""));
+    `${label(D.layers[l])}, head ${h}, query ${i} “${label(D.qtok[i])}”: score_j = ${sum}, ` +
+    `scale = ${N.scale.toPrecision(6)}; α = softmax over the keys of the score.` +
+    (full ? " Fully masked row: every key is blocked, all weights are 0." : ""));
   head.id = "neuron-caption";
+  head.dataset.terms = JSON.stringify(names);
 
   const rows = [];
   for (let j = 0; j < LK; j++) {
     const k = vector("k", l, h, j);
     const prod = q.map((v, c) => v * k[c]);
     const dot = prod.reduce((a, b) => a + b, 0);
+    const terms = N.terms.map((t) => termValue(t, l, h, i, j));
     const isBlocked = blocked(l, h, i, j);
-    rows.push({ j, k, prod, dot, score: isBlocked ? -Infinity : dot * N.scale, isBlocked });
+    const mask = isBlocked ? -Infinity : N.mask ? termValue(N.mask, l, h, i, j) : 0;
+    const score = dot * N.scale + terms.reduce((a, b) => a + b, 0) + mask;  // −∞ where blocked
+    rows.push({ j, k, prod, dot, terms, mask, score, isBlocked });
   }
   const top = Math.max(...rows.map((r) => r.score));
   const ex = rows.map((r) => (Number.isFinite(r.score) ? Math.exp(r.score - top) : 0));
@@ -318,17 +367,27 @@ function drawNeuronView() {
   const table = el("table", { id: "neuron-table" }, neuronBody);
   const hr = el("tr", {}, table);
   const last = state.valueWeighted && N.vnorm ? "α‖v W_oᵀ‖ (normalised)" : "softmax α";
-  for (const t of ["key", "k", "q ∘ k (elementwise)", "q · k (sum)", "score = q·k × scale", last]) el("th", {}, hr, t);
+  const columns = ["key", "k", "q ∘ k (elementwise)", "q · k (sum)", "× scale", ...names.map((n) => `+ ${n}`),
+                   ...(masked ? ["+ mask"] : []), "score (the sum)", last];
+  for (const t of columns) el("th", { title: t }, hr, label(t));
   const qRow = el("tr", { id: "q-vector" }, table);
-  el("td", { class: "tok" }, qRow, `q: ${D.qtok[i]}`);
+  el("td", { class: "tok", title: D.qtok[i] }, qRow, `q: ${label(D.qtok[i])}`);
   strip(el("td", {}, qRow), q, "q");
-  el("td", { colspan: 4 }, qRow);
+  el("td", { colspan: columns.length - 2 }, qRow);
   for (const r of rows) {
     const tr = el("tr", { class: r.isBlocked ? "masked" : "", "data-j": r.j }, table);
-    el("td", { class: "tok" }, tr, D.ktok[r.j]);
+    el("td", { class: "tok", title: D.ktok[r.j] }, tr, label(D.ktok[r.j]));
     strip(el("td", {}, tr), r.k, "k");
     strip(el("td", {}, tr), r.prod, "prod");
     el("td", { class: "num dot", "data-v": r.dot.toPrecision(8) }, tr, fmt(r.dot, 4));
+    el("td", { class: "num scaled", "data-v": (r.dot * N.scale).toPrecision(8) }, tr, fmt(r.dot * N.scale, 4));
+    r.terms.forEach((v, n) => {
+      el("td", { class: "num term", "data-term": n, "data-v": v.toPrecision(8) }, tr, fmt(v, 4));
+    });
+    if (masked) {
+      el("td", { class: "num mask", "data-v": r.isBlocked ? "-inf" : r.mask.toPrecision(8) }, tr,
+         r.isBlocked ? "−∞ (masked)" : fmt(r.mask, 4));
+    }
     el("td", { class: "num score", "data-v": Number.isFinite(r.score) ? r.score.toPrecision(8) : "-inf" }, tr,
        r.isBlocked ? "−∞ (masked)" : fmt(r.score, 4));
     const td = el("td", { class: "num weight", "data-v": r.shown.toPrecision(8) }, tr);

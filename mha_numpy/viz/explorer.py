@@ -13,7 +13,16 @@ Numbers on the page (the sizes keep a 6-layer, 12-head map of 64 tokens under ab
   64·first + second): 12 bits, about 3.5 significant digits of the largest entry. The neuron view
   multiplies these rounded vectors, so its score differs from the exact one by this rounding only;
 - ``value_norms`` (layer, head, key) = ||v_j W_o,hᵀ||, the size of what key j's value adds to the
-  output through head h; the neuron view's switch shows alpha_ij·||v_j W_o,hᵀ|| (normalised per query).
+  output through head h; the neuron view's switch shows alpha_ij·||v_j W_o,hᵀ|| (normalised per query);
+- the additive score terms (``biases``: ALiBi, a relative-position bias, ...; a float mask's finite values) as
+  floats of 8 significant digits, each distinct (Lq, Lk) map once. The neuron view's score is
+  q·k × scale + every term, and its weights their softmax: ``page_data`` checks that this softmax is the
+  ``attentions`` it was given (within ``WEIGHT_ATOL``), so the neuron view cannot show other weights.
+
+Text (tokens, title, layer names) reaches the page only inside the JSON data, which is pure ASCII with
+``<``, ``>`` and ``&`` written as ``\\u003c``, ``\\u003e``, ``\\u0026`` (so nothing in it can end, comment out or open
+a ``<script>``), and in ``<title>``, HTML-escaped; the script puts it into the page as text nodes and
+attribute values only (``textContent``, ``setAttribute``), never as HTML.
 
 Masks follow mha_numpy's convention (bool True = may attend, float -inf = blocked). Blocked (query,
 key) pairs are drawn as masked; a query whose keys are all blocked (a fully masked row, zero weights)
@@ -33,6 +42,8 @@ import numpy as np
 from ._layout import blocked_cells
 
 ROW_SUM_ATOL = 2e-3  # float32 softmax rows sum to 1 within ~1e-6; this only catches arrays that are no weights
+WEIGHT_ATOL = 1e-3  # float32 weights are the float64 softmax within ~1e-6; a missing score term moves them ~0.1
+SWAMPING_MASK = 1e6  # a finite mask value from which float32 (ulp 0.06 there) loses the scores added to it
 
 
 class ExplorerPage(str):
@@ -73,8 +84,8 @@ def _per_layer(x, name: str, batch: int, last: int | None = None) -> np.ndarray:
             if a.ndim != 3:
                 raise ValueError(f"{name}[{i}] must be (H, L, n) or (B, H, L, n), got shape {np.shape(item)}")
             layers.append(a)
-        if not layers:
-            raise ValueError(f"{name} is empty")
+    if not layers:
+        raise ValueError(f"{name} is empty (no layers): there is nothing to show")
     if any(a.shape != layers[0].shape for a in layers):
         raise ValueError(f"every layer of {name} must have the same shape, got {[a.shape for a in layers]}")
     out = np.stack(layers).astype(np.float64)  # (layers, H, L, n)
@@ -83,7 +94,14 @@ def _per_layer(x, name: str, batch: int, last: int | None = None) -> np.ndarray:
     return out
 
 
-def _labels(tokens, n: int, name: str) -> list[str]:
+def _check_not_empty(shape: tuple[int, int, int, int]) -> None:
+    """(layers, H, Lq, Lk) of the attentions: every axis holds something, or there is nothing to draw."""
+    for n, what in zip(shape[1:], ("heads (H = 0)", "queries (Lq = 0)", "keys (Lk = 0)")):
+        if n == 0:
+            raise ValueError(f"attentions (layers, H, Lq, Lk) = {shape} has no {what}: there is nothing to show")
+
+
+def tick_labels(tokens, n: int, name: str) -> list[str]:
     if tokens is None:
         return [str(i) for i in range(n)]
     labels = [str(t) for t in tokens]
@@ -92,25 +110,64 @@ def _labels(tokens, n: int, name: str) -> list[str]:
     return labels
 
 
-def _blocked(masks, shape: tuple[int, int, int, int], batch: int) -> np.ndarray:
-    """masks: None, one mask for every layer, or a list with one mask per layer -> bool (layers, H, Lq, Lk)."""
-    nl, H, Lq, Lk = shape
-    if masks is None:
-        return np.zeros(shape, dtype=bool)
-    per_layer = list(masks) if isinstance(masks, (list, tuple)) else [masks] * nl
+def _each_layer(x, name: str, shape: tuple[int, int, int, int], batch: int) -> list[np.ndarray]:
+    """One array for every layer, or a list with one per layer, each broadcastable to (B, H, Lq, Lk) (a batch
+    axis longer than 1 is indexed by ``batch``) -> one array per layer, broadcastable to (H, Lq, Lk)."""
+    nl = shape[0]
+    per_layer = list(x) if isinstance(x, (list, tuple)) else [x] * nl
     if len(per_layer) != nl:
-        raise ValueError(f"masks has {len(per_layer)} entries but the attention has {nl} layers")
+        raise ValueError(f"{name} has {len(per_layer)} entries but the attention has {nl} layers")
     out = []
     for m in per_layer:
         m = np.asarray(m)
-        if m.ndim == 4 and m.shape[0] > 1:  # (B, H|1, Lq|1, Lk): this sequence's mask
+        if m.ndim == 4 and m.shape[0] > 1:  # (B, H|1, Lq|1, Lk): this sequence's array
             if not 0 <= batch < m.shape[0]:
-                raise ValueError(f"batch={batch} out of range for masks with shape {m.shape}")
+                raise ValueError(f"batch={batch} out of range for {name} with shape {m.shape}")
             m = m[batch]
         elif m.ndim == 4:
             m = m[0]
-        out.append(blocked_cells(m, (H, Lq, Lk)))
-    return np.stack(out)
+        out.append(m)
+    return out
+
+
+def _masks(masks, shape: tuple[int, int, int, int], batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """masks: None, one mask for every layer, or a list with one mask per layer -> (blocked, added): bool
+    (layers, H, Lq, Lk) True where the mask blocks, and float64 (layers, H, Lq, Lk) the finite values a float
+    mask adds to the scores (0 where it blocks, and everywhere for a bool mask)."""
+    if masks is None:
+        return np.zeros(shape, dtype=bool), np.zeros(shape)
+    blocked, added = [], []
+    for m in _each_layer(masks, "masks", shape, batch):
+        b = blocked_cells(m, shape[1:])  # (H, Lq, Lk)
+        a = np.zeros(shape[1:]) if m.dtype == np.bool_ else np.where(b, 0.0, np.broadcast_to(m, shape[1:]))
+        if not np.isfinite(a).all():
+            raise ValueError(f"masks must be bool or float with finite values or -inf, got NaN or +inf ({m.shape})")
+        blocked.append(b)
+        added.append(a)
+    return np.stack(blocked), np.stack(added)
+
+
+def _biases(biases, shape: tuple[int, int, int, int], batch: int) -> dict[str, np.ndarray]:
+    """{name: term} (each term as ``_each_layer`` takes it, float) -> {name: float64 (layers, H, Lq, Lk)}."""
+    if biases is None:
+        return {}
+    if not isinstance(biases, dict):
+        raise ValueError(f"biases must be a dict {{name: additive score term}}, got {type(biases).__name__}")
+    out = {}
+    for name, term in biases.items():
+        what = f"biases[{name!r}]"
+        layers = []
+        for t in _each_layer(term, what, shape, batch):
+            if not np.issubdtype(t.dtype, np.floating) or not np.isfinite(t).all():
+                raise ValueError(f"{what} must hold finite floats, got dtype {t.dtype} with shape {t.shape}")
+            try:
+                layers.append(np.broadcast_to(t, shape[1:]).astype(np.float64))
+            except ValueError:
+                raise ValueError(
+                    f"{what} with shape {t.shape} does not broadcast to (H, Lq, Lk) = {shape[1:]}"
+                ) from None
+        out[str(name)] = np.stack(layers)  # (layers, H, Lq, Lk)
+    return out
 
 
 def _check_rows(A: np.ndarray, blocked: np.ndarray) -> None:
@@ -130,6 +187,32 @@ def _check_rows(A: np.ndarray, blocked: np.ndarray) -> None:
     if (A[blocked] > ROW_SUM_ATOL).any():
         l, h, i, j = (int(v) for v in np.argwhere(blocked & (A > ROW_SUM_ATOL))[0])
         raise ValueError(f"masks blocks layer {l}, head {h}, query {i}, key {j} but attentions has weight there")
+
+
+def _check_softmax(A, Q, K, scale: float, terms: dict, added: np.ndarray, blocked: np.ndarray) -> None:
+    """The neuron view's weights, softmax(q·kᵀ × scale + every term + the mask), are the given attentions.
+
+    A, blocked, added: (layers, H, Lq, Lk); Q (layers, H, Lq, d), K (layers, H, Lk, d); terms {name: A's shape}.
+    """
+    S = scale * (Q @ K.swapaxes(-1, -2)) + added  # (layers, H, Lq, d) @ (layers, H, d, Lk) -> (layers, H, Lq, Lk)
+    for t in terms.values():
+        S = S + t
+    S = np.where(blocked, -np.inf, S)
+    top = S.max(axis=-1, keepdims=True)  # (layers, H, Lq, 1)
+    e = np.exp(S - np.where(np.isfinite(top), top, 0.0))
+    total = e.sum(axis=-1, keepdims=True)
+    P = np.divide(e, total, out=np.zeros_like(e), where=total > 0)  # a fully masked row: 0
+    err = np.abs(P - A)
+    if err.max() > WEIGHT_ATOL:
+        l, h, i, j = (int(v) for v in np.unravel_index(np.argmax(err), err.shape))
+        named = "".join(f" + {n}" for n in terms) + (" + mask" if added.any() else "")
+        hint = "Give every additive score term the model used (biases=, a float mask in masks=) and its scale"
+        if np.abs(added[l, h, i]).max() >= SWAMPING_MASK:
+            hint = "A finite mask this large swamps q·k in float32 (the model lost it): block with -inf or a bool mask"
+        raise ValueError(
+            f"attentions are not softmax(q·kᵀ × scale{named}) of queries and keys (scale = {scale:.6g}): layer {l}, "
+            f"head {h}, query {i}, key {j} has weight {A[l, h, i, j]:.6g}, the softmax {P[l, h, i, j]:.6g}. {hint}"
+        )
 
 
 # --------------------------------------------------------------------------- the page
@@ -158,6 +241,40 @@ def _vectors(x: np.ndarray) -> tuple[list, list]:
     return packed, steps.tolist()
 
 
+def _distinct(x: np.ndarray, encode) -> tuple[list, list]:
+    """(layers, H, Lq, Lk) -> (each distinct (Lq, Lk) map that is not all zero, ``encode``d once;
+    [layer][head] -> its index in that list, or -1 where the map is all zero)."""
+    found: list = []
+    seen: dict[bytes, int] = {}
+    index = []
+    for l in range(x.shape[0]):
+        row = []
+        for h in range(x.shape[1]):
+            m = x[l, h]  # (Lq, Lk)
+            if not m.any():
+                row.append(-1)
+                continue
+            key = m.tobytes()
+            if key not in seen:
+                seen[key] = len(found)
+                found.append(encode(m))
+            row.append(seen[key])
+        index.append(row)
+    return found, index
+
+
+def _term(x: np.ndarray) -> dict:
+    """(layers, H, Lq, Lk) float term -> {"maps": distinct row-major (Lq, Lk) lists of floats, "index": [l][h]}."""
+    maps, index = _distinct(x, lambda m: [float(f"{v:.8g}") for v in m.ravel().tolist()])
+    return {"maps": maps, "index": index}
+
+
+def _finite(x: np.ndarray, name: str) -> np.ndarray:
+    if not np.isfinite(x).all():
+        raise ValueError(f"{name} must be finite, got NaN or inf in shape {x.shape}")
+    return x
+
+
 def page_data(
     attentions,
     tokens,
@@ -167,6 +284,7 @@ def page_data(
     queries=None,
     keys=None,
     value_norms=None,
+    biases=None,
     scale: float | None = None,
     batch: int = 0,
     layer_names: Sequence[str] | None = None,
@@ -174,25 +292,16 @@ def page_data(
 ) -> dict:
     """The checked, rounded data the page draws (see ``explorer_html`` for the arguments)."""
     A = _per_layer(attentions, "attentions", batch)  # (layers, H, Lq, Lk)
+    _check_not_empty(A.shape)
     nl, H, Lq, Lk = A.shape
-    qtok = _labels(tokens, Lq, "tokens")
-    ktok = qtok if key_tokens is None and Lq == Lk else _labels(key_tokens, Lk, "key_tokens")
-    blocked = _blocked(masks, A.shape, batch)
+    qtok = tick_labels(tokens, Lq, "tokens")
+    ktok = qtok if key_tokens is None and Lq == Lk else tick_labels(key_tokens, Lk, "key_tokens")
+    blocked, added = _masks(masks, A.shape, batch)  # (layers, H, Lq, Lk) each
     _check_rows(A, blocked)
     names = [f"layer {i}" for i in range(nl)] if layer_names is None else [str(n) for n in layer_names]
     if len(names) != nl:
         raise ValueError(f"layer_names has {len(names)} entries but attentions has {nl} layers")
-
-    patterns: list[str] = []  # distinct masks as strings of '0'/'1' (1 = blocked), row-major (Lq, Lk)
-    mask_index = []
-    for l in range(nl):
-        row = []
-        for h in range(H):
-            s = "".join("1" if b else "0" for b in blocked[l, h].ravel()) if blocked[l, h].any() else ""
-            if s and s not in patterns:
-                patterns.append(s)
-            row.append(patterns.index(s) if s else -1)
-        mask_index.append(row)
+    patterns, mask_index = _distinct(blocked, lambda m: "".join("1" if b else "0" for b in m.ravel().tolist()))
 
     data = {
         "title": str(title),
@@ -201,34 +310,55 @@ def page_data(
         "layers": names,
         "heads": H,
         "attn": [[_ints(A[l, h], 1e-3) for h in range(H)] for l in range(nl)],
-        "masks": patterns,
+        "masks": patterns,  # distinct masks as strings of '0'/'1' (1 = blocked), row-major (Lq, Lk)
         "maskIndex": mask_index,
         "neuron": None,
     }
     if (queries is None) != (keys is None):
         raise ValueError("queries and keys come together (the neuron view needs both), got only one of them")
     if queries is not None:
-        Q = _per_layer(queries, "queries", batch)  # (layers, H, Lq, d)
+        Q = _finite(_per_layer(queries, "queries", batch), "queries")  # (layers, H, Lq, d)
         d = Q.shape[-1]
-        K = _per_layer(keys, "keys", batch, last=d)  # (layers, H, Lk, d)
-        if Q.shape[:3] != (nl, H, Lq) or K.shape[:3] != (nl, H, Lk):
+        K = _finite(_per_layer(keys, "keys", batch, last=d), "keys")  # (layers, H, Lk, d)
+        if Q.shape[:3] != (nl, H, Lq) or K.shape[:3] != (nl, H, Lk) or d == 0:
             raise ValueError(
                 f"queries {Q.shape} and keys {K.shape} must be (layers, H, Lq, d) and (layers, H, Lk, d) "
-                f"with (layers, H, Lq, Lk) = {A.shape} of attentions"
+                f"with (layers, H, Lq, Lk) = {A.shape} of attentions and d > 0"
             )
+        scale = float(1 / np.sqrt(d) if scale is None else scale)
+        if not np.isfinite(scale):
+            raise ValueError(f"scale must be a finite number, got {scale}")
+        terms = _biases(biases, A.shape, batch)  # {name: (layers, H, Lq, Lk)}
+        _check_softmax(A, Q, K, scale, terms, added, blocked)
         q_ints, q_steps = _vectors(Q)
         k_ints, k_steps = _vectors(K)
-        neuron = {"d": d, "scale": float(1 / np.sqrt(d) if scale is None else scale)}
+        neuron = {"d": d, "scale": scale}
         neuron.update(q=q_ints, qStep=q_steps, k=k_ints, kStep=k_steps, vnorm=None)
+        neuron["terms"] = [{"name": name, **_term(t)} for name, t in terms.items()]
+        neuron["mask"] = _term(added) if added.any() else None  # a float mask's finite values
         if value_norms is not None:
-            vn = np.asarray(value_norms, dtype=np.float64)
+            vn = _finite(np.asarray(value_norms, dtype=np.float64), "value_norms")
             if vn.shape != (nl, H, Lk):
                 raise ValueError(f"value_norms must be (layers, H, Lk) = {(nl, H, Lk)}, got shape {vn.shape}")
             neuron["vnorm"] = [[[float(f"{v:.4g}") for v in vn[l, h]] for h in range(H)] for l in range(nl)]
         data["neuron"] = neuron
-    elif value_norms is not None:
-        raise ValueError("value_norms needs queries and keys (it is shown in the neuron view)")
+    elif value_norms is not None or biases is not None:
+        raise ValueError("value_norms and biases need queries and keys (they are shown in the neuron view)")
     return data
+
+
+def _script_json(data: dict) -> str:
+    """``data`` as JSON that is inert inside ``<script>``: ASCII only (U+2028, U+2029, emoji and lone surrogates as
+    \\u escapes), ``<``, ``>``, ``&`` as \\u003c, \\u003e, \\u0026 (they occur only inside JSON strings, where
+    the escape means the same character), so no ``</script>``, ``<!--`` or ``<script`` can form; no NaN."""
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _html_text(text: str) -> str:
+    """Text for an HTML element such as ``<title>``: escaped, lone surrogates (not encodable) as U+FFFD."""
+    text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")  # a surrogate pair -> its character
+    return html.escape(text, quote=True)
 
 
 def _asset(name: str) -> str:
@@ -246,19 +376,24 @@ def explorer_html(attentions, tokens=None, **options) -> ExplorerPage:
         float -inf = blocked), broadcastable to (B, H, Lq, Lk).
     queries / keys: (layers, H, Lq, d) / (layers, H, Lk, d) per-head q and k (same forms as attentions)
         for the neuron view; scale: the factor of q·k (default 1/sqrt(d)).
+    biases: {name: term} the additive score terms besides q·k × scale (e.g. {"ALiBi": ..., "relative bias":
+        ...}), each one float array for every layer or a list with one per layer, broadcastable to
+        (B, H, Lq, Lk). A float mask's finite values are a term too (from ``masks``). The neuron view shows
+        each term and the softmax of their sum; these weights must be ``attentions`` (ValueError otherwise).
     value_norms: (layers, H, Lk) ||v_j W_o,hᵀ|| for the neuron view's value-weighted switch.
     batch (default 0), layer_names (default "layer 0", ...), title: the rest. Every option is keyword-only and
     is ``page_data``'s (its signature lists them with their defaults); an unknown one raises TypeError.
     Returns an ``ExplorerPage`` (a str; displays inline in a notebook). Raises ValueError naming the
-    argument on wrong ranks, token counts that do not match, or rows that are not attention weights.
+    argument on wrong ranks, an empty axis (no layer, head, query or key: nothing to show), token counts that
+    do not match, rows that are not attention weights, or weights that are not the softmax of the scores.
     """
     data = page_data(attentions, tokens, **options)  # the keyword options above, checked there
-    payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")  # never ends the <script>
+    payload = _script_json(data)  # never ends, comments out or opens a <script>
     page = (
         "<!DOCTYPE html>\n<html lang='en'>\n<head>\n<meta charset='utf-8'>\n"
         "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; "
         "script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:\">\n"
-        f"<title>{html.escape(data['title'])}</title>\n<style>\n{_asset('explorer.css')}</style>\n</head>\n"
+        f"<title>{_html_text(data['title'])}</title>\n<style>\n{_asset('explorer.css')}</style>\n</head>\n"
         f"<body>\n<script id='explorer-data' type='application/json'>{payload}</script>\n"
         f"<script>\n{_asset('explorer.js')}</script>\n</body>\n</html>\n"
     )

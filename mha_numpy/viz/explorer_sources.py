@@ -1,14 +1,19 @@
 """Explorer pages for what mha_numpy computes: one ``MultiHeadAttention`` cache, a BERT sentence, the toy model.
 
-Each builder takes the per-head q, k, v from the attention caches (``cache.Q``, ``cache.K``,
-``cache.V``: (B, H, L, d)) and the output projection ``mha.params["W_o"]`` for the neuron view, and
-returns an ``ExplorerPage`` (see ``mha_numpy.viz.explorer``).
+Each builder reads only the documented parts of an attention cache: ``cache.Q`` (B, H, Lq, d) and
+``cache.K``, ``cache.V`` (B, Hkv, Lk, d), after RoPE and before the grouped-query repeat;
+``cache.attn_weights`` (B, H, Lq, Lk); ``cache.attention.scores`` (B, H, Lq, Lk) = q·kᵀ × scale plus every
+additive score term, before the mask (read only when the module has a term); and the output projection
+``mha.params["W_o"]``. Query head h reads key/value head h // (H / Hkv). The terms a module has are
+``mha.alibi`` (ALiBi) and ``"rel_bias" in mha.params`` (a relative-position bias); a float mask is one more,
+taken from the ``mask`` given. Each builder returns an ``ExplorerPage`` (see ``mha_numpy.viz.explorer``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .. import functional as F
 from .. import masks
 from .explorer import ExplorerPage, explorer_html
 
@@ -32,16 +37,51 @@ def value_norms(mha, cache) -> np.ndarray:
 
 
 def _scale(mha) -> float:
-    return float(getattr(mha, "scale", None) or 1.0 / np.sqrt(mha.head_dim))
+    return float(1.0 / np.sqrt(mha.head_dim))  # the module's scale (functional.default_scale)
+
+
+def score_terms(mha, cache, Q: np.ndarray, K: np.ndarray) -> dict[str, np.ndarray]:
+    """{name: (B, H, Lq, Lk)} the additive score terms of one call besides q·kᵀ × scale: "ALiBi" (``mha.alibi``)
+    and "relative bias" (``"rel_bias" in mha.params``); {} when the module has neither.
+
+    Q (B, H, Lq, d), K (B, H, Lk, d) float64 (K repeated per query head). Their sum is what the kernel added,
+    ``cache.attention.scores`` - Q Kᵀ × scale; with both terms the relative bias is read from its table
+    (``functional.relative_position_bias_forward``) and ALiBi is the rest.
+    """
+    names = (["ALiBi"] if mha.alibi else []) + (["relative bias"] if "rel_bias" in mha.params else [])
+    if not names:
+        return {}
+    S = np.asarray(cache.attention.scores, dtype=np.float64)  # (B, H, Lq, Lk) with every term, before the mask
+    extra = S - (Q * _scale(mha)) @ K.swapaxes(-1, -2)  # (B, H, Lq, d) @ (B, H, d, Lk) -> (B, H, Lq, Lk)
+    if len(names) == 1:
+        return {names[0]: extra}
+    rel, _ = F.relative_position_bias_forward(mha.params["rel_bias"], S.shape[2], S.shape[3])  # (1, H, Lq, Lk)
+    rel = np.broadcast_to(rel.astype(np.float64), S.shape)  # (B, H, Lq, Lk)
+    return {"ALiBi": extra - rel, "relative bias": rel}
 
 
 def _neuron_arrays(pairs, batch: int) -> dict:
-    """[(mha, cache) per layer] -> the explorer's attentions, queries, keys, value_norms (lists per layer)."""
+    """[(mha, cache) per layer] -> the explorer's attentions, queries, keys, biases, value_norms (one per layer).
+
+    Each attribute is read once: a recompute cache recomputes it on every read.
+    """
+    layers = []
+    for m, c in pairs:
+        A = c.attn_weights  # (B, H, Lq, Lk)
+        if not 0 <= batch < A.shape[0]:
+            raise ValueError(f"batch={batch} out of range for a cache with batch size {A.shape[0]}")
+        Q = np.asarray(c.Q, dtype=np.float64)  # (B, H, Lq, d)
+        K = _per_head(np.asarray(c.K, dtype=np.float64), m.num_heads)  # (B, H, Lk, d)
+        layers.append((A[batch], Q[batch], K[batch], score_terms(m, c, Q, K), value_norms(m, c)[batch]))
+    names = list(dict.fromkeys(n for *_, terms, _ in layers for n in terms))  # every term of any layer, in order
+    A0 = layers[0][0]  # (H, Lq, Lk)
+    biases = {n: [t[n][batch] if n in t else np.zeros(A0.shape) for *_, t, _ in layers] for n in names}
     return {
-        "attentions": [c.attn_weights[batch] for _, c in pairs],
-        "queries": [c.Q[batch] for _, c in pairs],
-        "keys": [_per_head(c.K, m.num_heads)[batch] for m, c in pairs],
-        "value_norms": np.stack([value_norms(m, c)[batch] for m, c in pairs]),
+        "attentions": [a for a, *_ in layers],
+        "queries": [q for _, q, *_ in layers],
+        "keys": [k for _, _, k, *_ in layers],
+        "biases": biases or None,
+        "value_norms": np.stack([vn for *_, vn in layers]),
         "scale": _scale(pairs[0][0]),
     }
 
@@ -50,19 +90,19 @@ def explore_attention(
     mha, cache, query_tokens=None, key_tokens=None, *, mask=None, batch: int = 0, title: str | None = None
 ) -> ExplorerPage:
     """The explorer of one ``MultiHeadAttention.forward``: ``cache`` is what it returned, ``mask`` what it was
-    given (drawn as masked); ``batch`` picks the sequence. Tokens default to q0.., k0..."""
-    B, H, Lq, Lk = cache.attn_weights.shape
-    if not 0 <= batch < B:
-        raise ValueError(f"batch={batch} out of range for a cache with batch size {B}")
+    given (drawn as masked; a float mask's finite values are a score term); ``batch`` picks the sequence.
+    Tokens default to q0.., k0... The neuron view adds the module's ALiBi and relative bias to q·k × scale."""
+    arrays = _neuron_arrays([(mha, cache)], batch)
+    Lq, Lk = arrays["attentions"][0].shape[1:]
     qt = [f"q{i}" for i in range(Lq)] if query_tokens is None else query_tokens
     kt = [f"k{j}" for j in range(Lk)] if key_tokens is None else key_tokens
     return explorer_html(
-        **_neuron_arrays([(mha, cache)], batch),
+        **arrays,
         tokens=qt,
         key_tokens=kt,
         masks=mask,
         batch=batch,
-        title=title or f"MultiHeadAttention(E={mha.embed_dim}, H={H}): sequence {batch}",
+        title=title or f"MultiHeadAttention(E={mha.embed_dim}, H={mha.num_heads}): sequence {batch}",
     )
 
 

@@ -13,17 +13,17 @@ from ._layout import (
     DIVERGING_CMAP,
     MASKED_FACE,
     WEIGHT_CMAP,
-    _annotate,
-    _as_bhqk,
-    _check_batch,
-    _grid,
-    _labels,
-    _mark_blocked,
-    _needs_rotation,
-    _panel_grid,
-    _pick_heads,
-    _set_ticks,
+    annotate_cells,
+    as_bhqk,
     blocked_cells,
+    check_batch,
+    grid_shape,
+    mark_blocked,
+    needs_rotation,
+    panel_grid,
+    pick_heads,
+    set_ticks,
+    tick_labels,
 )
 
 # --------------------------------------------------------------------------- attention maps
@@ -58,21 +58,21 @@ def plot_attention(
         show heads of different layers side by side.
     Rows are queries ("who looks"), columns are keys ("at whom").
     """
-    W = _as_bhqk(weights, "weights")
+    W = as_bhqk(weights, "weights")
     B, H, Lq, Lk = W.shape
-    b = _check_batch(batch, B, "weights")
-    chosen = _pick_heads(H, heads)
-    ylab = _labels(query_tokens, Lq, "query_tokens")
-    xlab = _labels(key_tokens, Lk, "key_tokens")
+    b = check_batch(batch, B, "weights")
+    chosen = pick_heads(H, heads)
+    ylab = tick_labels(query_tokens, Lq, "query_tokens")
+    xlab = tick_labels(key_tokens, Lk, "key_tokens")
     blocked = None if mask is None else blocked_cells(mask, (B, H, Lq, Lk))[b]
     names = [f"head {h}" for h in chosen] if panel_titles is None else [str(t) for t in panel_titles]
     if len(names) != len(chosen):
         raise ValueError(f"panel_titles has {len(names)} entries but {len(chosen)} heads are shown")
 
-    nrows, ncols = _grid(len(chosen), ncols)
+    nrows, ncols = grid_shape(len(chosen), ncols)
     cell = max(0.22, min(0.45, panel_size / max(Lq, Lk)))  # inches per cell, so labels stay readable
     where = f"batch {b}, " if B > 1 else ""
-    fig, axes, cax = _panel_grid(
+    fig, axes, cax = panel_grid(
         len(chosen),
         ncols,
         Lq,
@@ -88,11 +88,11 @@ def plot_attention(
     for i, (ax, h) in enumerate(zip(axes, chosen)):
         im = ax.imshow(W[b, h], vmin=0.0, vmax=1.0, cmap=cmap, aspect="equal", interpolation="nearest")
         if blocked is not None:
-            _mark_blocked(ax, blocked[h])
+            mark_blocked(ax, blocked[h])
         if annotate:
-            _annotate(ax, W[b, h], None if blocked is None else blocked[h], 0.0, 1.0, ".2f")
+            annotate_cells(ax, W[b, h], None if blocked is None else blocked[h], 0.0, 1.0, ".2f")
         first_col = i % ncols == 0
-        _set_ticks(ax, xlab, ylab, show_y=first_col, rotate=60 if _needs_rotation(xlab) else 0)
+        set_ticks(ax, xlab, ylab, show_y=first_col, rotate=60 if needs_rotation(xlab) else 0)
         ax.set_title(names[i], fontsize=10)
         ax.set_xlabel("key", fontsize=9)
         if first_col:
@@ -139,13 +139,13 @@ def plot_model_view(
             f"attentions must be (layers, H, L, L), (layers, B, H, L, L) or a list of (B, H, L, L), got {A.shape}"
         )
     n_layers, B, H, L, _ = A.shape
-    b = _check_batch(batch, B, "attentions")
+    b = check_batch(batch, B, "attentions")
     layer_ids = list(range(n_layers)) if layers is None else [int(i) for i in layers]
-    head_ids = _pick_heads(H, heads)
+    head_ids = pick_heads(H, heads)
     for i in layer_ids:
         if not 0 <= i < n_layers:
             raise ValueError(f"layer {i} out of range: attentions has {n_layers} layers")
-    labels = _labels(tokens, L, "tokens")
+    labels = tick_labels(tokens, L, "tokens")
 
     # A fixed layout in inches (constrained layout is slow with dozens of axes).
     nr, nc = len(layer_ids), len(head_ids)
@@ -231,20 +231,20 @@ def plot_mask(
     if not 0 <= head < Hm and Hm != 1:
         raise ValueError(f"head={head} out of range for a mask with {Hm} heads")
     m = m[:, head if Hm > 1 else 0]  # (B, Lq, Lk)
-    batches = list(range(B)) if batch is None else [_check_batch(batch, B, "mask")]
-    ylab = _labels(query_tokens, Lq, "query_tokens")
+    batches = list(range(B)) if batch is None else [check_batch(batch, B, "mask")]
+    ylab = tick_labels(query_tokens, Lq, "query_tokens")
     per_seq = key_tokens is not None and len(key_tokens) > 0 and not isinstance(key_tokens[0], str)
     if per_seq and len(key_tokens) != B:
         raise ValueError(f"key_tokens has {len(key_tokens)} lists but the mask has batch size {B}")
 
     is_bool = m.dtype == np.bool_
     n = len(batches)
-    nrows, ncols = _grid(n, None)
+    nrows, ncols = grid_shape(n, None)
     cell = max(0.22, min(0.42, 2.6 / max(Lq, Lk)))
-    xlabs = [_labels(key_tokens[bb] if per_seq else key_tokens, Lk, "key_tokens") for bb in batches]
+    xlabs = [tick_labels(key_tokens[bb] if per_seq else key_tokens, Lk, "key_tokens") for bb in batches]
     any_neginf = not is_bool and bool(np.isneginf(m[batches]).any())
     kind = "bool, True = may attend" if is_bool else "float, added to scores"
-    fig, axes, cax = _panel_grid(
+    fig, axes, cax = panel_grid(
         n,
         ncols,
         Lq,
@@ -268,12 +268,12 @@ def plot_mask(
         else:
             shown = np.where(np.isfinite(m[bb]), m[bb], np.nan)
             im = ax.imshow(shown, vmin=-vmax, vmax=vmax, cmap=DIVERGING_CMAP, interpolation="nearest")
-        _mark_blocked(ax, blocked)
+        mark_blocked(ax, blocked)
         ax.set_xticks(np.arange(-0.5, Lk), minor=True)  # thin white lines between the cells
         ax.set_yticks(np.arange(-0.5, Lq), minor=True)
         ax.grid(which="minor", color="white", linewidth=0.6)
         ax.tick_params(which="minor", length=0)
-        _set_ticks(ax, xlabs[i], ylab, show_y=i % ncols == 0, rotate=60 if _needs_rotation(xlabs[i]) else 0)
+        set_ticks(ax, xlabs[i], ylab, show_y=i % ncols == 0, rotate=60 if needs_rotation(xlabs[i]) else 0)
         ax.set_xlabel("key", fontsize=9)
         if i % ncols == 0:
             ax.set_ylabel("query", fontsize=9)
@@ -327,13 +327,13 @@ def plot_step(
         default_x, default_y = "column", "row"
         where = ""
     elif a.ndim == 3:
-        b = _check_batch(batch, a.shape[0], "array")
+        b = check_batch(batch, a.shape[0], "array")
         panels, names = [a[b]], [None]
         default_x, default_y = "feature", "position"
         where = f", batch {b}" if a.shape[0] > 1 else ""
     else:
-        b = _check_batch(batch, a.shape[0], "array")
-        chosen = _pick_heads(a.shape[1], heads)
+        b = check_batch(batch, a.shape[0], "array")
+        chosen = pick_heads(a.shape[1], heads)
         panels = [a[b, h] for h in chosen]
         names = [f"head {h}" for h in chosen]
         default_x, default_y = "feature within the head", "position"
@@ -352,14 +352,14 @@ def plot_step(
     vmax = (hi if hi > vmin else vmin + 1.0) if vmax is None else vmax
 
     rows, cols = stacked.shape[1:]
-    ylab = _labels(row_tokens, rows, "row_tokens")
-    xlab = _labels(col_tokens, cols, "col_tokens")
+    ylab = tick_labels(row_tokens, rows, "row_tokens")
+    xlab = tick_labels(col_tokens, cols, "col_tokens")
     n = len(panels)
-    nrows, ncols = _grid(n, None)
+    nrows, ncols = grid_shape(n, None)
     cell = max(0.16, min(0.42, 3.2 / max(rows, cols)))
     dense_x, dense_y = cols > 24 and col_tokens is None, rows > 24 and row_tokens is None
     any_blocked = bool(np.isneginf(stacked).any())
-    fig, axes, cax = _panel_grid(
+    fig, axes, cax = panel_grid(
         n,
         ncols,
         rows,
@@ -377,10 +377,10 @@ def plot_step(
         im = ax.imshow(shown, vmin=vmin, vmax=vmax, cmap=cmap, interpolation="nearest", aspect="equal")
         blocked = np.isneginf(p)
         if blocked.any():
-            _mark_blocked(ax, blocked)
+            mark_blocked(ax, blocked)
         if annotate:
-            _annotate(ax, p, blocked, vmin, vmax, ".2f")
-        _set_ticks(ax, xlab, ylab, show_y=i % ncols == 0, rotate=60 if _needs_rotation(xlab) else 0)
+            annotate_cells(ax, p, blocked, vmin, vmax, ".2f")
+        set_ticks(ax, xlab, ylab, show_y=i % ncols == 0, rotate=60 if needs_rotation(xlab) else 0)
         if dense_x:
             ax.set_xticks([])
         if dense_y:

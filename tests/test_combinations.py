@@ -1,0 +1,130 @@
+"""Every combination of the data path's options with every kernel: it runs and passes a gradient check, or the one
+builder (``steps.build_steps``) refuses it with a ValueError naming both options.
+
+GQA × RoPE × ALiBi × relative bias × torch's appended keys × recompute × KV cache × dropout × 3 kernels. A call
+with a KV cache is forward only: decoding token by token must equal the full causal forward. Every other call is
+gradient-checked against central differences with a random upstream gradient, one random direction per input and
+parameter (a wrong gradient passes only if its error is orthogonal to that direction: probability zero), and its
+output is compared with the independent per-head reference where one exists (``variants_reference``).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from mha_numpy import KVCache, MultiHeadAttention, kernels, masks
+
+H, D, B, L = 4, 2, 2, 4
+E = H * D
+OPTIONS = {
+    "gqa": dict(num_kv_heads=2),
+    "rope": dict(rope_theta=50.0),
+    "alibi": dict(alibi=True),
+    "rel_bias": dict(rel_pos_max_distance=2),
+    "appended": dict(add_bias_kv=True, add_zero_attn=True),
+    "recompute": dict(recompute=True),
+}
+CALL = ("kv_cache", "dropout")
+FACTORS = (*OPTIONS, *CALL)
+REFUSED = {frozenset({"recompute", "kv_cache"}): ("recompute", "kv_cache"),
+           frozenset({"rel_bias", "kv_cache"}): ("rel_pos_max_distance", "kv_cache")}  # fmt: skip
+KERNELS = {"vectorized": {}, "naive": {}, "chunked": dict(block_size=2, num_threads=2)}
+COMBOS = [frozenset(f for f, on in zip(FACTORS, bits) if on) for bits in itertools.product((0, 1), repeat=len(FACTORS))]
+
+
+def module(combo, impl, seed=0):
+    kw = {k: v for name in combo if name in OPTIONS for k, v in OPTIONS[name].items()}
+    mha = MultiHeadAttention(E, H, dropout=0.3 if "dropout" in combo else 0.0, rng=seed,
+                             impl=kernels.get_kernel(impl, **KERNELS[impl]), **kw)  # fmt: skip
+    rng = np.random.default_rng(seed + 1)
+    for name, p in mha.params.items():
+        if name.startswith("b_"):
+            p[...] = rng.normal(0, 0.5, p.shape)  # nonzero biases, so a missing bias gradient shows
+    return mha
+
+
+def directional_check(mha, x, mask, keep, rng) -> dict[str, float]:
+    """Relative error of <grad, u> against the central difference of <d_out, output> along a random u, per input
+    and parameter (float64, eps 1e-6). A gradient that is zero in theory (the key bias's: softmax ignores a constant
+    added to a row) is judged against the largest directional derivative instead of its own rounding noise."""
+    call = dict(mask=mask, training=keep is not None, dropout_mask=keep)
+    out, cache = mha.forward(x, x, x, **call)
+    d_out = rng.standard_normal(out.shape)
+    grads = mha.backward(d_out, cache)
+    grads = {"x": grads["query"] + grads["key"] + grads["value"], **{n: grads[n] for n in mha.params}}
+    derivatives = {}
+    for name, g in grads.items():
+        u = rng.standard_normal(g.shape)
+        target = x if name == "x" else mha.params[name]
+        values = []
+        for sign in (1, -1):
+            original = target.copy()
+            target += sign * 1e-6 * u
+            xx = target if name == "x" else x
+            values.append(float(np.sum(d_out * mha.forward(xx, xx, xx, **call)[0])))
+            target[...] = original
+        derivatives[name] = (values[0] - values[1]) / 2e-6, float(np.sum(g * u))  # numeric, analytic
+    floor = 1e-3 * max(abs(a) for _, a in derivatives.values())  # below it, an error is judged against the largest
+    return {name: abs(n - a) / max(abs(n), abs(a), floor) for name, (n, a) in derivatives.items()}
+
+
+def keep_mask(mha, rng):
+    extra = int(mha.add_bias_kv) + int(mha.add_zero_attn)
+    return rng.random((B, H, L, L + extra)) >= 0.3
+
+
+@pytest.mark.parametrize("impl", list(KERNELS))
+@pytest.mark.parametrize("combo", COMBOS, ids=lambda c: "+".join(sorted(c)) or "plain")
+def test_every_combination_runs_and_is_right_or_is_refused_naming_both(combo, impl):
+    rng = np.random.default_rng(len(combo))
+    refused = [names for pair, names in REFUSED.items() if pair <= combo]
+    if refused:
+        with pytest.raises(ValueError) as error:
+            module(combo, impl).forward(*(np.zeros((1, 1, E)),) * 3, kv_cache=KVCache())
+        message = str(error.value)
+        assert any(all(name in message for name in names) for names in refused), message
+        return
+    mha = module(combo, impl)
+    x = rng.standard_normal((B, L, E))
+    mask = masks.causal_mask(L)
+    keep = keep_mask(mha, rng) if "dropout" in combo else None
+    if "kv_cache" in combo:  # forward only: token by token equals the full causal forward
+        full, _ = mha.forward(x, x, x, mask=mask, training=keep is not None, dropout_mask=keep)
+        kv, steps = KVCache(), []
+        for t in range(L):
+            step_keep = None if keep is None else np.concatenate([keep[:, :, t : t + 1, : t + 1],
+                                                                   keep[:, :, t : t + 1, L:]], axis=-1)  # fmt: skip
+            out, _ = mha.forward(x[:, t : t + 1], x[:, t : t + 1], x[:, t : t + 1], kv_cache=kv,
+                                 training=keep is not None, dropout_mask=step_keep)  # fmt: skip
+            steps.append(out)
+        assert np.abs(np.concatenate(steps, axis=1) - full).max() <= 1e-12 * np.abs(full).max()
+        return
+    errors = directional_check(mha, x, mask, keep, rng)
+    assert max(errors.values()) <= 1e-6, errors
+    if "recompute" in combo:  # the same numbers as the default path
+        default = module(combo - {"recompute"}, impl)
+        default.params = {n: p.copy() for n, p in mha.params.items()}
+        call = dict(mask=mask, training=keep is not None, dropout_mask=keep)
+        a, b = mha.forward(x, x, x, **call)[0], default.forward(x, x, x, **call)[0]
+        assert np.abs(a - b).max() <= 1e-13 * np.abs(b).max()
+
+
+def test_the_builder_is_the_only_place_that_refuses():
+    """Every refusal message of the combinations comes from steps.build_steps, before any arithmetic."""
+    from mha_numpy import steps
+
+    config = steps.AttentionConfig(E, H, recompute=True)
+    with pytest.raises(ValueError, match="kv_cache with recompute=True"):
+        steps.build_steps(config, kv_cache=True)
+    with pytest.raises(ValueError, match="kv_cache with rel_pos_max_distance"):
+        steps.build_steps(steps.AttentionConfig(E, H, rel_pos_max_distance=1), kv_cache=True)
+    plan = [type(step).__name__ for step in steps.build_steps(config)]
+    assert plan == ["Project", "Split", "RepeatKV", "Attend", "Merge", "OutProject"]
+    every = steps.AttentionConfig(E, H, num_kv_heads=2, rope_theta=1.0, alibi=True, rel_pos_max_distance=1,
+                                  add_bias_kv=True, add_zero_attn=True)  # fmt: skip
+    plan = [type(step).__name__ for step in steps.build_steps(every)]
+    assert plan == ["Project", "Split", "Rope", "RelativeBias", "Alibi", "BiasKV", "ZeroAttn", "RepeatKV", "Attend",
+                    "Merge", "OutProject"]  # fmt: skip
