@@ -651,12 +651,11 @@ def score_mods_backward(d_out: np.ndarray, caches):
 
 
 def scaled_dot_product_attention_backward(d_context: np.ndarray, cache: AttentionCache):
-    """d_context: (B, H, Lq, dv) -> dq: (B, H, Lq, d), dk: (B, H, Lk, d), dv: (B, H, Lk, dv),
-    and a fourth entry, d_bias (the bias's shape), when the forward was given a bias."""
+    """d_context: (B, H, Lq, dv) -> dq: (B, H, Lq, d), dk: (B, H, Lk, d), dv: (B, H, Lk, dv), d_bias: the
+    bias's shape, or None when the forward was given no bias (one gradient per differentiable input, always four)."""
     p, v = cache.steps["context"]  # (B, H, Lq, Lk), (B, H, Lk, dv)
     d_context = check_d_context(d_context, (*p.shape[:-1], v.shape[-1]), v.dtype)  # no silent broadcast
-    dq, dk, dv, d_bias = attention_steps_backward(d_context, cache)
-    return (dq, dk, dv) if d_bias is None else (dq, dk, dv, d_bias)
+    return attention_steps_backward(d_context, cache)  # dq, dk, dv, d_bias or None
 
 
 def attention_steps_backward(d_context: np.ndarray, cache: AttentionCache):

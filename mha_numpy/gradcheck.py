@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import functional as F
+from . import pairs as P
 from ._checks import as_generator
 from .attention import MultiHeadAttention
-from .models import layers as LY
 
 
 def numerical_gradient(f: Callable[[np.ndarray], np.ndarray], x: np.ndarray, d_out: np.ndarray, eps: float = 1e-6):
@@ -214,121 +213,27 @@ def check_functional(
     atol: float = 1e-8,
     rtol: float = 1e-6,
 ) -> GradcheckReport:
-    """Check every functional pair on random float64 data; rows are named ``pair:input``.
+    """Check every pair of ``pairs.PAIRS`` that has a sample, on random float64 data; rows are named ``pair:input``.
 
     B, H, Lq, Lk and d must be positive ints (ValueError naming the argument): a zero size checks nothing.
+    ``mask`` and ``dropout_p`` (with a fixed keep-mask) apply to the attention pair (``sdpa``).
     """
     for name, n in dict(B=B, H=H, Lq=Lq, Lk=Lk, d=d).items():
         if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n <= 0:
             raise ValueError(f"{name} must be a positive int, got {n!r}")
     gen = as_generator(rng)
-    r = GradcheckReport(atol=atol, rtol=rtol)
-
-    def randn(*shape):
-        return gen.standard_normal(shape)
-
-    def check(pair: str, forward, backward, inputs: dict, names: list[str]):
-        out, cache = forward(**inputs)
-        d_out = randn(*out.shape)
-        grads = backward(d_out, cache)
-        grads = grads if isinstance(grads, tuple) else (grads,)
-        analytic = {n: g for n, g in zip(names, grads)}
-        before = len(r.rows)
-        check_function(lambda **kw: forward(**kw)[0], analytic, inputs, d_out, eps, report=r)
-        for row in r.rows[before:]:
-            row.name = f"{pair}:{row.name}"
-
-    E = H * d
-    check(
-        "linear",
-        F.linear_forward,
-        F.linear_backward,
-        dict(x=randn(B, Lq, E), W=randn(5, E), b=randn(5)),
-        ["x", "W", "b"],
-    )
-    check("split", lambda x: F.split_heads_forward(x, H), F.split_heads_backward, dict(x=randn(B, Lq, E)), ["x"])
-    check("merge", F.merge_heads_forward, F.merge_heads_backward, dict(x=randn(B, H, Lq, d)), ["x"])
-    check(
-        "scores",
-        lambda q, k: F.attention_scores_forward(q, k, 0.7),
-        F.attention_scores_backward,
-        dict(q=randn(B, H, Lq, d), k=randn(B, H, Lk, d)),
-        ["q", "k"],
-    )
-    add_mask = randn(B, H, Lq, Lk)
-    check(
-        "mask", lambda s: F.apply_mask_forward(s, add_mask), F.apply_mask_backward, dict(s=randn(B, H, Lq, Lk)), ["s"]
-    )
-    check("softmax", F.softmax_forward, F.softmax_backward, dict(x=randn(B, H, Lq, Lk)), ["x"])
-    keep = gen.random((B, H, Lq, Lk)) >= 0.3
-    check(
-        "dropout",
-        lambda x: F.dropout_forward(x, 0.3, keep_mask=keep),
-        F.dropout_backward,
-        dict(x=randn(B, H, Lq, Lk)),
-        ["x"],
-    )
-    check(
-        "context",
-        F.attention_context_forward,
-        F.attention_context_backward,
-        dict(p=randn(B, H, Lq, Lk), v=randn(B, H, Lk, d)),
-        ["p", "v"],
-    )
-    check("repeat_kv", lambda x: F.repeat_kv_forward(x, H), F.repeat_kv_backward, dict(x=randn(B, 1, Lk, d)), ["x"])
-    check("rope", lambda x: F.rope_forward(x, None, 100.0), F.rope_backward, dict(x=randn(B, H, Lq, 2 * d)), ["x"])
-    drop = gen.random((B, H, Lq, Lk)) >= dropout_p if dropout_p > 0 else None
-
-    def sdpa(q, k, v):
-        return F.scaled_dot_product_attention_forward(q, k, v, mask, dropout_p=dropout_p, dropout_mask=drop)
-
-    check(
-        "sdpa",
-        sdpa,
-        F.scaled_dot_product_attention_backward,
-        dict(q=randn(B, H, Lq, d), k=randn(B, H, Lk, d), v=randn(B, H, Lk, d)),
-        ["q", "k", "v"],
-    )
-    _check_block_pairs(check, randn, gen, B, Lq, E)
-    return r
+    report = GradcheckReport(atol=atol, rtol=rtol)
+    sizes = P.Sizes(B, H, Lq, Lk, d, mask, dropout_p)
+    for pair in P.PAIRS:
+        for case in pair.sample(sizes, gen) if pair.sample else ():
+            check_pair(pair, case, gen, eps, report)
+    return report
 
 
-def _check_block_pairs(check, randn, gen, B: int, L: int, E: int) -> None:
-    """The rows of the non-attention pairs of ``models.layers`` (the rest of a Transformer block)."""
-    I, V = 2 * E + 1, 7
-    check("add", LY.add_forward, LY.add_backward, dict(a=randn(B, L, E), b=randn(B, L, E)), ["a", "b"])
-    ids = gen.integers(0, V, (B, L))
-    ids[0, :2] = 3  # a repeated id: its gradient rows must accumulate
-    check("embedding", LY.embedding_forward, LY.embedding_backward, dict(ids=ids, table=randn(V, E)), ["table"])
-    check(
-        "bert_embeddings",
-        LY.bert_embeddings_forward,
-        LY.bert_embeddings_backward,
-        dict(
-            input_ids=ids,
-            token_type_ids=gen.integers(0, 2, (B, L)),
-            word=randn(V, E),
-            position=randn(L + 2, E),
-            token_type=randn(2, E),
-        ),  # fmt: skip
-        ["word", "position", "token_type"],
-    )
-    ln_inputs = dict(x=randn(B, L, E), gamma=randn(E), beta=randn(E))
-    check("layer_norm", lambda **kw: LY.layer_norm_forward(**kw, eps=1e-5), LY.layer_norm_backward, ln_inputs,
-          ["x", "gamma", "beta"])  # fmt: skip
-    for approximate in ("none", "tanh"):
-        name = "gelu" if approximate == "none" else "gelu_tanh"
-        gelu = lambda x, a=approximate: LY.gelu_forward(x, a)  # noqa: E731
-        check(name, gelu, LY.gelu_backward, dict(x=3 * randn(B, L, I)), ["x"])
-    ffn_inputs = dict(x=randn(B, L, E), W1=randn(I, E), b1=randn(I), W2=randn(E, I), b2=randn(E))
-    check("feed_forward", LY.feed_forward_forward, LY.feed_forward_backward, ffn_inputs, list(ffn_inputs))
-    rms_inputs = dict(x=randn(B, L, E), weight=randn(E))
-    check(
-        "rms_norm", lambda **kw: LY.rms_norm_forward(**kw, eps=1e-5), LY.rms_norm_backward, rms_inputs, ["x", "weight"]
-    )
-    check("silu", LY.silu_forward, LY.silu_backward, dict(x=3 * randn(B, L, I)), ["x"])
-    swiglu_inputs = dict(x=randn(B, L, E), W_gate=randn(I, E), W_up=randn(I, E), W_down=randn(E, I))
-    check("swiglu", LY.swiglu_forward, LY.swiglu_backward, swiglu_inputs, list(swiglu_inputs))
-    keep = np.ones((B, L), np.int64)
-    keep[-1, L // 2 :] = 0  # padding in the last sequence
-    check("mean_pool", lambda x: LY.mean_pool_forward(x, keep), LY.mean_pool_backward, dict(x=randn(B, L, E)), ["x"])
+def check_pair(pair: P.Pair, case: P.Case, rng: np.random.Generator, eps: float, report: GradcheckReport) -> None:
+    """Add the rows ``case.label:input`` for each gradient the pair's backward owes on ``case`` (random d_out)."""
+    out, cache = pair.forward(*case.values())
+    d_out = rng.standard_normal(np.shape(out))
+    for name, grad in P.gradients(pair, pair.backward(d_out, cache), case).items():
+        numerical = numerical_gradient(lambda _x: pair.forward(*case.values())[0], case.array(name), d_out, eps)
+        report.add(f"{case.label}:{name}", grad, numerical)

@@ -12,7 +12,6 @@ import pytest
 from mha_numpy.checker import NOT_DONE, bugs, check_file, check_namespace
 from mha_numpy.checker import reference as R
 from mha_numpy.checker.cases import PAIRS
-from mha_numpy.checker.runner import reference_pair
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "exercises" / "solutions"
@@ -57,7 +56,7 @@ def test_each_known_bug_is_caught_with_its_diagnosis(bug):
     ns = correct_namespace()
     ns[bug.function] = bug.impl
     if bug.function.endswith("_backward"):  # the forward whose cache the buggy backward reads
-        ns[bug.function.replace("_backward", "_forward")] = bug.forward or reference_pair(_spec(bug.pair))[0]
+        ns[bug.function.replace("_backward", "_forward")] = bug.forward or _spec(bug.pair).forward
     report = check_namespace(ns, only=[_pair(bug.function)])
     row = report[bug.function]
     assert row.status == "FAIL"
@@ -139,20 +138,51 @@ def test_cli_on_the_solutions_exits_0(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "content, message",
+    "name, content, message, code",
     [
-        (None, "no such file"),
-        ("def softmax_forward(x):\n    return x +\n", "syntax error"),
-        ("import nope_xyz\n", "import"),
+        ("student.py", None, "no such file", 2),
+        ("notes.txt", "my notes\n", "not a Python file or a notebook", 2),
+        ("student.py", "def softmax_forward(x):\n    return x +\n", "line 2: syntax error", 3),
+        ("student.py", "import nope_xyz\n", "failed on import: ModuleNotFoundError", 3),
+        ("hand_in.ipynb", "{not json", "is not a notebook", 3),
     ],
 )
-def test_cli_a_file_it_cannot_load_is_one_line_and_exit_2(tmp_path, content, message):
-    path = tmp_path / "student.py"
+def test_cli_a_file_it_cannot_take_or_run_is_one_line_and_exit_2_or_3(tmp_path, name, content, message, code):
+    """2: not a file the checker takes (a usage error); 3: a file it could not run. Never a traceback."""
+    path = tmp_path / name
     if content is not None:
         path.write_text(content)
     r = run_cli(str(path))
-    assert r.returncode == 2
+    assert r.returncode == code, r.stderr
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""
+
+
+def test_cli_a_directory_is_a_usage_error_not_no_such_file(tmp_path):
+    r = run_cli(str(tmp_path))
+    assert r.returncode == 2 and "is a directory" in r.stderr and "no such file" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""
+
+
+def test_cli_checks_an_exercise_notebook_handed_in_as_is(tmp_path):
+    """The likeliest mistake: handing in the notebook. Its code cells run in order (its own checker cell is
+    skipped): blank, every function is not done yet (exit 1); filled with the solutions, every one passes."""
+    blank = run_cli(str(ROOT / "exercises" / "ex05_softmax.ipynb"))
+    assert blank.returncode == 1, blank.stdout + blank.stderr
+    rows = [line for line in blank.stdout.splitlines() if line.startswith("softmax")]
+    assert len(rows) == 4 and all(row.endswith(NOT_DONE) for row in rows), blank.stdout
+    solved = tmp_path / "ex05_softmax.ipynb"
+    fill = [sys.executable, str(ROOT / "scripts" / "fill_exercises.py"), str(ROOT / "exercises" / solved.name)]
+    subprocess.run([*fill, "-o", str(solved)], check=True, capture_output=True)
+    r = run_cli(str(solved))
+    assert r.returncode == 0 and "4 of 4 functions pass" in r.stdout, r.stdout + r.stderr
+
+
+def test_cli_help_documents_the_exit_codes():
+    r = subprocess.run([sys.executable, "-m", "mha_numpy", "check", "--help"], capture_output=True, text=True)
+    text = " ".join(r.stdout.split())
+    for code in ("0 = every function found was checked and passed", "1 = a function failed", "2 = usage error",
+                 "3 = the file could not be run"):  # fmt: skip
+        assert code in text, code
 
 
 def test_check_file_from_python_returns_a_printable_report():
@@ -166,3 +196,35 @@ def test_functions_of_unknown_pairs_are_listed_not_failed():
     report = check_namespace(ns)
     assert report.passed and report.ignored == ["my_helper_forward"]
     assert "my_helper_forward" in str(report)
+
+
+def test_the_checker_grades_the_registry_pairs_with_the_registry_functions():
+    """One registry: each pair of mha_numpy.pairs with course cases is graded (the same object, so the same
+    reference functions and cases); the only course-only pair is self-attention."""
+    from mha_numpy import pairs
+
+    graded = {p.name: p for p in PAIRS}
+    assert all(graded[p.name] is p for p in pairs.PAIRS if p.cases is not None)
+    assert set(graded) - {p.name for p in pairs.PAIRS} == {"self_attention"}
+
+
+def _sdpa(backward):
+    return {"scaled_dot_product_attention_forward": correct_namespace()["scaled_dot_product_attention_forward"],
+            "scaled_dot_product_attention_backward": backward}  # fmt: skip
+
+
+def test_attention_backward_returns_one_gradient_per_input_of_its_forward():
+    """Exercise 6's forward has no bias: (dq, dk, dv) is right; the library's pair returns (dq, dk, dv, None), right
+    too (its forward has an optional bias, not given); any other count is a FAIL saying what is owed."""
+    from mha_numpy import functional as F
+
+    student = correct_namespace()["scaled_dot_product_attention_backward"]
+    assert check_namespace(_sdpa(student)).passed
+    library = {"scaled_dot_product_attention_forward": F.scaled_dot_product_attention_forward,
+               "scaled_dot_product_attention_backward": F.scaled_dot_product_attention_backward}  # fmt: skip
+    assert check_namespace(library).passed
+    report = check_namespace(_sdpa(lambda d, cache: student(d, cache)[:2]))
+    row = report["scaled_dot_product_attention_backward"]
+    assert row.status == "FAIL" and "returned 2 gradients, expected 3 (dq, dk, dv)" in row.detail
+    row = check_namespace(_sdpa(lambda d, cache: (*student(d, cache), d)))["scaled_dot_product_attention_backward"]
+    assert row.status == "FAIL" and "returned 4 gradients, expected 3" in row.detail

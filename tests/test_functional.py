@@ -173,6 +173,20 @@ def test_sdpa_forward_and_gradients(mask_kind, dropout):
     grad_check(fwd, F.scaled_dot_product_attention_backward, dict(q=q, k=k, v=v), ["q", "k", "v"])
 
 
+def test_sdpa_backward_returns_one_gradient_per_differentiable_input():
+    """The backward return convention (docs/architecture.md): (dq, dk, dv, d_bias) always, d_bias None without a
+    bias, as linear_backward's db is None without b (it used to return 3 or 4 values depending on the bias)."""
+    rng = np.random.default_rng(12)
+    q, k, v = randn(rng, 2, 2, 3, 4), randn(rng, 2, 2, 5, 4), randn(rng, 2, 2, 5, 4)
+    out, cache = F.scaled_dot_product_attention_forward(q, k, v)
+    grads = F.scaled_dot_product_attention_backward(randn(rng, *out.shape), cache)
+    assert len(grads) == 4 and grads[3] is None
+    bias = randn(rng, 1, 2, 3, 5)
+    out, cache = F.scaled_dot_product_attention_forward(q, k, v, bias=bias)
+    grads = F.scaled_dot_product_attention_backward(randn(rng, *out.shape), cache)
+    assert len(grads) == 4 and grads[3].shape == bias.shape
+
+
 def test_sdpa_custom_scale_and_alias():
     rng = np.random.default_rng(10)
     q, k, v = randn(rng, 1, 1, 2, 3), randn(rng, 1, 1, 2, 3), randn(rng, 1, 1, 2, 3)
@@ -186,7 +200,7 @@ def test_check_functional_covers_every_pair():
     assert report.passed, str(report)
     pairs = {row.name.split(":")[0] for row in report.rows}
     attention = {"linear", "split", "merge", "scores", "mask", "softmax", "dropout", "context", "sdpa"}
-    variants = {"repeat_kv", "rope"}
+    variants = {"repeat_kv", "rope", "soft_cap"}
     block = {"add", "embedding", "bert_embeddings", "layer_norm", "gelu", "gelu_tanh", "feed_forward", "mean_pool",
              "rms_norm", "silu", "swiglu"}  # fmt: skip
     assert pairs == attention | variants | block
@@ -198,7 +212,7 @@ def test_float32_stays_float32_through_every_pair():
     mask = rng.normal(size=(3, 3))  # float64 additive mask must not promote the scores
     out, cache = F.scaled_dot_product_attention_forward(q, k, v, mask)
     assert out.dtype == np.float32 and cache.attn_weights.dtype == np.float32
-    dq, dk, dv = F.scaled_dot_product_attention_backward(np.ones_like(out), cache)
+    dq, dk, dv, _ = F.scaled_dot_product_attention_backward(np.ones_like(out), cache)
     assert dq.dtype == dk.dtype == dv.dtype == np.float32
     y, c = F.linear_forward(q, np.ones((5, 4), np.float32), np.ones(5, np.float32))
     assert y.dtype == np.float32 and all(g.dtype == np.float32 for g in F.linear_backward(y, c))

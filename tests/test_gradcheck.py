@@ -82,3 +82,30 @@ def test_check_mha_refuses_empty_inputs(which):
 def test_a_bad_rng_is_a_value_error_naming_it(rng):
     with pytest.raises(ValueError, match="^rng must be"):
         check_functional(rng=rng)
+
+
+def test_check_functional_checks_every_pair_of_the_registry_and_a_new_entry_adds_its_rows(monkeypatch):
+    """One registry (mha_numpy/pairs.py): the rows are its pairs' samples, ``label:input``; adding a pair is one
+    entry (a toy pair here), which check_functional then checks, and a wrong backward in it fails."""
+    from mha_numpy import pairs
+
+    rows = [r.name for r in check_functional().rows]
+    expected = [
+        f"{case.label}:{name}"
+        for p in pairs.PAIRS
+        if p.sample
+        for case in p.sample(pairs.Sizes(), np.random.default_rng(0))
+        for name in p.grads
+        if case.gives(name)
+    ]
+    assert rows == expected and len(set(rows)) == len(rows)
+
+    def sample(sizes, rng):
+        return [pairs.Case("cube", [("x", rng.standard_normal((sizes.B, 3)))])]
+
+    cube = pairs.Pair("cube", lambda x: (x**3, x), lambda d, x: 3 * x**2 * d, ("x",), sample=sample)
+    wrong = pairs.Pair("cube", cube.forward, lambda d, x: 2 * x**2 * d, ("x",), sample=sample)
+    monkeypatch.setattr(pairs, "PAIRS", [*pairs.PAIRS, cube])
+    assert check_functional()["cube:x"].passed
+    monkeypatch.setattr(pairs, "PAIRS", [wrong])
+    assert not check_functional().passed

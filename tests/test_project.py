@@ -120,6 +120,33 @@ def test_import_graph_is_one_way():
             visit(node, [])
 
 
+def test_no_module_imports_a_private_name_of_another_module():
+    """A leading underscore means "this module's own": importing such a name from another module is a defect
+    (checker/gallery.py imported runner's _array and _finite; models/bert.py bert_files' _read_safetensors), and a
+    private module (``kernels/_threads.py`` once, ``viz/_layout.py``) is its package's own: importing it from
+    outside that package is one too. ``mha_numpy/_checks.py`` and ``_optional.py`` belong to the whole package."""
+    import ast
+
+    found = []
+    for path in (ROOT / "mha_numpy").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        package = name if parts[-1] == "__init__" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            if not module.startswith("mha_numpy"):
+                continue
+            found += [f"{name}: {a.name} from {module}" for a in node.names if a.name.startswith("_")
+                      and not a.name.endswith("__")]  # fmt: skip
+            owner, _, last = module.rpartition(".")
+            if last.startswith("_") and not last.endswith("__") and not (name + ".").startswith(owner + "."):
+                found.append(f"{name}: the private module {module}")
+    assert not found, found
+
+
 def test_every_optional_package_has_an_extra_and_all_installs_them():
     """pip install '.[all]' runs every command; each optional import names an extra that really brings it."""
     import re

@@ -1,6 +1,6 @@
 """Check a student's forward/backward pairs, and say which classic mistake a wrong gradient matches.
 
-    python -m mha_numpy check my_attention.py
+    python -m mha_numpy check my_attention.py        # or the exercise notebook itself, ex05_softmax.ipynb
 
     from mha_numpy.checker import check_file, check_namespace
     print(check_file("my_attention.py"))       # a CheckReport: one line per function
@@ -9,35 +9,40 @@
 The student's file defines any of the pairs under their usual names (``softmax_forward``,
 ``softmax_backward``, ``linear_backward``, ``attention_scores_backward``, ``layer_norm_backward``,
 ``self_attention_backward``, ``online_softmax_update``, ...; see ``cases.PAIRS``). Each function found
-is compared with the reference pairs of ``mha_numpy.functional`` / ``mha_numpy.models.layers`` on
-random float64 inputs of several shapes (batch > 1, Lq != Lk, masks, a fully masked row), and every
-backward with central differences against a random upstream gradient. A function that raises
-``NotImplementedError`` is "not done yet". The known bugs live in ``bugs``.
+is compared with the reference pairs of the registry (``mha_numpy.pairs``) on random float64 inputs of
+several shapes (batch > 1, Lq != Lk, masks, a fully masked row), and every backward with central
+differences against a random upstream gradient. A function that raises ``NotImplementedError`` is "not done
+yet"; one that changes its arguments in place FAILs. The known bugs live in ``bugs``.
+
+``check_file`` runs the file in a child process with a time limit (``checker.process``); ``check_namespace``
+calls the functions in this process (a notebook), with the same copies and mutation checks and no time limit.
+Neither is a sandbox: the student's code can do anything the user running the checker can (docs/course.md).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from . import bugs, cases
-from .runner import NOT_DONE, Row
-from .runner import check_namespace as _check_rows
-
-
-class StudentFileError(Exception):
-    """The file cannot be checked at all (missing, a syntax error, fails on import): one line for the user."""
+from .load import BadPath, CannotRun, StudentFileError, check_path, load_student
+from .process import DEFAULT_TIMEOUT, ChildProcess
+from .runner import NOT_DONE, Row, check_student, plan
+from .student import InProcess
 
 
 @dataclass
 class CheckReport:
-    """One Row per function found. ``passed``: at least one function, and every one PASS."""
+    """One Row per function found. ``passed``: at least one function, and every one PASS.
+
+    ``output``: what the student's file printed while it was checked (a file only; never part of the report).
+    """
 
     rows: list[Row] = field(default_factory=list)
     source: str = ""
     ignored: list[str] = field(default_factory=list)  # NAME_forward/_backward of no pair the checker knows
+    planned: list[str] = field(default_factory=list)  # the functions to check, in order (sets the column width)
+    output: str = ""
 
     @property
     def passed(self) -> bool:
@@ -49,63 +54,85 @@ class CheckReport:
                 return r
         raise KeyError(function)
 
-    def __str__(self) -> str:
+    def row_text(self, r: Row) -> str:
+        """The row's line, and its diagnosis line when a known bug matched."""
+        width = max(len(f) for f in self.planned or [x.function for x in self.rows] or [r.function])
+        line = f"{r.function:<{width}}  {r.status}{'  ' + r.detail if r.detail else ''}"
+        return line + (f"\n{'':<{width}}  diagnosis: {r.diagnosis}" if r.bug else "")
+
+    def summary(self) -> str:
+        """The lines after the rows (or the one line saying that no known function was found)."""
         if not self.rows:
             names = ", ".join(f"{p.name}_forward/_backward" for p in cases.PAIRS)
             return (
-                f"{self.source or 'no functions'}: none of the known functions found ({names}, online_softmax_update)"
+                f"{self.source or 'no functions'}: none of the known functions found ({names}, {cases.ONLINE_SOFTMAX})"
             )
-        width = max(len(r.function) for r in self.rows)
-        lines = []
-        for r in self.rows:
-            lines.append(f"{r.function:<{width}}  {r.status}{'  ' + r.detail if r.detail else ''}")
-            if r.bug:
-                lines.append(f"{'':<{width}}  diagnosis: {r.diagnosis}")
         done = sum(r.status == "PASS" for r in self.rows)
-        lines.append(f"{done} of {len(self.rows)} functions pass")
+        lines = [f"{done} of {len(self.rows)} functions pass"]
         if self.ignored:
             lines.append(f"not checked (no pair of that name is known): {', '.join(self.ignored)}")
         return "\n".join(lines)
 
+    def __str__(self) -> str:
+        return "\n".join([*(self.row_text(r) for r in self.rows), self.summary()])
 
-def check_namespace(namespace: dict, only=None, source: str = "") -> CheckReport:
-    """Check the functions a dict (``globals()``, a module's ``vars``) defines; ``only``: pair names to look at."""
+
+def _ignored(names, only) -> list[str]:
     known = {f"{p.name}_{side}" for p in cases.PAIRS for side in ("forward", "backward")}
-    ignored = [
-        name
-        for name, value in namespace.items()
-        if callable(value) and name.endswith(("_forward", "_backward")) and name not in known and only is None
-    ]
-    return CheckReport(_check_rows(namespace, only), source, ignored)
+    return [n for n in names if n.endswith(("_forward", "_backward")) and n not in known] if only is None else []
 
 
-def load_student(path) -> dict:
-    """Execute the student's file in a fresh module and return its namespace; StudentFileError when it cannot."""
-    path = Path(path)
-    if not path.is_file():
-        raise StudentFileError(f"no such file: {path}")
+def _check(student, only, source: str, echo: Callable[[str], None] | None) -> CheckReport:
+    report = CheckReport(source=source, ignored=_ignored(student.names, only), planned=plan(student.names, only))
+
+    def on_row(row: Row) -> None:
+        report.rows.append(row)
+        if echo is not None:
+            echo(report.row_text(row))
+
+    check_student(student, only, on_row)
+    if echo is not None:
+        echo(report.summary())
+    return report
+
+
+def check_namespace(namespace: dict, only=None, source: str = "", echo=None) -> CheckReport:
+    """Check the functions a dict (``globals()``, a module's ``vars``) defines; ``only``: pair names to look at.
+
+    The functions run in this process: every call on copies of its arguments, a FAIL for one that changes them;
+    no time limit (interrupt the kernel to stop an endless loop). ``echo(line)`` gets each line as it is known.
+    """
+    return _check(InProcess(namespace), only, source, echo)
+
+
+def check_file(path, only=None, timeout: float = DEFAULT_TIMEOUT, echo=None) -> CheckReport:
+    """Check every known function the file at ``path`` (.py, or a notebook's code cells) defines, run in a child
+    process: ``timeout`` seconds for importing it and for each function's check.
+
+    BadPath (a StudentFileError) when ``path`` is not a .py or .ipynb file; CannotRun (also one) when it cannot be
+    imported (a syntax error, an error, sys.exit, a time-out while importing). ``echo(line)`` gets each line of the
+    report as soon as it is known; ``report.output`` is what the file printed.
+    """
+    path = check_path(path)
+    child = ChildProcess(path, timeout)
     try:
-        source = path.read_text(encoding="utf-8")
-        compile(source, str(path), "exec")
-    except SyntaxError as e:
-        raise StudentFileError(f"{path}, line {e.lineno}: syntax error: {e.msg}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise StudentFileError(f"cannot read {path}: {e}") from None
-    spec = importlib.util.spec_from_file_location(f"_student_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.parent.resolve()))  # the student's own helper modules next to the file
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # noqa: BLE001 - any error while importing the student's file is one line
-        raise StudentFileError(f"{path} failed on import: {type(e).__name__}: {e}") from None
+        report = _check(child, only, str(path), echo)
     finally:
-        sys.path.remove(str(path.parent.resolve()))
-    return vars(module)
+        child.close()
+    report.output = child.output
+    return report
 
 
-def check_file(path, only=None) -> CheckReport:
-    """Check every known function the file at ``path`` defines (StudentFileError if it cannot be loaded)."""
-    return check_namespace(load_student(path), only, source=str(path))
-
-
-__all__ = ["NOT_DONE", "CheckReport", "Row", "StudentFileError", "bugs", "cases", "check_file", "check_namespace"]
+__all__ = [
+    "NOT_DONE",
+    "BadPath",
+    "CannotRun",
+    "CheckReport",
+    "Row",
+    "StudentFileError",
+    "bugs",
+    "cases",
+    "check_file",
+    "check_namespace",
+    "load_student",
+]

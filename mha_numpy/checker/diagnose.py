@@ -3,7 +3,7 @@
 ``compare`` judges a whole tensor by its absolute error against the largest expected entry of the
 case (a quantity that is zero in theory is never judged against its own rounding noise);
 ``matching_bug`` runs every buggy variant of ``bugs.BUGS`` for the function on the same inputs and
-returns the one the student's output reproduces.
+returns the one the student's output reproduces, among those that differ from the correct answer there.
 """
 
 from __future__ import annotations
@@ -13,15 +13,6 @@ import numpy as np
 from . import bugs
 
 RTOL = 1e-6  # max |got - expected| / (largest |expected| of the case); float64 round-off is ~1e-15
-
-
-def as_grads(result, names: tuple[str, ...]) -> dict:
-    """A backward's result (an array, a tuple in ``names`` order, or a dict) as {name: array}."""
-    if isinstance(result, dict):
-        return dict(result)
-    if isinstance(result, tuple | list):
-        return {n: g for n, g in zip(names, result)}
-    return {names[0]: result}
 
 
 def scale_of(arrays) -> float:
@@ -66,14 +57,18 @@ def matches(got: dict, variant: dict, scale: float) -> bool:
     return bool(common) and all(compare(n, got[n], variant[n], scale) is None for n in common)
 
 
-def matching_bug(function: str, got: dict, run_variant, scale: float) -> bugs.Bug | None:
-    """The first bug of ``function`` whose output (``run_variant(bug) -> dict``) the student's ``got`` reproduces."""
+def matching_bug(function: str, got: dict, run_variant, scale: float, expected: dict) -> bugs.Bug | None:
+    """The first bug of ``function`` whose output (``run_variant(bug) -> dict``) the student's ``got`` reproduces.
+
+    Only a variant that differs from ``expected`` (the correct answer) on this case can be named: one that equals
+    it here (a mask leak where nothing is masked) tells nothing about the student's mistake.
+    """
     for bug in bugs.for_function(function):
         try:
             with np.errstate(all="ignore"):
                 variant = run_variant(bug)
         except Exception:  # noqa: BLE001 - a variant undefined on this case (e.g. Sᵀ with Lq != Lk) matches nothing
             continue
-        if matches(got, variant, scale):
+        if matches(got, variant, scale) and not matches(expected, variant, scale):
             return bug
     return None

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..gradcheck import numerical_gradient
+from ..pairs import gradients
 from . import bugs, cases
 from . import reference as R
-from .diagnose import as_grads
-from .runner import _array, _finite, online_softmax_cases, reference_pair
+from .runner import finite_differences
 
 CAUGHT = 1e-6  # an error above this fraction of the largest entry is caught
 CHECKS = (
@@ -84,7 +84,7 @@ def _worst(values):
 
 
 def _unit(bug: bugs.Bug, case: cases.Case, pair: cases.Pair, rng, ones: bool, fd: bool):
-    ref_fwd, ref_bwd = reference_pair(pair)
+    ref_fwd, ref_bwd = pair.forward, pair.backward
     args = case.values()
     if bug.function.endswith("_forward"):
         if not fd:
@@ -95,13 +95,13 @@ def _unit(bug: bugs.Bug, case: cases.Case, pair: cases.Pair, rng, ones: bool, fd
         fwd, bwd = bug.forward or ref_fwd, bug.impl
     out, cache = fwd(*args)
     d_out = np.ones(np.shape(out)) if ones else rng.standard_normal(np.shape(out))
-    got = as_grads(bwd(d_out, cache), pair.grads)
+    got = gradients(pair, bwd(d_out, cache), case)
     if fd:
-        expected = {
-            n: numerical_gradient(lambda _x: _finite(fwd(*args)[0]), _array(case, n), d_out) for n in pair.grads
-        }
+        expected = finite_differences(
+            lambda value_lists: [fwd(*v)[0] for v in value_lists], case, pair.owed(case), d_out
+        )
     else:
-        expected = as_grads(ref_bwd(d_out, ref_fwd(*args)[1]), pair.grads)
+        expected = gradients(pair, ref_bwd(d_out, ref_fwd(*args)[1]), case)
     return rel_error(got, expected)
 
 
@@ -162,12 +162,12 @@ def measure(bug: bugs.Bug, torch_reference: Callable | None = None) -> Measureme
             ("unit · FD", False, True),
         ]:
             rng = np.random.default_rng(0)
-            results = [_try(_unit, bug, c, pair, rng, ones, fd) for c in pair.make_cases(np.random.default_rng(0))]
+            results = [_try(_unit, bug, c, pair, rng, ones, fd) for c in pair.cases(np.random.default_rng(0))]
             m.errors[check] = _worst(results)
             if "crash" in results:
                 m.crashed.add(check)
     if bug.function == "online_softmax_update":  # its unit check: blockwise against a direct softmax
-        results = [_try(_online, bug, c) for c in online_softmax_cases(np.random.default_rng(2))]
+        results = [_try(_online, bug, c) for c in cases.online_softmax_cases(np.random.default_rng(2))]
         m.errors["unit · random"] = _worst(results)
     if bug.key in MODULE_KEYS and not bug.pair == "scaled_dot_product_attention":
         for check in CHECKS[3:]:

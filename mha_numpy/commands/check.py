@@ -1,33 +1,67 @@
-"""``python -m mha_numpy check FILE.py``: check a student's pairs and diagnose the classic backward bugs."""
+"""``python -m mha_numpy check FILE``: check a student's pairs and diagnose the classic backward bugs."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from ..checker.process import DEFAULT_TIMEOUT
+from ._args import positive_float
+
+EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_CANNOT_RUN = 0, 1, 2, 3
+EXIT_CODES = (
+    "exit codes: 0 = every function found was checked and passed; 1 = a function failed or is not done yet, or none "
+    "was found; 2 = usage error (no such file, a directory, not a .py or .ipynb file, a bad option); 3 = the file "
+    "could not be run (a syntax error, or an error, sys.exit, os._exit or the time limit while importing it)."
+)
+OUTPUT_LINES = 10  # at most this many lines of what the student's file printed are shown (on stderr)
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "check",
         help="check the forward/backward pairs a file defines; name the classic bug a wrong gradient matches",
-        description="Import FILE.py, find the pairs it defines under their usual names (softmax_forward, "
-        "softmax_backward, linear_backward, attention_scores_backward, ...), compare each with the reference pairs "
-        "on random float64 inputs and with finite differences against a random upstream gradient, and print one "
-        "line per function: PASS, not done yet (NotImplementedError), or FAIL with the worst element and a "
-        "diagnosis when the error matches a known bug. Exit 0 when all pass, 1 otherwise, 2 if FILE cannot be "
-        "loaded.",
+        description="Run FILE (a .py file, or an exercise notebook's code cells in order) in a child process with a "
+        "clean environment and a time limit, find the pairs it defines under their usual names (softmax_forward, "
+        "softmax_backward, linear_backward, attention_scores_backward, ...), compare each with the reference pairs on "
+        "random float64 inputs and with finite differences against a random upstream gradient, and print one line per "
+        "function as soon as it is checked: PASS, not done yet (NotImplementedError), or FAIL with the worst element "
+        "and a diagnosis when the error matches a known bug. A function that changes its arguments or its cache in "
+        "place, does not return within the time limit, or ends the process, FAILs. What FILE prints goes to stderr, "
+        "apart from the report. Not a sandbox: run files you do not trust in a container.",
+        epilog=EXIT_CODES,
     )
-    p.add_argument("file", help="the student's Python file")
+    p.add_argument("file", help="the student's Python file or exercise notebook (.py or .ipynb)")
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=DEFAULT_TIMEOUT,
+        help="seconds allowed for importing FILE, and for checking each function (default %(default)g)",
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checker import StudentFileError, check_file
+    from ..checker import BadPath, StudentFileError, check_file
 
     try:
-        report = check_file(args.file)
+        report = check_file(args.file, timeout=args.timeout, echo=lambda line: print(line, flush=True))
+    except BadPath as e:
+        print(f"check: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except StudentFileError as e:
         print(f"check: {e}", file=sys.stderr)
-        return 2
-    print(report)
-    return 0 if report.passed else 1
+        return EXIT_CANNOT_RUN
+    _show_output(args.file, report.output)
+    return EXIT_PASSED if report.passed else EXIT_FAILED
+
+
+def _show_output(path: str, output: str) -> None:
+    """What the file printed, on stderr after the report, each line marked as the file's (never as a verdict)."""
+    lines = output.splitlines()
+    if not lines:
+        return
+    more = f", the first {OUTPUT_LINES}" if len(lines) > OUTPUT_LINES else ""
+    print(f"{path} printed {len(lines)} line{'s' * (len(lines) != 1)} (not part of the report{more}):", file=sys.stderr)
+    for line in lines[:OUTPUT_LINES]:
+        print(f"  | {line}", file=sys.stderr)

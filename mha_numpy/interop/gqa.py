@@ -38,7 +38,7 @@ def crosscheck_gqa_sdpa(
     V, c_v = F.repeat_kv_forward(v, n_rep)  # (B, H, Lk, dv)
     ctx, cache = F.scaled_dot_product_attention_forward(q, K, V, mask, scale=scale)  # (B, H, Lq, dv)
     d_output = random_like(ctx.shape, dtype, rng) if d_output is None else np.asarray(d_output, dtype=dtype)
-    dq, dK, dV = F.scaled_dot_product_attention_backward(d_output, cache)
+    dq, dK, dV, _ = F.scaled_dot_product_attention_backward(d_output, cache)  # no bias: d_bias is None
     dk, dv = F.repeat_kv_backward(dK, c_k), F.repeat_kv_backward(dV, c_v)  # (B, Hkv, Lk, ·)
 
     tq, tk, tv = (torch.from_numpy(np.ascontiguousarray(x)).requires_grad_() for x in (q, k, v))

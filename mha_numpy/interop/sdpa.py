@@ -46,7 +46,7 @@ def crosscheck_sdpa(
 
     ctx, cache = F.scaled_dot_product_attention_forward(q, k, v, mask, scale=scale)  # ours
     d_output = random_like(ctx.shape, dtype, rng) if d_output is None else np.asarray(d_output, dtype=dtype)
-    d_qkv = F.scaled_dot_product_attention_backward(d_output, cache)
+    *d_qkv, _ = F.scaled_dot_product_attention_backward(d_output, cache)  # dq, dk, dv; no bias: d_bias is None
     out_t, d_qkv_t, scores_t, weights_t = _run_torch(torch, (q, k, v), mask, is_causal, scale, d_output)
 
     kind = "is_causal=True" if is_causal else ("no mask" if mask is None else f"{mask.dtype.name} attn_mask")

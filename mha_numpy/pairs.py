@@ -1,0 +1,447 @@
+"""Every forward/backward pair that is checked, listed once: its functions, its differentiable inputs, its cases.
+
+``gradcheck.check_functional`` compares each pair's backward with central differences on one random case at the
+sizes it is given (``Pair.sample``); the course checker (``mha_numpy.checker``) compares a student's
+``NAME_forward`` / ``NAME_backward`` with the pair on several fixed cases (``Pair.cases``: batch > 1, Lq != Lk,
+masks, a fully masked row, one square case so that a swapped transpose can be computed and recognised).
+
+A case lists the forward's arguments in the forward's order, each with its name (the forward is always called
+positionally, so a student may name the arguments as they like). ``grads`` names the differentiable inputs in
+the forward's order; the backward returns one gradient per differentiable input, None for an optional input
+that was not given (docs/architecture.md, "Backward return convention"); ``gradients`` reads a backward's
+result that way. Adding a pair is one ``Pair(...)`` entry in ``PAIRS`` and the functions that make its cases.
+Everything is float64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import functional as F
+from .models import layers as LY
+
+
+@dataclass
+class Case:
+    """One call of a forward: ``args`` (name, value) in the forward's order; ``label`` says what it is."""
+
+    label: str
+    args: list[tuple[str, object]]
+
+    def values(self) -> list:
+        return [v for _, v in self.args]
+
+    def get(self, name: str):
+        return dict(self.args)[name]
+
+    def array(self, name: str):
+        """The argument ``name``, or the entry ``name`` of a dict argument (self-attention's params)."""
+        for arg_name, value in self.args:
+            if arg_name == name:
+                return value
+            if isinstance(value, dict) and name in value:
+                return value[name]
+        raise KeyError(name)
+
+    def gives(self, name: str) -> bool:
+        """True when the case passes ``name`` (not None): the backward owes it a gradient."""
+        try:
+            return self.array(name) is not None
+        except KeyError:
+            return False
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The sizes ``check_functional`` is given: B, H, Lq, Lk, d (E = H·d), the attention's mask and dropout."""
+
+    B: int = 2
+    H: int = 2
+    Lq: int = 3
+    Lk: int = 4
+    d: int = 3
+    mask: np.ndarray | None = None
+    dropout_p: float = 0.0
+
+    @property
+    def E(self) -> int:
+        return self.H * self.d
+
+
+@dataclass(frozen=True)
+class Pair:
+    """``NAME_forward(*case) -> (out, cache)`` / ``NAME_backward(d_out, cache)``, with how to make random cases.
+
+    grads: the differentiable inputs, in the forward's order (the order of the backward's gradients).
+    cases(rng) -> the course checker's cases, or None: the course does not grade this pair.
+    sample(sizes, rng) -> check_functional's cases, each labelled with its rows' prefix, or None: not in it.
+    scalar_output: the forward returns a float (a loss), so the upstream gradient is a scalar.
+    """
+
+    name: str
+    forward: Callable
+    backward: Callable
+    grads: tuple[str, ...]
+    cases: Callable[[np.random.Generator], list[Case]] | None = None
+    sample: Callable[[Sizes, np.random.Generator], list[Case]] | None = None
+    scalar_output: bool = False
+
+    def owed(self, case: Case) -> list[str]:
+        """The differentiable inputs ``case`` passes, in order: the gradients the backward owes on it."""
+        return [n for n in self.grads if case.gives(n)]
+
+
+class ReturnConventionError(ValueError):
+    """A backward returned a different number of gradients than its forward has differentiable inputs."""
+
+
+def gradients(pair: Pair, result, case: Case) -> dict:
+    """A backward's ``result`` as {input name: gradient} for the differentiable inputs ``case`` gives.
+
+    Accepted: one gradient per input the case gives, in the forward's order (a single array when there is one);
+    or one per entry of ``pair.grads`` with None for those the case does not give (the library's
+    ``scaled_dot_product_attention_backward`` without a bias); or a dict by name (self-attention).
+    Anything else raises ReturnConventionError, with one line saying what was expected.
+    """
+    given = pair.owed(case)
+    if isinstance(result, dict):
+        return {n: result.get(n) for n in given}
+    result = list(result) if isinstance(result, tuple | list) else [result]
+    if len(result) == len(pair.grads) != len(given):
+        extra = [n for n, g in zip(pair.grads, result) if n not in given and g is not None]
+        if not extra:
+            return {n: g for n, g in zip(pair.grads, result) if n in given}
+    if len(result) != len(given):
+        names = ", ".join(f"d{n}" for n in given)
+        return_error = f"returned {len(result)} gradient{'s' * (len(result) != 1)}, expected {len(given)} ({names})"
+        raise ReturnConventionError(f"{return_error}: one per differentiable input, in the forward's order")
+    return dict(zip(given, result))
+
+
+def _randn(rng, *shape):
+    return rng.standard_normal(shape)
+
+
+def _blocked_mask(rng, B, H, Lq, Lk, full_row: bool):
+    """bool (B, 1, Lq, Lk), True = may attend: a random pattern, and optionally one fully masked row."""
+    mask = rng.random((B, 1, Lq, Lk)) > 0.35
+    mask[..., 0] = True  # every row keeps one key ...
+    if full_row:
+        mask[-1, 0, -1, :] = False  # ... except the last query of the last batch element: fully masked
+    return mask
+
+
+# --------------------------------------------------------------------------- the course checker's cases
+
+
+def linear_cases(rng):
+    return [
+        Case("x (2, 3, 4), W (5, 4)", [("x", _randn(rng, 2, 3, 4)), ("W", _randn(rng, 5, 4)), ("b", _randn(rng, 5))]),
+        Case("x (2, 2, 3, 4) 4-D", [("x", _randn(rng, 2, 2, 3, 4)), ("W", _randn(rng, 3, 4)), ("b", _randn(rng, 3))]),
+    ]
+
+
+def split_heads_cases(rng):
+    return [
+        Case("x (2, 3, 6), H=2", [("x", _randn(rng, 2, 3, 6)), ("num_heads", 2)]),
+        Case("x (3, 4, 12), H=3", [("x", _randn(rng, 3, 4, 12)), ("num_heads", 3)]),
+    ]
+
+
+def merge_heads_cases(rng):
+    return [
+        Case("x (2, 2, 3, 3)", [("x", _randn(rng, 2, 2, 3, 3))]),
+        Case("x (3, 3, 4, 2)", [("x", _randn(rng, 3, 3, 4, 2))]),
+    ]
+
+
+def attention_scores_cases(rng):
+    return [
+        Case(
+            "q (2, 2, 3, 4), k (2, 2, 5, 4)",
+            [("q", _randn(rng, 2, 2, 3, 4)), ("k", _randn(rng, 2, 2, 5, 4)), ("scale", 0.5)],
+        ),
+        Case(
+            "q (2, 3, 4, 2), k (2, 3, 4, 2) Lq = Lk",
+            [("q", _randn(rng, 2, 3, 4, 2)), ("k", _randn(rng, 2, 3, 4, 2)), ("scale", 0.7)],
+        ),
+    ]
+
+
+def apply_mask_cases(rng):
+    return [
+        Case(
+            "scores (2, 2, 3, 5), bool mask",
+            [("scores", _randn(rng, 2, 2, 3, 5)), ("mask", _blocked_mask(rng, 2, 2, 3, 5, False))],
+        ),
+        Case(
+            "scores (2, 2, 4, 4), float mask", [("scores", _randn(rng, 2, 2, 4, 4)), ("mask", _randn(rng, 2, 1, 4, 4))]
+        ),
+    ]
+
+
+def softmax_cases(rng):
+    x = _randn(rng, 2, 2, 3, 5) * 2
+    x[1, 1, 2, :] = -np.inf  # a fully masked row: weights 0, never NaN
+    x[0, 0, 1, 3] = -np.inf  # one blocked key
+    return [
+        Case("x (2, 2, 3, 5)", [("x", _randn(rng, 2, 2, 3, 5) * 2)]),
+        Case("x (2, 2, 3, 5) with -inf and a fully masked row", [("x", x)]),
+    ]
+
+
+def dropout_cases(rng):
+    x = _randn(rng, 2, 2, 3, 4)
+    return [
+        Case("x (2, 2, 3, 4), p=0.3", [("x", x), ("p", 0.3), ("rng", None), ("keep_mask", rng.random(x.shape) >= 0.3)]),
+        Case(
+            "x (2, 2, 3, 4), p=0.5",
+            [("x", x.copy()), ("p", 0.5), ("rng", None), ("keep_mask", rng.random(x.shape) >= 0.5)],
+        ),
+    ]
+
+
+def attention_context_cases(rng):
+    return [Case("p (2, 2, 3, 5), v (2, 2, 5, 4)", [("p", _randn(rng, 2, 2, 3, 5)), ("v", _randn(rng, 2, 2, 5, 4))])]
+
+
+def sdpa_cases(rng):
+    """(q, k, v, mask): the signature of exercise 6's attention, without a bias (so dq, dk, dv are owed)."""
+
+    def qkv(B, H, Lq, Lk, d):
+        return [("q", _randn(rng, B, H, Lq, d)), ("k", _randn(rng, B, H, Lk, d)), ("v", _randn(rng, B, H, Lk, d))]
+
+    return [
+        Case("q (2, 2, 3, 4), k, v (2, 2, 5, 4), no mask", qkv(2, 2, 3, 5, 4) + [("mask", None)]),
+        Case(
+            "q (2, 2, 4, 3), k, v (2, 2, 4, 3), mask with a fully masked row",
+            qkv(2, 2, 4, 4, 3) + [("mask", _blocked_mask(rng, 2, 2, 4, 4, True))],
+        ),
+    ]
+
+
+def embedding_cases(rng):
+    return [
+        Case(
+            "ids (2, 5) with repeats, table (4, 3)",
+            [("ids", np.array([[0, 1, 1, 3, 1], [3, 3, 0, 2, 1]])), ("table", _randn(rng, 4, 3))],
+        )
+    ]
+
+
+def softmax_cross_entropy_cases(rng):
+    return [Case("logits (2, 3, 5)", [("logits", _randn(rng, 2, 3, 5)), ("targets", rng.integers(0, 5, (2, 3)))])]
+
+
+def layer_norm_cases(rng):
+    return [
+        Case(
+            "x (2, 3, 6), eps=1e-5",
+            [("x", _randn(rng, 2, 3, 6)), ("gamma", _randn(rng, 6)), ("beta", _randn(rng, 6)), ("eps", 1e-5)],
+        )
+    ]
+
+
+# --------------------------------------------------------------------------- check_functional's cases
+
+
+def linear_sample(s: Sizes, rng):
+    return [Case("linear", [("x", _randn(rng, s.B, s.Lq, s.E)), ("W", _randn(rng, 5, s.E)), ("b", _randn(rng, 5))])]
+
+
+def split_heads_sample(s: Sizes, rng):
+    return [Case("split", [("x", _randn(rng, s.B, s.Lq, s.E)), ("num_heads", s.H)])]
+
+
+def merge_heads_sample(s: Sizes, rng):
+    return [Case("merge", [("x", _randn(rng, s.B, s.H, s.Lq, s.d))])]
+
+
+def attention_scores_sample(s: Sizes, rng):
+    q, k = _randn(rng, s.B, s.H, s.Lq, s.d), _randn(rng, s.B, s.H, s.Lk, s.d)
+    return [Case("scores", [("q", q), ("k", k), ("scale", 0.7)])]
+
+
+def apply_mask_sample(s: Sizes, rng):
+    mask = _randn(rng, s.B, s.H, s.Lq, s.Lk)  # additive: the scores' gradient is the identity
+    return [Case("mask", [("scores", _randn(rng, s.B, s.H, s.Lq, s.Lk)), ("mask", mask)])]
+
+
+def softmax_sample(s: Sizes, rng):
+    return [Case("softmax", [("x", _randn(rng, s.B, s.H, s.Lq, s.Lk))])]
+
+
+def dropout_sample(s: Sizes, rng):
+    keep = rng.random((s.B, s.H, s.Lq, s.Lk)) >= 0.3
+    return [Case("dropout", [("x", _randn(rng, s.B, s.H, s.Lq, s.Lk)), ("p", 0.3), ("rng", None), ("keep_mask", keep)])]
+
+
+def attention_context_sample(s: Sizes, rng):
+    return [Case("context", [("p", _randn(rng, s.B, s.H, s.Lq, s.Lk)), ("v", _randn(rng, s.B, s.H, s.Lk, s.d))])]
+
+
+def repeat_kv_sample(s: Sizes, rng):
+    return [Case("repeat_kv", [("x", _randn(rng, s.B, 1, s.Lk, s.d)), ("n_rep", s.H)])]
+
+
+def rope_sample(s: Sizes, rng):
+    return [Case("rope", [("x", _randn(rng, s.B, s.H, s.Lq, 2 * s.d)), ("positions", None), ("theta", 100.0)])]
+
+
+def sdpa_sample(s: Sizes, rng):
+    """q, k, v, the given mask, dropout with a fixed keep-mask; no bias (its gradient is None)."""
+    keep = rng.random((s.B, s.H, s.Lq, s.Lk)) >= s.dropout_p if s.dropout_p > 0 else None
+    q, k, v = _randn(rng, s.B, s.H, s.Lq, s.d), _randn(rng, s.B, s.H, s.Lk, s.d), _randn(rng, s.B, s.H, s.Lk, s.d)
+    settings = [("mask", s.mask), ("scale", None), ("dropout_p", s.dropout_p), ("rng", None), ("dropout_mask", keep)]
+    return [Case("sdpa", [("q", q), ("k", k), ("v", v), *settings])]
+
+
+def add_sample(s: Sizes, rng):
+    return [Case("add", [("a", _randn(rng, s.B, s.Lq, s.E)), ("b", _randn(rng, s.B, s.Lq, s.E))])]
+
+
+def _ids(s: Sizes, rng, vocab: int = 7):
+    ids = rng.integers(0, vocab, (s.B, s.Lq))
+    ids[0, :2] = 3  # a repeated id: its gradient rows must accumulate
+    return ids
+
+
+def embedding_sample(s: Sizes, rng):
+    return [Case("embedding", [("ids", _ids(s, rng)), ("table", _randn(rng, 7, s.E))])]
+
+
+def bert_embeddings_sample(s: Sizes, rng):
+    ids, types = _ids(s, rng), rng.integers(0, 2, (s.B, s.Lq))
+    word, position, token_type = _randn(rng, 7, s.E), _randn(rng, s.Lq + 2, s.E), _randn(rng, 2, s.E)
+    tables = [("word", word), ("position", position), ("token_type", token_type)]
+    return [Case("bert_embeddings", [("input_ids", ids), ("token_type_ids", types), *tables])]
+
+
+def layer_norm_sample(s: Sizes, rng):
+    x, gamma, beta = _randn(rng, s.B, s.Lq, s.E), _randn(rng, s.E), _randn(rng, s.E)
+    return [Case("layer_norm", [("x", x), ("gamma", gamma), ("beta", beta), ("eps", 1e-5)])]
+
+
+def gelu_sample(s: Sizes, rng):
+    I = 2 * s.E + 1  # noqa: E741 - the FFN's inner width, as in the docs
+    return [
+        Case(label, [("x", 3 * _randn(rng, s.B, s.Lq, I)), ("approximate", approximate)])
+        for label, approximate in [("gelu", "none"), ("gelu_tanh", "tanh")]
+    ]
+
+
+def feed_forward_sample(s: Sizes, rng):
+    E, I = s.E, 2 * s.E + 1  # noqa: E741
+    weights = [("W1", _randn(rng, I, E)), ("b1", _randn(rng, I)), ("W2", _randn(rng, E, I)), ("b2", _randn(rng, E))]
+    return [Case("feed_forward", [("x", _randn(rng, s.B, s.Lq, E)), *weights])]
+
+
+def rms_norm_sample(s: Sizes, rng):
+    return [Case("rms_norm", [("x", _randn(rng, s.B, s.Lq, s.E)), ("weight", _randn(rng, s.E)), ("eps", 1e-5)])]
+
+
+def silu_sample(s: Sizes, rng):
+    return [Case("silu", [("x", 3 * _randn(rng, s.B, s.Lq, 2 * s.E + 1))])]
+
+
+def swiglu_sample(s: Sizes, rng):
+    E, I = s.E, 2 * s.E + 1  # noqa: E741
+    weights = [("W_gate", _randn(rng, I, E)), ("W_up", _randn(rng, I, E)), ("W_down", _randn(rng, E, I))]
+    return [Case("swiglu", [("x", _randn(rng, s.B, s.Lq, E)), *weights])]
+
+
+def soft_cap_sample(s: Sizes, rng):
+    return [Case("soft_cap", [("scores", 2 * _randn(rng, s.B, s.H, s.Lq, s.Lk)), ("cap", 1.5)])]
+
+
+def mean_pool_sample(s: Sizes, rng):
+    keep = np.ones((s.B, s.Lq), np.int64)
+    keep[-1, s.Lq // 2 :] = 0  # padding in the last sequence
+    return [Case("mean_pool", [("x", _randn(rng, s.B, s.Lq, s.E)), ("attention_mask", keep)])]
+
+
+# --------------------------------------------------------------------------- the registry
+
+PAIRS: list[Pair] = [
+    Pair("linear", F.linear_forward, F.linear_backward, ("x", "W", "b"), linear_cases, linear_sample),
+    Pair("split_heads", F.split_heads_forward, F.split_heads_backward, ("x",), split_heads_cases, split_heads_sample),
+    Pair("merge_heads", F.merge_heads_forward, F.merge_heads_backward, ("x",), merge_heads_cases, merge_heads_sample),
+    Pair(
+        "attention_scores",
+        F.attention_scores_forward,
+        F.attention_scores_backward,
+        ("q", "k"),
+        attention_scores_cases,
+        attention_scores_sample,
+    ),
+    Pair("apply_mask", F.apply_mask_forward, F.apply_mask_backward, ("scores",), apply_mask_cases, apply_mask_sample),
+    Pair("softmax", F.softmax_forward, F.softmax_backward, ("x",), softmax_cases, softmax_sample),
+    Pair("dropout", F.dropout_forward, F.dropout_backward, ("x",), dropout_cases, dropout_sample),
+    Pair(
+        "attention_context",
+        F.attention_context_forward,
+        F.attention_context_backward,
+        ("p", "v"),
+        attention_context_cases,
+        attention_context_sample,
+    ),
+    Pair("repeat_kv", F.repeat_kv_forward, F.repeat_kv_backward, ("x",), sample=repeat_kv_sample),
+    Pair("rope", F.rope_forward, F.rope_backward, ("x",), sample=rope_sample),
+    Pair(
+        "scaled_dot_product_attention",
+        F.scaled_dot_product_attention_forward,
+        F.scaled_dot_product_attention_backward,
+        ("q", "k", "v", "bias"),
+        sdpa_cases,
+        sdpa_sample,
+    ),
+    Pair("add", LY.add_forward, LY.add_backward, ("a", "b"), sample=add_sample),
+    Pair("embedding", LY.embedding_forward, LY.embedding_backward, ("table",), embedding_cases, embedding_sample),
+    Pair(
+        "softmax_cross_entropy",
+        LY.softmax_cross_entropy_forward,
+        LY.softmax_cross_entropy_backward,
+        ("logits",),
+        softmax_cross_entropy_cases,
+        scalar_output=True,
+    ),
+    Pair(
+        "bert_embeddings",
+        LY.bert_embeddings_forward,
+        LY.bert_embeddings_backward,
+        ("word", "position", "token_type"),
+        sample=bert_embeddings_sample,
+    ),
+    Pair(
+        "layer_norm",
+        LY.layer_norm_forward,
+        LY.layer_norm_backward,
+        ("x", "gamma", "beta"),
+        layer_norm_cases,
+        layer_norm_sample,
+    ),
+    Pair("gelu", LY.gelu_forward, LY.gelu_backward, ("x",), sample=gelu_sample),
+    Pair(
+        "feed_forward",
+        LY.feed_forward_forward,
+        LY.feed_forward_backward,
+        ("x", "W1", "b1", "W2", "b2"),
+        sample=feed_forward_sample,
+    ),
+    Pair("rms_norm", F.rms_norm_forward, F.rms_norm_backward, ("x", "weight"), sample=rms_norm_sample),
+    Pair("silu", LY.silu_forward, LY.silu_backward, ("x",), sample=silu_sample),
+    Pair("swiglu", LY.swiglu_forward, LY.swiglu_backward, ("x", "W_gate", "W_up", "W_down"), sample=swiglu_sample),
+    Pair("mean_pool", LY.mean_pool_forward, LY.mean_pool_backward, ("x",), sample=mean_pool_sample),
+    Pair("soft_cap", F.soft_cap_forward, F.soft_cap_backward, ("scores",), sample=soft_cap_sample),
+]
+
+
+def find(name: str) -> Pair:
+    """The pair ``name`` (KeyError naming the known pairs otherwise)."""
+    for pair in PAIRS:
+        if pair.name == name:
+            return pair
+    raise KeyError(f"no pair {name!r}; known: {', '.join(p.name for p in PAIRS)}")
