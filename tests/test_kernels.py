@@ -246,8 +246,9 @@ def test_saturated_rows_are_as_exact_as_the_plain_path(impl, options, dtype, row
     masks, one head (the chunked kernel's keys then split across its threads): every kernel's error against exact
     arithmetic is at most twice the plain path's (the vectorized kernel in the same dtype) plus 4 ulps, judged
     against the largest gradient, and the plain path's is at most 64 ulps (up to 31 here: near saturation its
-    rounded Σ_j P_ij dP_ij enters the top entry of dS whole). With FlashAttention's D alone the chunked cases failed 31 of these (one-hot rows by
-    up to 8.4e3 ulps where the plain path is within 1; see docs/derivation.md § 13)."""
+    rounded Σ_j P_ij dP_ij enters the top entry of dS whole). With FlashAttention's D alone the chunked cases
+    failed 31 of these (one-hot rows by up to 8.4e3 ulps where the plain path is within 1; docs/derivation.md
+    § 13)."""
     q, k, v, d, mask = saturated_case(rows, mask_kind, dtype)
     exact = exact_attention_backward(*(a.astype(np.float64) for a in (q, k, v, d)), mask=mask)[:3]
     plain = kernels.VectorizedKernel()

@@ -203,8 +203,7 @@ def _forward_rows(q, k, v, scale: float, tiles: _Tiles, i0: int, bk: int, out, m
             m_old = m[:, rows]  # (g, n)
             top = s.argmax(axis=2)  # (g, n) the part's first key of largest score (a NaN counts as largest)
             s_top = np.take_along_axis(s, top[..., None], axis=2)[..., 0]  # (g, n) the part's row max
-            higher = s_top > m_old  # a new max moves j* here; a tie keeps the earlier key
-            jstar[:, rows][higher] = c0 + top[higher]
+            np.copyto(jstar[:, rows], top + c0, where=s_top > m_old)  # a new max moves j* here; a tie keeps the first
             m_new = np.maximum(m_old, s_top)  # (g, n)
             m_new[np.isneginf(m_new)] = 0.0  # row with nothing allowed yet: shift by 0, exp(-inf) = 0
             alpha = np.exp(m_old - m_new)  # (g, n) rescales what was summed with the old max
