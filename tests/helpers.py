@@ -87,3 +87,46 @@ def rel_bias_by_hand(table, Lq, Lk):
     R = (table.shape[1] - 1) // 2
     rows = [[[table[h, min(max(j - i, -R), R) + R] for j in range(Lk)] for i in range(Lq)] for h in range(len(table))]
     return np.array(rows)
+
+
+# The gap between a saturated row's top score and its others, (float32, float64): "one-hot" leaves the other weights
+# exactly 0 (e^-1e4 underflows); "tiny weights" leaves them below half an ulp of 1, so the top weight rounds to 1
+# (the regime of torch's OpInfo samples for SDPA); "near-saturated" above it: P_ij* = 1 - δ with ulp ≪ δ ≪ 1.
+SATURATION_GAP = {"one-hot": (1e4, 1e4), "tiny weights": (20.0, 40.0), "near-saturated": (10.0, 30.0)}
+SATURATION_MASKS = ("none", "causal", "padding, a blocked row", "additive")
+
+
+def saturated_case(rows: str, mask_kind: str, dtype, seed: int = 0):
+    """One head (B = H = 1), Lq = 7, Lk = 9, with rows that put (almost) all their weight on one key.
+
+    k_j = [e_j, noise], so query i's score for key j is q_i[j] plus a little: queries 1, 2, 4, 5 have the gap
+    ``SATURATION_GAP[rows]`` at keys 3, 0, 3, 8 (two of them share their top key), queries 0, 3, 6 are ordinary.
+    mask_kind: one of ``SATURATION_MASKS``; a mask may block a row's top key, which makes it ordinary.
+    -> q, k, v, d_context (1, 1, L, ·) in ``dtype``, mask (bool (Lq, Lk), float in ``dtype``, or None).
+    """
+    from mha_numpy import masks  # noqa: PLC0415 - as in conftest: helpers stay importable before the package
+
+    rng = np.random.default_rng(seed)
+    Lq, Lk = 7, 9
+    k = np.concatenate([np.eye(Lk), 0.3 * rng.standard_normal((Lk, 2))], axis=1)  # (Lk, Lk + 2)
+    q = np.concatenate([rng.standard_normal((Lq, Lk)), 0.5 * rng.standard_normal((Lq, 2))], axis=1)  # (Lq, Lk + 2)
+    q[[1, 2, 4, 5], :Lk] = 0.0
+    q[[1, 2, 4, 5], [3, 0, 3, 8]] = SATURATION_GAP[rows][int(np.dtype(dtype) == np.float64)]
+    v, d_context = rng.standard_normal((Lk, 3)), rng.standard_normal((Lq, 3))
+    padding = np.ones((Lq, Lk), bool)
+    padding[:, 7:] = False  # the last two keys are padding (query 5's top key among them)
+    padding[4] = False  # query 4 sees nothing
+    mask = {
+        "none": None,
+        "causal": masks.causal_mask(Lq, Lk, diagonal=Lk - Lq),  # bottom-right: query i sees keys 0 ... i + 2
+        "padding, a blocked row": padding,
+        "additive": rng.normal(0, 2, (Lq, Lk)).astype(dtype),
+    }[mask_kind]
+    return (*(a.astype(dtype)[None, None] for a in (q, k, v, d_context)), mask)
+
+
+def error_against_exact(grads, exact) -> float:
+    """max |grad - exact| over the gradients, divided by the largest |exact| of them all: a gradient that is 0 in
+    theory is judged against the largest one, not against its own rounding noise."""
+    scale = max(float(np.abs(e).max()) for e in exact)
+    return max(float(np.abs(np.asarray(g, np.float64) - e).max()) for g, e in zip(grads, exact)) / scale

@@ -4,9 +4,12 @@
 - ``per_head_loop``: the module one (batch item, head) at a time, with explicit allowed-key sets (the
   "Σₕ headₕ W_oₕᵀ" reading of the formula).
 - ``attention``: the attention alone on (B, H, L, d) arrays, with a float mask, a bias and a keep-mask.
+- ``exact_attention_backward``: its gradients in 50-digit decimal arithmetic, the yardstick of rounding errors.
 """
 
 from __future__ import annotations
+
+import decimal
 
 import numpy as np
 
@@ -70,3 +73,60 @@ def per_head_loop(params, query, key, value, keep, H):
                     weights[b, h, i, allowed[i]] = z / z.sum()
             out[b] += (weights[b, h] @ v[b, :, sl]) @ params["W_o"][:, sl].T  # Σₕ headₕ W_oₕᵀ
     return out, weights
+
+
+def exact_attention_backward(q, k, v, d_context, mask=None, scale=1.0, bias=None, keep=None, p=0.0):
+    """The gradients of ``attention`` in decimal arithmetic with 50 significant digits, rounded to float64 at the end.
+
+    q (B, H, Lq, d), k (B, H, Lk, d), v (B, H, Lk, dv), d_context (B, H, Lq, dv); mask, bias, keep broadcast to
+    (B, H, Lq, Lk) (dropout needs its ``keep``). The float inputs are taken as the exact numbers they are, so the
+    result is the true gradient at those inputs (to ~1e-50): the yardstick for the rounding error of a float32 or
+    float64 kernel. A loop over every score: small shapes only.
+    -> dq, dk, dv (the inputs' shapes) and dS (B, H, Lq, Lk), the gradient of a bias before its broadcast.
+    """
+    ctx = decimal.Context(prec=50)
+    B, H, Lq, Lk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    full = (B, H, Lq, Lk)
+    mask = None if mask is None else np.broadcast_to(mask, full)
+    bias = None if bias is None else np.broadcast_to(bias, full)
+    keep = None if keep is None else np.broadcast_to(keep, full)
+
+    def dec(x):
+        return ctx.create_decimal(float(x))
+
+    def dot(a, b):
+        return sum((x * y for x, y in zip(a, b)), zero)
+
+    zero, one, sc = dec(0), dec(1), dec(scale)
+    drop = one / dec(1 - p)
+    dq, dk, dv, ds = (np.zeros(shape) for shape in (q.shape, k.shape, v.shape, full))
+    for b in range(B):
+        for h in range(H):
+            Q, K, V, dO = ([[dec(x) for x in row] for row in a[b, h]] for a in (q, k, v, d_context))
+            dK, dV = [[zero] * k.shape[3] for _ in range(Lk)], [[zero] * v.shape[3] for _ in range(Lk)]
+            for i in range(Lq):
+                s = []  # the row's scores, None where blocked
+                for j in range(Lk):
+                    x = dot(Q[i], K[j]) * sc + (zero if bias is None else dec(bias[b, h, i, j]))
+                    if mask is not None and mask.dtype == np.bool_:
+                        x = x if mask[b, h, i, j] else None
+                    elif mask is not None:
+                        x = None if np.isneginf(mask[b, h, i, j]) else x + dec(mask[b, h, i, j])
+                    s.append(x)
+                if all(x is None for x in s):
+                    continue  # no key allowed: zero weights, zero gradients
+                top = max(x for x in s if x is not None)
+                e = [zero if x is None else (x - top).exp(ctx) for x in s]
+                P = [x / sum(e) for x in e]  # the weights
+                kd = [one if keep is None else (drop if keep[b, h, i, j] else zero) for j in range(Lk)]  # keep / (1-p)
+                dP = [dot(dO[i], V[j]) * kd[j] for j in range(Lk)]
+                Dp = dot(P, dP)
+                dS = [P[j] * (dP[j] - Dp) for j in range(Lk)]  # the softmax VJP
+                ds[b, h, i] = [float(x) for x in dS]
+                dq[b, h, i] = [float(dot(dS, [K[j][c] for j in range(Lk)]) * sc) for c in range(k.shape[3])]
+                for j in range(Lk):
+                    dK[j] = [x + dS[j] * Q[i][c] * sc for c, x in enumerate(dK[j])]
+                    dV[j] = [x + P[j] * kd[j] * dO[i][c] for c, x in enumerate(dV[j])]
+            dk[b, h] = np.array([[float(x) for x in row] for row in dK]).reshape(dk[b, h].shape)
+            dv[b, h] = np.array([[float(x) for x in row] for row in dV]).reshape(dv[b, h].shape)
+    return dq, dk, dv, ds

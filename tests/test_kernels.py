@@ -7,15 +7,18 @@ memory, threads) live in test_chunked.py.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 from conftest import MASK_KINDS, make_mask
-from helpers import rel_err
+from helpers import SATURATION_GAP, SATURATION_MASKS, error_against_exact, rel_err, saturated_case
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference import attention, einsum_mha, per_head_loop
+from reference import attention, einsum_mha, exact_attention_backward, per_head_loop
 
 from mha_numpy import MultiHeadAttention, kernels
+from mha_numpy import functional as F
 from mha_numpy.gradcheck import check_function, check_mha
 
 
@@ -213,6 +216,68 @@ def test_large_logits_are_as_exact_as_the_plain_softmax(impl, options, dtype, ma
     _, ref_w = attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), scale=1.0)
     assert np.abs(cache.attn_weights - ref_w).max() <= 4 * np.finfo(dtype).eps
     np.testing.assert_allclose(cache.attn_weights.sum(-1), 1.0, rtol=8 * np.finfo(dtype).eps)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("impl, options", KERNEL_CASES, ids=IDS)
+def test_a_one_hot_softmax_has_exactly_zero_score_gradients(impl, options, dtype):
+    """Every row attends to key 3 alone (the other weights are exactly 0), so dS, dq and dk are exactly 0, as the
+    plain path gives. FlashAttention's D = rowsum(dO ∘ O) left its rounding difference from Σ_j P_ij dP_ij in dS,
+    times |q| = 1e6 in dk: 0.089 in float32, 2.8e-10 in float64 (the reliability issue's reproduction). Both heads,
+    and the first alone (B = H = 1: the chunked kernel then splits its 5 keys across threads)."""
+    kernel = kernels.get_kernel(impl, **options)
+    q = np.zeros((1, 2, 3, 4), dtype)
+    q[..., 0], q[..., 1] = -1e6, [-1, 2, 0]
+    k = np.zeros((1, 2, 5, 4), dtype)
+    k[..., 0], k[..., 1] = [1, 1, 1, -1, 1], [0, 1, 3, 0, -2]
+    v = np.random.default_rng(1).standard_normal((1, 2, 5, 3)).astype(dtype)
+    d = np.random.default_rng(2).standard_normal((1, 2, 3, 3)).astype(dtype)
+    for heads in (slice(None), slice(0, 1)):
+        args = [a[:, heads] for a in (q, k, v)]
+        dq, dk, dv, _ = kernel.backward(d[:, heads], kernel.forward(*args, scale=1.0)[1])
+        assert np.all(dq == 0) and np.all(dk == 0), (np.abs(dq).max(), np.abs(dk).max())
+        exact_dv = exact_attention_backward(*(a.astype(np.float64) for a in (*args, d[:, heads])))[2]
+        assert rel_err(dv, exact_dv) <= 2 * np.finfo(dtype).eps
+
+
+@pytest.mark.parametrize("mask_kind", SATURATION_MASKS)
+@pytest.mark.parametrize("rows", list(SATURATION_GAP))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("impl, options", KERNEL_CASES, ids=IDS)
+def test_saturated_rows_are_as_exact_as_the_plain_path(impl, options, dtype, rows, mask_kind):
+    """Rows whose weight sits on one key (one-hot, with tiny other weights, or near it) among ordinary rows, with
+    masks, one head (the chunked kernel's keys then split across its threads): every kernel's error against exact
+    arithmetic is at most twice the plain path's (the vectorized kernel in the same dtype) plus 4 ulps, judged
+    against the largest gradient, and the plain path's is at most 64 ulps (up to 31 here: near saturation its
+    rounded Σ_j P_ij dP_ij enters the top entry of dS whole). With FlashAttention's D alone the chunked cases
+    failed 31 of these (one-hot rows by up to 8.4e3 ulps where the plain path is within 1; docs/derivation.md
+    § 13)."""
+    q, k, v, d, mask = saturated_case(rows, mask_kind, dtype)
+    exact = exact_attention_backward(*(a.astype(np.float64) for a in (q, k, v, d)), mask=mask)[:3]
+    plain = kernels.VectorizedKernel()
+    plain_error = error_against_exact(plain.backward(d, plain.forward(q, k, v, mask, scale=1.0)[1])[:3], exact)
+    kernel = kernels.get_kernel(impl, **options)
+    error = error_against_exact(kernel.backward(d, kernel.forward(q, k, v, mask, scale=1.0)[1])[:3], exact)
+    eps = np.finfo(dtype).eps
+    assert plain_error <= 64 * eps, f"the plain path: {plain_error / eps:.3g} ulps"  # its rounded Σ_j P_ij dP_ij
+    assert error <= 2 * plain_error + 4 * eps, f"{error / eps:.3g} ulps, the plain path {plain_error / eps:.3g}"
+
+
+@pytest.mark.parametrize("mask_kind", SATURATION_MASKS)
+@pytest.mark.parametrize("rows", list(SATURATION_GAP))
+@pytest.mark.parametrize("impl, options", KERNEL_CASES, ids=IDS)
+def test_saturated_rows_under_a_score_mod_match_the_plain_path(impl, options, rows, mask_kind):
+    """The same rows with a soft-cap of the scores (a ScoreMod): the chunked kernel's pivot entries are found at the
+    softmax's input and then taken through the mod's derivative at j*, so every kernel agrees with the plain path
+    (a pivot without that derivative is off by 1 - tanh²(s / cap) of its entry: 4% for a score of 10 and a cap
+    of 50, far beyond this tolerance)."""
+    q, k, v, d, mask = saturated_case(rows, mask_kind, np.float64)
+    cap = (kernels.ScoreMod("soft_cap", partial(F.soft_cap_forward, cap=50.0), F.soft_cap_backward),)
+    plain = kernels.VectorizedKernel()
+    ref = plain.backward(d, plain.forward(q, k, v, mask, scale=1.0, score_mods=cap)[1])[:3]
+    kernel = kernels.get_kernel(impl, **options)
+    grads = kernel.backward(d, kernel.forward(q, k, v, mask, scale=1.0, score_mods=cap)[1])[:3]
+    assert error_against_exact(grads, ref) <= 64 * np.finfo(np.float64).eps
 
 
 @pytest.mark.parametrize("impl, options", KERNEL_CASES, ids=IDS)

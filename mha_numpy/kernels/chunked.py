@@ -10,17 +10,30 @@ max m, a running sum ℓ and an unnormalised context A (online softmax):
 
     m' = max(m, rowmax Sᵢⱼ)      α = exp(m - m')      Pᵢⱼ = exp(Sᵢⱼ - m')
     ℓ' = α ℓ + rowsum Pᵢⱼ         A' = α A + Pᵢⱼ Vⱼ
-    at the end:  Oᵢ = A / ℓ, and the row's m and ℓ are kept (all the backward needs)
+    at the end:  Oᵢ = A / ℓ, and the row's m, ℓ and j* (the first key where m was reached) are kept:
+    all the backward needs
 
 m and ℓ are kept apart, not folded into lse = m + log ℓ as FlashAttention does: in the working
 dtype, log ℓ is absorbed when |m| is large (a row blocked by a finite mask such as finfo.min, or
 float32 logits of 1e4), and exp(S - lse) then gives weights that do not sum to 1. exp(S - m) / ℓ
 is as exact as the plain softmax.
 
-Backward (``_backward_head``) never stores P: it recomputes each tile Pᵢⱼ = exp(Sᵢⱼ - mᵢ) / ℓᵢ and,
-with the row term D = rowsum(dO ∘ O) (= Σⱼ Pᵢⱼ dPᵢⱼ, the softmax VJP's subtracted sum), gives
+Backward (``_backward_keys``) never stores P: it recomputes each tile Pᵢⱼ = exp(Sᵢⱼ - mᵢ) / ℓᵢ and,
+with FlashAttention's row term D = rowsum(dO ∘ O) (one pass over (Lq, dv) arrays), gives
 
     dVⱼ += Pᵢⱼᵀ dOᵢ     dPᵢⱼ = dOᵢ Vⱼᵀ     dSᵢⱼ = Pᵢⱼ ∘ (dPᵢⱼ - Dᵢ)     dQᵢ += dSᵢⱼ Kⱼ     dKⱼ += dSᵢⱼᵀ Qᵢ
+
+D equals the plain path's D' = Σⱼ Pᵢⱼ dPᵢⱼ (the softmax VJP's subtracted sum) in exact arithmetic only; the two
+round differently, by some ε ~ u |dO| |V|, and every dSᵢⱼ inherits Pᵢⱼ ε. Where a row's weight sits on one key j*
+(a saturated softmax) the exact dSᵢⱼ* vanishes with 1 - Pᵢⱼ* but Pᵢⱼ* ε does not, and dKⱼ* multiplies it by |Qᵢ|.
+So a row whose top weight Pᵢⱼ* = 1 / ℓᵢ is at least 1/2 takes that entry from the others instead, since the VJP
+of a softmax row sums to zero (Σⱼ Pᵢⱼ = 1):
+
+    dSᵢⱼ* = -Σ_{j≠j*} dSᵢⱼ      (the tiles leave it out and sum the others; ``_add_pivots`` adds it at the end)
+
+Its error, about (1 - Pᵢⱼ*) ε, vanishes with the saturation: a one-hot row gets dS = 0 exactly, as the plain path
+does, and a nearly saturated one is more exact than the plain path, whose rounded D' errs like D
+(docs/derivation.md § 13).
 
 Masks (bool True = may attend, or float added) are cut into the same tiles: a tile with no
 allowed position is skipped entirely (so a causal mask skips the blocks above the diagonal), a
@@ -171,12 +184,13 @@ class _Tiles:
 # --------------------------------------------------------------------------- one query block, forward
 
 
-def _forward_rows(q, k, v, scale: float, tiles: _Tiles, i0: int, bk: int, out, m_out, inv_ell_out) -> None:
+def _forward_rows(q, k, v, scale: float, tiles: _Tiles, i0: int, bk: int, out, m_out, inv_ell_out, jstar_out) -> None:
     """Online softmax of one query block against all key blocks, for a group of g heads at once.
 
     q: (g, n, d) queries, rows i0 ... i0 + n - 1   k: (g, Lk, d)   v: (g, Lk, dv)   (any strides)
-    writes out: (g, n, dv) the context rows, m_out: (g, n) the row max and inv_ell_out: (g, n) 1 / row sum
-    (0 for a row where nothing is allowed).
+    writes out: (g, n, dv) the context rows, m_out: (g, n) the row max, inv_ell_out: (g, n) 1 / row sum
+    (0 for a row where nothing is allowed) and jstar_out: (g, n) j*, the first key of the largest score
+    (-1 for a row where nothing is allowed).
     """
     (g, n, _), Lk, dv, dt = q.shape, k.shape[1], v.shape[2], q.dtype
     dropout = tiles.keep is not None or tiles.seed is not None
@@ -185,6 +199,7 @@ def _forward_rows(q, k, v, scale: float, tiles: _Tiles, i0: int, bk: int, out, m
     # With dropout the product uses the dropped weights while ℓ sums the undropped ones: ℓ is summed apart.
     va = v if dropout else np.concatenate([v, np.ones((g, Lk, 1), dtype=dt)], axis=2)  # (g, Lk, dv [+ 1])
     m = np.full((g, n), -np.inf, dtype=dt)  # running row max
+    jstar = np.full((g, n), -1, dtype=np.intp)  # the key where the running max was first reached
     acc = np.zeros((g, n, va.shape[2]), dtype=dt)  # running unnormalised context Σ exp(s - m) v [and ℓ]
     ell = np.zeros((g, n), dtype=dt) if dropout else acc[..., dv]  # running row sum of exp(s - m)
     buf = np.empty((g, n, min(bk, Lk)), dtype=dt)  # the score tile, reused
@@ -196,7 +211,10 @@ def _forward_rows(q, k, v, scale: float, tiles: _Tiles, i0: int, bk: int, out, m
             np.matmul(q[:, rows], k[:, c0:c1].swapaxes(1, 2), out=s)  # (g, n, d) @ (g, d, bk) -> (g, n, bk), scale in q
             tiles.finish_scores(s, r0, c0, state, mtile)
             m_old = m[:, rows]  # (g, n)
-            m_new = np.maximum(m_old, s.max(axis=2))  # (g, n)
+            top = s.argmax(axis=2)  # (g, n) the part's first key of largest score (a NaN counts as largest)
+            s_top = np.take_along_axis(s, top[..., None], axis=2)[..., 0]  # (g, n) the part's row max
+            np.copyto(jstar[:, rows], top + c0, where=s_top > m_old)  # a new max moves j* here; a tie keeps the first
+            m_new = np.maximum(m_old, s_top)  # (g, n)
             m_new[np.isneginf(m_new)] = 0.0  # row with nothing allowed yet: shift by 0, exp(-inf) = 0
             alpha = np.exp(m_old - m_new)  # (g, n) rescales what was summed with the old max
             np.subtract(s, m_new[..., None], out=s)
@@ -213,6 +231,7 @@ def _forward_rows(q, k, v, scale: float, tiles: _Tiles, i0: int, bk: int, out, m
     np.multiply(acc[..., :dv], inv_ell[..., None], out=out)  # (g, n, dv); rows with nothing allowed stay 0
     m_out[...] = np.where(np.isneginf(m), 0.0, m)
     inv_ell_out[...] = np.where(np.isnan(ell), np.nan, inv_ell)  # a NaN row stays NaN
+    jstar_out[...] = jstar
 
 
 # --------------------------------------------------------------------------- one head, backward
@@ -225,6 +244,7 @@ class _HeadRows:
     q: (g, Lq, d) the scaled queries, as the forward's tiles saw them   k: (g, Lk, d)   v: (g, Lk, dv)
     da: (g, Lq, dv + 1) = [dO, -D] / ℓ, each row divided by its ℓ (with dropout dO / ℓ alone, (g, Lq, dv))
     D_l: (g, Lq) D / ℓ   m: (g, Lq) the forward's row max
+    pivot: (g, Lq) j* of the rows whose entry dS_ij* is found from the others (P_ij* ≥ 1/2), -1 for the other rows
     """
 
     q: np.ndarray
@@ -233,26 +253,29 @@ class _HeadRows:
     da: np.ndarray
     D_l: np.ndarray
     m: np.ndarray
+    pivot: np.ndarray
     tiles: _Tiles
 
     @classmethod
-    def make(cls, q, k, v, scale, d_out, m, inv_ell, D, tiles: _Tiles) -> _HeadRows:
+    def make(cls, q, k, v, scale, d_out, m, inv_ell, D, pivot, tiles: _Tiles) -> _HeadRows:
         (g, Lq, dv), dropout = d_out.shape, tiles.keep is not None or tiles.seed is not None
         D_l = D * inv_ell  # (g, Lq)
         da = np.empty((g, Lq, dv if dropout else dv + 1), dtype=d_out.dtype)  # dropout scales dP before D goes
         np.multiply(d_out, inv_ell[..., None], out=da[..., :dv])  # (g, Lq, dv) dO / ℓ
         if not dropout:
             np.negative(D_l, out=da[..., dv])  # the extra column -D / ℓ
-        return cls(q * scale, k, v, da, D_l, m, tiles)  # q * scale: (g, Lq, d)
+        return cls(q * scale, k, v, da, D_l, m, pivot, tiles)  # q * scale: (g, Lq, d)
 
 
-def _backward_keys(r: _HeadRows, bq: int, bk: int, j_start: int, j_stop: int, dq, dk, dv, d_bias) -> None:
+def _backward_keys(r: _HeadRows, bq: int, bk: int, j_start: int, j_stop: int, dq, dk, dv, d_bias, row_sum, gain):
     """Backward of a group of g heads over the key rows j_start ... j_stop - 1, tile by tile, recomputing
     P = exp(S - m) / ℓ (FlashAttention-2 order: key blocks outer, so dK, dV rows are finished in place).
 
     writes dq: (g, Lq, d) (this key range's share of the gradient w.r.t. the scaled q), and the key range's rows
     of dk: (g, Lk, d), dv: (g, Lk, dv); all start at 0; d_bias: None or the (g, Lq, Lk) gradient of the group's
-    bias, this key range's columns (starts at 0).
+    bias, this key range's columns (starts at 0), and row_sum: (g, Lq) Σ dS_ij over this range's keys j ≠ j* of the
+    rows with a pivot (starts at 0): their entries dS_ij* are left out of the tiles and added by ``_add_pivots``;
+    gain: (g, Lq) the score mods' derivative at each pivot of this range (starts at 1; written only with mods).
     The 1/ℓ of each row rides along in the rows of [dO, -D] / ℓ: with E = exp(S - m) (so P = E / ℓ), one GEMM
     gives (dP - D) / ℓ = ([dO, -D] / ℓ) [v, 1]ᵀ, then dS = E ∘ (dP - D) / ℓ = P ∘ (dP - D) and dV = Eᵀ (dO / ℓ):
     nothing of size (bq, bk) is divided by ℓ.
@@ -286,7 +309,16 @@ def _backward_keys(r: _HeadRows, bq: int, bk: int, j_start: int, j_stop: int, dq
                     dp *= scale_drop
                     np.subtract(dp, r.D_l[:, r0:r1, None], out=dp)
                 np.multiply(dp, e, out=dp)  # (g, bq, bk) dS = E ∘ (dP - D) / ℓ = P ∘ (dP - D), the softmax VJP
-                if mods:
+                pivot, at = r.pivot[:, r0:r1], None  # (g, bq) the rows' j*, -1 for rows without a pivot
+                if (pivot >= 0).any():
+                    at = np.nonzero((pivot >= c0) & (pivot < c1))  # (heads, rows) whose j* is in this part
+                    dp[at + (pivot[at] - c0,)] = 0.0  # dS_ij* is left out here: -Σ_{j≠j*} dS_ij at the end
+                    row_sum[:, r0:r1] += dp.sum(axis=2)  # (g, bq) Σ_{j≠j*} dS_ij over this part's keys
+                if mods:  # back through the score mods; at a pivot, their derivative waits for _add_pivots
+                    if at is not None and at[0].size:
+                        unit = np.zeros_like(dp)  # (g, bq, bk): 1 at the pivots of this part
+                        unit[at + (pivot[at] - c0,)] = 1.0
+                        gain[:, r0:r1][at] = F.score_mods_backward(unit, mods)[at + (pivot[at] - c0,)]
                     dp = F.score_mods_backward(dp, mods)  # (g, bq, bk) the gradient of the scores before the mods
                 dq[:, r0:r1] += dp @ kj  # (g, bq, bk) @ (g, bk, d) -> (g, bq, d)
                 dk[:, c0:c1] += dp.swapaxes(1, 2) @ r.q[:, r0:r1]  # (g, bk, bq) @ (g, bq, d) -> (g, bk, d)
@@ -350,6 +382,7 @@ class ChunkedCache:
     context: np.ndarray  # (B, H, Lq, dv), stored (B, Lq, H, dv): the head merge is then a view
     m: np.ndarray  # (B, H, Lq) row max of the masked scores
     inv_ell: np.ndarray  # (B, H, Lq) 1 / row sum of exp(S - m); 0 for a fully masked row
+    jstar: np.ndarray  # (B, H, Lq) j*, the first key of the row's largest score; -1 for a fully masked row
     args: AttentionArgs
     seed: int | None
     kernel: ChunkedKernel
@@ -459,14 +492,15 @@ class ChunkedKernel(Kernel):
         bs, dt = self.block(q.dtype), q.dtype
         context = _merged_layout((B, H, Lq, v.shape[3]), dt)  # (B, H, Lq, dv)
         m, inv_ell = np.empty((B, H, Lq), dtype=dt), np.empty((B, H, Lq), dtype=dt)
-        cache = ChunkedCache(q, k, v, context, m, inv_ell, args, args.seed(), self)  # q, k, v kept as views
+        jstar = np.empty((B, H, Lq), dtype=np.intp)
+        cache = ChunkedCache(q, k, v, context, m, inv_ell, jstar, args, args.seed(), self)  # q, k, v kept as views
 
         def work(item):
             b, hs, i0 = item
             rows = slice(i0, min(i0 + bs, Lq))
             _forward_rows(
                 q[b, hs, rows], k[b, hs], v[b, hs], args.scale, cache._tiles(b, hs), i0, bs,
-                context[b, hs, rows], m[b, hs, rows], inv_ell[b, hs, rows],
+                context[b, hs, rows], m[b, hs, rows], inv_ell[b, hs, rows], jstar[b, hs, rows],
             )  # fmt: skip
 
         # head by head (its K and V stay in cache: 2% faster at L = 2048 than interleaving heads), and in a head
@@ -484,13 +518,16 @@ class ChunkedKernel(Kernel):
         bias = cache.args.bias
         d_bias = None if bias is None else np.zeros(np.shape(bias), dtype=q.dtype)  # the bias's own shape
         D = np.einsum("bhld,bhld->bhl", d_context, o)  # (B, H, Lq) rowsum(dO ∘ O)
+        pivot = np.where(cache.inv_ell >= 0.5, cache.jstar, -1)  # (B, H, Lq) j* where P_ij* = 1 / ℓ ≥ 1/2, else -1
         bs, threads = cache.kernel.block(q.dtype), cache.kernel.threads()
         groups = cache.kernel.groups(cache.args, q.dtype)
         n_split = -(-threads // len(groups)) if 0 < len(groups) < threads else 1  # key ranges per group
+        row_sums = np.zeros((n_split, B, H, Lq), dtype=q.dtype)  # per key range n: its Σ_{j≠j*} dS_ij
+        gains = np.ones((B, H, Lq), dtype=q.dtype)  # the score mods' derivative at j* (its one key range writes it)
 
         def rows(b, hs) -> _HeadRows:
-            m_l_D = (cache.m[b, hs], cache.inv_ell[b, hs], D[b, hs])  # (g, Lq) each
-            return _HeadRows.make(q[b, hs], k[b, hs], v[b, hs], cache.args.scale, d_context[b, hs], *m_l_D,
+            m_l_D_j = (cache.m[b, hs], cache.inv_ell[b, hs], D[b, hs], pivot[b, hs])  # (g, Lq) each
+            return _HeadRows.make(q[b, hs], k[b, hs], v[b, hs], cache.args.scale, d_context[b, hs], *m_l_D_j,
                                   cache._tiles(b, hs))  # fmt: skip
 
         # items: (b, heads, key range); a group split into key ranges shares its rows, and each range after the
@@ -510,7 +547,9 @@ class ChunkedKernel(Kernel):
                 dq[b, hs] if n == 0 else partials.setdefault((b, hs.start, n), np.zeros((g, Lq, q.shape[3]), q.dtype))
             )
             db = None if bias is None else np.zeros((g, Lq, Lk), dtype=q.dtype)  # these heads' dS
-            _backward_keys(r, bs, bs, j_start, j_stop, target, dk[b, hs], dv[b, hs], db)
+            _backward_keys(
+                r, bs, bs, j_start, j_stop, target, dk[b, hs], dv[b, hs], db, row_sums[n, b, hs], gains[b, hs]
+            )
             if db is not None:
                 with self._bias_lock:  # heads that share a bias entry add into it one at a time
                     for h, d_head in zip(range(H)[hs], db):
@@ -520,6 +559,8 @@ class ChunkedKernel(Kernel):
         for b, hs, _, _, n in items:  # the partials in the items' order: deterministic
             if n > 0:
                 dq[b, hs] += partials.pop((b, hs.start, n))  # (g, Lq, d)
+        pivot_sums = row_sums.sum(axis=0) * gains  # (B, H, Lq) the ranges in order, through the mods at j*
+        _add_pivots(pivot, pivot_sums, q, k, cache.args.scale, dq, dk, d_bias)
         dq *= cache.args.scale  # the tiles saw q · scale  ->  dq = dq_scaled · scale
         return dq, dk, dv, d_bias
 
@@ -532,3 +573,22 @@ def _add_reduced(d_bias: np.ndarray, b: int, h: int, d_head: np.ndarray) -> None
     part = d_head.sum(axis=0, keepdims=True) if lq == 1 else d_head  # (lq, Lk)
     part = part.sum(axis=1, keepdims=True) if lk == 1 else part  # (lq, lk)
     view[b if view.shape[0] > 1 else 0, h if view.shape[1] > 1 else 0] += part
+
+
+def _add_pivots(pivot, row_sum, q, k, scale: float, dq, dk, d_bias) -> None:
+    """The pivot entries dS_ij* = -Σ_{j≠j*} dS_ij of the rows that have one, added where the tiles left them out.
+
+    pivot: (B, H, Lq) j* or -1   row_sum: (B, H, Lq) Σ_{j≠j*} dS_ij   q: (B, H, Lq, d) (unscaled)   k: (B, H, Lk, d)
+    dq: (B, H, Lq, d) the gradient w.r.t. the scaled q   dk: (B, H, Lk, d)   d_bias: None or the bias's shape
+    """
+    b, h, i = np.nonzero(pivot >= 0)  # (n,) each: the rows with a pivot
+    if b.size == 0:
+        return  # no row has one (no key at all, or no row with P_ij* ≥ 1/2)
+    j = pivot[b, h, i]  # (n,) their j*
+    ds = -row_sum[b, h, i]  # (n,) dS_ij*
+    dq[b, h, i] += ds[:, None] * k[b, h, j]  # (n, d): dQ_i += dS_ij* K_j*, each row once
+    np.add.at(dk, (b, h, j), ds[:, None] * (q[b, h, i] * scale))  # (n, d): dK_j* += dS_ij* Q_i; rows may share j*
+    if d_bias is not None:
+        view = d_bias.reshape((1,) * (4 - d_bias.ndim) + d_bias.shape)  # (Bb, Hb, lq, lk), a view
+        np.add.at(view, tuple(x if n > 1 else 0 for x, n in zip((b, h, i, j), view.shape)), ds)  # summed over
+        # the axes the bias broadcasts over, as _add_reduced does
