@@ -168,7 +168,7 @@ class MultiHeadAttention:
     @property
     def steps(self) -> tuple:
         """The steps of a call (without a KV cache), in forward order; ``backward`` walks them reversed."""
-        return build_steps(self.config)
+        return self._plan()[0]
 
     def describe(self, kv_cache: bool = False) -> str:
         """The data path as text: one line per step, the caches it names and the parameters it owns."""
@@ -176,14 +176,21 @@ class MultiHeadAttention:
 
     # ------------------------------------------------------------------ parameters
 
-    @staticmethod
-    def _specs(steps) -> dict:
-        """Every parameter of the steps by name, in the order of initialisation (``steps.Param.rank``)."""
-        specs = [(name, p) for step in steps for name, p in step.params().items()]
-        return dict(sorted(specs, key=lambda item: item[1].rank))  # stable: the data path's order within a rank
+    def _plan(self, kv_cache: bool = False) -> tuple[tuple, dict]:
+        """The steps of a call and their parameters by name (in the order of initialisation, ``steps.Param.rank``),
+        made once per options: a step holds nothing of a call, so the same list serves every call."""
+        config, plans = self.config, self.__dict__.setdefault("_plans", {})
+        if plans.get("config") is not config:  # options changed (or the first call): plan again
+            plans.clear()
+            plans["config"] = config
+        if kv_cache not in plans:
+            steps = build_steps(config, kv_cache)  # the refusals, here
+            specs = sorted(((n, p) for step in steps for n, p in step.params().items()), key=lambda item: item[1].rank)
+            plans[kv_cache] = steps, dict(specs)  # stable sort: the data path's order within a rank
+        return plans[kv_cache]
 
     def _initial_params(self) -> dict[str, np.ndarray]:
-        return {name: spec.init(self.rng, self.config.dtype) for name, spec in self._specs(self.steps).items()}
+        return {name: spec.init(self.rng, self.config.dtype) for name, spec in self._plan()[1].items()}
 
     def _check_params(self, specs: dict) -> None:
         """``params`` must hold exactly the steps' parameters, with their shapes, in the module's dtype."""
@@ -228,11 +235,11 @@ class MultiHeadAttention:
             raise ValueError(f"key and value lengths differ: key {key.shape}, value {value.shape}")
         return query, key, value
 
-    def _begin(self, steps, query, key, value, mask, training, dropout_mask, positions, kv_cache) -> Flow:
+    def _begin(self, steps, specs, query, key, value, mask, training, dropout_mask, positions, kv_cache) -> Flow:
         """Check every argument of a call, before any arithmetic -> the call's flow, ready for its steps."""
         c = self.config
         query, key, value = self._check_inputs(query, key, value)
-        self._check_params(self._specs(steps))
+        self._check_params(specs)
         if dropout_mask is not None and not training:
             raise ValueError("dropout_mask is only used with training=True")
         if positions is not None and c.rope_theta is None:
@@ -304,10 +311,10 @@ class MultiHeadAttention:
         kv_cache: a ``KVCache`` (self-attention, forward only): the call's keys and values are appended and the
             queries attend to every cached position, causally within the call; Lk above counts them all.
         """
-        steps = build_steps(self.config, kv_cache=kv_cache is not None)  # this call's data path; refusals here
-        f = self._begin(steps, query, key, value, mask, training, dropout_mask, positions, kv_cache)
+        steps, specs = self._plan(kv_cache=kv_cache is not None)  # this call's data path; refusals here
+        f = self._begin(steps, specs, query, key, value, mask, training, dropout_mask, positions, kv_cache)
         if self.config.recompute:  # head group by head group, keeping only the inputs (flow.py)
-            return flow.recompute_forward(steps, f, self._specs(steps))
+            return flow.recompute_forward(steps, f, specs)
         s = flow.forward(steps, f)  # every step, in order
         return f.output, MHACache(f.Q, f.K, f.V, f.attention, f.context, s, owner=self, plan=steps)
 
