@@ -86,6 +86,9 @@ class MultiHeadAttention:
     ``options`` (``steps.AttentionConfig`` checks them; each turns on one step of the data path, and every
     combination runs with every kernel or is refused by ``steps.build_steps`` naming both options):
 
+    - ``head_dim`` d (None = E / H): heads of another size than E / H, W_q (H·d, E), W_o (E, H·d) (Gemma, Qwen3);
+      ``scale`` of the scores (None = 1/√d).
+
     - ``num_kv_heads`` Hkv (None = H): grouped-query (1 = multi-query) attention, W_k (Hkv·d, kdim), W_v (Hkv·d,
       vdim), b_k, b_v (Hkv·d,); query head h reads key/value head h // (H / Hkv).
     - ``rope_theta``: rotates Q and K per head (RoPE, Hugging Face Llama convention, positions 0, 1, ... or
@@ -137,7 +140,7 @@ class MultiHeadAttention:
 
     def __getattr__(self, name: str):  # only for names not found the usual way: the options
         config = self.__dict__.get("config")
-        if config is not None and (name in _OPTIONS or name in ("head_dim", "kv_dim")):
+        if config is not None and (name in _OPTIONS or name in ("q_dim", "kv_dim")):
             return getattr(config, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
@@ -254,7 +257,7 @@ class MultiHeadAttention:
         shape = (B, H, Lq, keys + sum(step.appended for step in steps))  # (B, H, Lq, Lk): the scores' shape
         p_drop = c.dropout if training else 0.0
         f.args = check_args(
-            shape, c.head_dim, mask, None, p_drop, self.rng, dropout_mask, dtype=c.dtype, mask_keys=keys
+            shape, c.head_dim, mask, c.scale, p_drop, self.rng, dropout_mask, dtype=c.dtype, mask_keys=keys
         )
         f.pos_q = np.arange(f.cached, f.cached + Lq) if positions is None else positions  # RoPE's positions
         f.pos_k = np.arange(f.cached, keys) if positions is None else positions

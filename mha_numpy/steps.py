@@ -110,7 +110,9 @@ class AttentionConfig:
     """Every option of the data path, checked (``ValueError`` naming the option) and resolved (None -> its default).
 
     embed_dim E, num_heads H (d = E / H); kdim, vdim: the key / value features (None: E); bias: the projections'
-    biases; dropout: on the attention weights in training; dtype: float32 or float64. The optional steps:
+    biases; dropout: on the attention weights in training; dtype: float32 or float64; head_dim d (None: E / H;
+    given, the heads need not tile E: W_q is (H·d, E) and W_o (E, H·d), as in Gemma and Qwen3); scale: of the
+    scores (None: 1/√d; Gemma 2 uses query_pre_attn_scalar^-1/2). The optional steps:
     num_kv_heads Hkv (None: H) key/value heads, grouped-query (1: multi-query) attention; rope_theta: rotary
     positions (RoPE) on Q and K; alibi: ALiBi's distance penalty added to the scores; rel_pos_max_distance R: a
     learned bias per head and clipped distance (T5-style); add_bias_kv, add_zero_attn: torch MHA's learned and zero
@@ -124,6 +126,8 @@ class AttentionConfig:
     vdim: int | None = None
     dropout: float = 0.0
     dtype: np.dtype = field(default=np.dtype(np.float64))
+    head_dim: int | None = None
+    scale: float | None = None
     num_kv_heads: int | None = None
     qk_norm: bool = False
     qk_norm_eps: float = 1e-6
@@ -138,8 +142,9 @@ class AttentionConfig:
     def __post_init__(self) -> None:
         E = _positive_int(self.embed_dim, "embed_dim")
         H = _positive_int(self.num_heads, "num_heads")
-        if E % H != 0:
-            raise ValueError(f"embed_dim={E} is not divisible by num_heads={H}")
+        if self.head_dim is None and E % H != 0:
+            raise ValueError(f"embed_dim={E} is not divisible by num_heads={H} (or give head_dim)")
+        d = E // H if self.head_dim is None else _positive_int(self.head_dim, "head_dim")
         R = self.rel_pos_max_distance
         if R is not None and (isinstance(R, bool) or not isinstance(R, (int, np.integer)) or R < 0):
             raise ValueError(f"rel_pos_max_distance must be a non-negative int or None, got {R!r}")
@@ -147,7 +152,8 @@ class AttentionConfig:
             embed_dim=E, num_heads=H, num_kv_heads=_kv_heads(self.num_kv_heads, H),
             kdim=E if self.kdim is None else _positive_int(self.kdim, "kdim"),
             vdim=E if self.vdim is None else _positive_int(self.vdim, "vdim"),
-            rope_theta=_rope_theta(self.rope_theta, E // H), rel_pos_max_distance=None if R is None else int(R),
+            head_dim=d, scale=_positive_or_none(self.scale, "scale"),
+            rope_theta=_rope_theta(self.rope_theta, d), rel_pos_max_distance=None if R is None else int(R),
             dtype=_float_dtype(self.dtype), dropout=check_probability(self.dropout, "dropout"),
             softcap=_positive_or_none(self.softcap, "softcap"),
             qk_norm_eps=_positive_or_none(self.qk_norm_eps, "qk_norm_eps"),
@@ -158,8 +164,9 @@ class AttentionConfig:
             object.__setattr__(self, name, value)
 
     @property
-    def head_dim(self) -> int:
-        return self.embed_dim // self.num_heads
+    def q_dim(self) -> int:
+        """H · d, the width of the query projection and of the merged heads (E unless head_dim is given)."""
+        return self.num_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -252,16 +259,17 @@ class Project(Step):
 
     def params(self):
         c = self.c
-        E, Ekv = c.embed_dim, c.kv_dim
-        fan_out = 3 * E if c.kdim == c.vdim == Ekv == E else E  # torch initialises the packed (3E, E) in_proj_weight
+        E, Eq, Ekv = c.embed_dim, c.q_dim, c.kv_dim
+        packed = c.kdim == c.vdim == Eq == Ekv == E  # torch initialises the packed (3E, E) in_proj_weight
+        fan_out = 3 * E if packed else Eq
         out = {
-            "W_q": Param((E, E), "q", init=_xavier_uniform((E, E), E, fan_out), rank=0),
+            "W_q": Param((Eq, E), "q", init=_xavier_uniform((Eq, E), E, fan_out), rank=0),
             "W_k": Param((Ekv, c.kdim), "kv", init=_xavier_uniform((Ekv, c.kdim), c.kdim, fan_out), rank=0),
             "W_v": Param((Ekv, c.vdim), "kv", init=_xavier_uniform((Ekv, c.vdim), c.vdim, fan_out), rank=0),
         }
         if c.bias:
             out.update({name: Param((n,), heads, init=_zeros((n,)), rank=1)
-                        for name, n, heads in (("b_q", E, "q"), ("b_k", Ekv, "kv"), ("b_v", Ekv, "kv"))})  # fmt: skip
+                        for name, n, heads in (("b_q", Eq, "q"), ("b_k", Ekv, "kv"), ("b_v", Ekv, "kv"))})  # fmt: skip
         return out
 
     def forward(self, f, s):
@@ -499,7 +507,7 @@ class Attend(Step):
 
 
 class Merge(Step):
-    """merged (B, Lq, E): the heads' contexts side by side (the inverse of the split)."""
+    """merged (B, Lq, H·d): the heads' contexts side by side (the inverse of the split)."""
 
     names = ("merge",)
 
@@ -516,10 +524,10 @@ class OutProject(Step):
     names = ("out_proj",)
 
     def params(self):
-        E = self.c.embed_dim
-        bound = 1.0 / math.sqrt(E)
-        out = {"W_o": Param((E, E), "q", axis=1, rank=0,
-                            init=lambda rng, dtype: rng.uniform(-bound, bound, size=(E, E)).astype(dtype))}  # fmt: skip
+        E, Eq = self.c.embed_dim, self.c.q_dim
+        bound = 1.0 / math.sqrt(Eq)  # torch's Linear(Eq, E): U(±1/√fan_in)
+        init = lambda rng, dtype: rng.uniform(-bound, bound, size=(E, Eq)).astype(dtype)  # noqa: E731
+        out = {"W_o": Param((E, Eq), "q", axis=1, rank=0, init=init)}
         if self.c.bias:
             out["b_o"] = Param((E,), "first", init=_zeros((E,)), rank=1)
         return out

@@ -127,3 +127,46 @@ def test_the_plan_shown_in_the_architecture_doc_is_what_describe_prints():
     doc = (ROOT.parent / "docs" / "architecture.md").read_text()
     shown = doc.split(">>> print(mha.describe())\n", 1)[1].split("```", 1)[0].strip()
     assert shown == MultiHeadAttention(64, 8, num_kv_heads=2, rope_theta=10000.0, rng=0).describe()
+
+
+@pytest.mark.parametrize("impl", KERNELS)
+def test_heads_of_their_own_size_and_a_scale_of_their_own(impl, rng):
+    """head_dim d with H·d != E (W_q (H·d, E), W_o (E, H·d)) and scale != 1/√d: against an einsum reference on every
+    kernel, every gradient by finite differences, recompute equal to the default path."""
+    from helpers import grad_check
+
+    E, H, d, scale = 12, 4, 5, 0.37
+    mha = MultiHeadAttention(E, H, head_dim=d, scale=scale, num_kv_heads=2, impl=impl, rng=0)
+    assert mha.params["W_q"].shape == (H * d, E) and mha.params["W_k"].shape == (2 * d, E)
+    assert mha.params["W_o"].shape == (E, H * d) and "head_dim=5" in repr(mha) and "scale=0.37" in repr(mha)
+    for n, p in mha.params.items():
+        if n.startswith("b_"):
+            p[...] = rng.normal(0, 0.5, p.shape)
+    x = rng.standard_normal((2, 3, E))
+    out, _ = mha.forward(x, x, x)
+    P = mha.params
+    q, k, v = (x @ P[f"W_{n}"].T + P[f"b_{n}"] for n in "qkv")
+    Q = q.reshape(2, 3, H, d).transpose(0, 2, 1, 3)
+    K, V = (np.repeat(a.reshape(2, 3, 2, d).transpose(0, 2, 1, 3), 2, axis=1) for a in (k, v))
+    s = np.einsum("bhid,bhjd->bhij", Q, K) * scale
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    ref = np.einsum("bhij,bhjd->bhid", w, V).transpose(0, 2, 1, 3).reshape(2, 3, H * d) @ P["W_o"].T + P["b_o"]
+    assert np.abs(out - ref).max() <= 1e-12 * np.abs(ref).max()
+
+    def forward(query, **params):
+        mha.params.update(params)
+        return mha.forward(query, query, query)
+
+    def backward(d_out, cache):
+        g = mha.backward(d_out, cache)
+        return (g["query"] + g["key"] + g["value"], *(g[n] for n in mha.params))
+
+    grad_check(forward, backward, dict(query=x, **{n: p.copy() for n, p in mha.params.items()}), ["query", *P])
+    lean = MultiHeadAttention(E, H, head_dim=d, scale=scale, num_kv_heads=2, impl=impl, rng=0, recompute=True)
+    lean.params = mha.params
+    assert np.abs(lean.forward(x, x, x)[0] - mha.forward(x, x, x)[0]).max() <= 1e-13 * np.abs(out).max()
+    with pytest.raises(ValueError, match="head_dim must be a positive int"):
+        MultiHeadAttention(E, H, head_dim=0)
+    with pytest.raises(ValueError, match="not divisible by num_heads=5 .or give head_dim"):
+        MultiHeadAttention(E, 5)

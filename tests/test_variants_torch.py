@@ -121,6 +121,18 @@ def test_llama_attention_outputs_and_every_gradient(transformers, H, Hkv, bias, 
     assert len(grads) == 1 + (8 if bias else 4)  # the input and every parameter
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_llama_attention_with_a_head_dim_that_does_not_tile_the_hidden_size(transformers, dtype):
+    """head_dim = 6 with hidden_size 16 and 4 heads (H·d = 24 != E): the module's head_dim option, every gradient."""
+    from mha_numpy.interop import llama
+
+    module = llama.hf_llama_attention(16, 4, 2, rope_theta=500.0, dtype=dtype, head_dim=6)
+    mha = interop.from_hf_llama_attention(module)
+    assert mha.head_dim == 6 and mha.params["W_q"].shape == (24, 16) and mha.params["W_o"].shape == (16, 24)
+    report = llama.crosscheck_hf_llama_attention(module, np.random.default_rng(13).standard_normal((2, 5, 16)))
+    assert report.passed, str(report)
+
+
 def test_llama_attention_with_explicit_positions(transformers):
     from mha_numpy.interop import llama
 

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     _show("2 split heads (B,L,E)->(B,H,L,d)", "Q", Q)
     raw, _ = F.attention_scores_forward(Q, K, 1.0)
     _show("3 scores  Q Kᵀ", "Q Kᵀ", raw)
-    scale = default_scale(mha.head_dim)  # 1/sqrt(d), the module's default
+    scale = default_scale(mha.head_dim, mha.scale)  # 1/sqrt(d) unless the module has a scale of its own
     scores = raw * scale
     _show(f"4 scale  · 1/sqrt(d) = {scale:.4f}", "scores", scores)
     masked, _ = F.apply_mask_forward(scores, mask)

@@ -19,7 +19,16 @@ if TYPE_CHECKING:  # for the annotations only: never imported at run time here
     from transformers.models.bert.modeling_bert import BertAttention
 
 
-_NOT_IN_TORCH_MHA = ("num_kv_heads", "rope_theta", "alibi", "rel_pos_max_distance")
+_NOT_IN_TORCH_MHA = (
+    "head_dim",
+    "scale",
+    "num_kv_heads",
+    "qk_norm",
+    "rope_theta",
+    "alibi",
+    "rel_pos_max_distance",
+    "softcap",
+)
 
 
 def numpy_dtype_of(torch_dtype) -> np.dtype:

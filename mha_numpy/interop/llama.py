@@ -58,17 +58,15 @@ def hf_rope_theta(config) -> float:
 def from_hf_llama_attention(module: LlamaAttention) -> MultiHeadAttention:
     """Hugging Face ``LlamaAttention`` -> ``MultiHeadAttention(num_kv_heads=..., rope_theta=...)``, same weights.
 
-    Self-attention with E = hidden_size = H·head_dim (a head_dim that does not divide E evenly is refused), GQA
-    from ``num_key_value_heads``, RoPE from the config. Causality is not part of the module: pass
-    ``masks.causal_mask(L)`` (or use a ``KVCache``), as LlamaModel's mask does.
+    Self-attention with E = hidden_size and the config's head_dim (H·head_dim need not be E: the module's
+    ``head_dim`` option), GQA from ``num_key_value_heads``, RoPE from the config. Causality is not part of the
+    module: pass ``masks.causal_mask(L)`` (or use a ``KVCache``), as LlamaModel's mask does.
     """
     names = ("q_proj", "k_proj", "v_proj", "o_proj")
     if not all(hasattr(module, n) for n in names) or not hasattr(module, "config"):
         raise ValueError(f"module must be a transformers LlamaAttention (q/k/v/o_proj and config), got {module!r}")
     cfg = module.config
     E, H, Hkv, d = module.q_proj.in_features, cfg.num_attention_heads, cfg.num_key_value_heads, module.head_dim
-    if H * d != E:
-        raise ValueError(f"num_attention_heads·head_dim = {H}·{d} differs from hidden_size={E}; not modelled")
     if not np.isclose(module.scaling, d**-0.5, rtol=1e-15):
         raise ValueError(f"LlamaAttention.scaling={module.scaling} is not 1/sqrt(head_dim); not modelled")
     has_bias = [getattr(module, n).bias is not None for n in names]
@@ -79,7 +77,8 @@ def from_hf_llama_attention(module: LlamaAttention) -> MultiHeadAttention:
     name_map = {ours: entry for ours, entry in HF_LLAMA_NAME_MAP.items() if bias or ours.startswith("W_")}
     params = params_from_state(dict(module.named_parameters()), name_map)
     dropout = float(getattr(cfg, "attention_dropout", 0.0))
-    return module_with_params(E, H, bias, E, E, dropout, dtype, params, num_kv_heads=Hkv, rope_theta=hf_rope_theta(cfg))
+    options = dict(num_kv_heads=Hkv, rope_theta=hf_rope_theta(cfg), head_dim=d)  # d need not be E / H
+    return module_with_params(E, H, bias, E, E, dropout, dtype, params, **options)
 
 
 def torch_cos_sin(torch, positions: np.ndarray, head_dim: int, theta: float, dtype):
@@ -245,6 +244,7 @@ def hf_llama_attention(
     dtype=np.float64,
     seed: int = 0,
     attn_implementation: str = "sdpa",
+    head_dim: int | None = None,
 ) -> LlamaAttention:
     """A small random transformers ``LlamaAttention`` (layer 0) for the cross-checks; nonzero biases when ``bias``."""
     torch = require("torch")
@@ -262,6 +262,7 @@ def hf_llama_attention(
         rope_theta=rope_theta,
         attention_bias=bias,
         attn_implementation=attn_implementation,
+        head_dim=head_dim or hidden_size // num_heads,
     )
     torch.manual_seed(seed)
     module = LlamaAttention(cfg, layer_idx=0).to(getattr(torch, np.dtype(dtype).name))

@@ -37,7 +37,7 @@ def value_norms(mha, cache) -> np.ndarray:
 
 
 def _scale(mha) -> float:
-    return float(1.0 / np.sqrt(mha.head_dim))  # the module's scale (functional.default_scale)
+    return float(1.0 / np.sqrt(mha.head_dim) if mha.scale is None else mha.scale)  # the module's scale
 
 
 def score_terms(mha, cache, Q: np.ndarray, K: np.ndarray) -> dict[str, np.ndarray]:
