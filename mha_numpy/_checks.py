@@ -127,6 +127,29 @@ def check_probability(p, name: str) -> float:
     return float(p)
 
 
+def as_float_dtype(dtype, name: str = "dtype") -> np.dtype:
+    """float32 or float64 (anything ``np.dtype`` reads as one) as an ``np.dtype``, or ValueError naming ``name``."""
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise ValueError(f"{name} must be np.float32 or np.float64, got {dtype!r}") from None
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{name} must be np.float32 or np.float64, got {dtype}")
+    return dtype
+
+
+def check_like(grad, name: str, shape: tuple[int, ...], dtype, like: str) -> np.ndarray:
+    """An upstream gradient ``name`` with exactly the ``shape`` and ``dtype`` of what it is the gradient of (``like``):
+    no silent broadcast, no dtype mix."""
+    grad = np.asarray(grad)
+    if grad.shape != tuple(shape) or grad.dtype != dtype:
+        raise ValueError(
+            f"{name} must have the shape {tuple(shape)} and dtype {np.dtype(dtype)} of {like}, "
+            f"got shape {grad.shape} and dtype {grad.dtype}"
+        )
+    return grad
+
+
 def check_d_context(d_context, shape: tuple[int, ...], dtype) -> np.ndarray:
     """d_context must have the context's shape and dtype (no silent broadcast, no dtype mix)."""
     d_context = as_float_array(d_context, "d_context", ndim=4)

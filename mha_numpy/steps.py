@@ -45,7 +45,7 @@ import numpy as np
 
 from . import functional as F
 from . import masks
-from ._checks import FLOAT_DTYPES, check_probability
+from ._checks import as_float_dtype, check_probability
 from .kernels import ScoreMod
 from .kv_cache import KVCache
 
@@ -93,16 +93,6 @@ def _positive_or_none(value, name: str) -> float | None:
     if not number or not 0 < value < np.inf:
         raise ValueError(f"{name} must be a positive finite number or None, got {value!r}")
     return float(value)
-
-
-def _float_dtype(dtype) -> np.dtype:
-    try:
-        dtype = np.dtype(dtype)
-    except TypeError:
-        raise ValueError(f"dtype must be np.float32 or np.float64, got {dtype!r}") from None
-    if dtype not in FLOAT_DTYPES:
-        raise ValueError(f"dtype must be np.float32 or np.float64, got {dtype}")
-    return dtype
 
 
 @dataclass(frozen=True)
@@ -154,7 +144,7 @@ class AttentionConfig:
             vdim=E if self.vdim is None else _positive_int(self.vdim, "vdim"),
             head_dim=d, scale=_positive_or_none(self.scale, "scale"),
             rope_theta=_rope_theta(self.rope_theta, d), rel_pos_max_distance=None if R is None else int(R),
-            dtype=_float_dtype(self.dtype), dropout=check_probability(self.dropout, "dropout"),
+            dtype=as_float_dtype(self.dtype), dropout=check_probability(self.dropout, "dropout"),
             softcap=_positive_or_none(self.softcap, "softcap"),
             qk_norm_eps=_positive_or_none(self.qk_norm_eps, "qk_norm_eps"),
             **{name: _flag(getattr(self, name), name)

@@ -47,7 +47,7 @@ import numpy as np
 
 from .. import functional as F
 from .. import masks
-from .._checks import as_array, positive_int_or_none
+from .._checks import as_array, check_like, positive_int_or_none
 from ..threads import AVAILABLE_CORES, run_items
 from . import layers as LY
 from .bert_files import (  # noqa: F401
@@ -303,12 +303,7 @@ class BertModel:
         """
         if not isinstance(cache, BertCache) or cache.owner is not self._token:
             raise ValueError("cache must come from this model's forward (it was made by another model or is not one)")
-        d = np.asarray(d_last_hidden_state)
-        if d.shape != cache.shape or d.dtype != self.dtype:
-            raise ValueError(
-                f"d_last_hidden_state must have the shape {cache.shape} and dtype {self.dtype} of last_hidden_state, "
-                f"got shape {d.shape} and dtype {d.dtype}"
-            )
+        d = check_like(d_last_hidden_state, "d_last_hidden_state", cache.shape, self.dtype, "last_hidden_state")
         g: dict[str, np.ndarray] = {}
         d_hidden = [d]
         for layer, c in zip(reversed(self.layers), reversed(cache.layers)):

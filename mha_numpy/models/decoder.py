@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import masks
-from .._checks import FLOAT_DTYPES, as_generator
+from .._checks import as_float_dtype, as_generator, check_like
 from ..attention import MultiHeadAttention
 from ..kv_cache import KVCache
 from . import layers as LY
@@ -104,12 +104,7 @@ class DecoderModel:
     """
 
     def __init__(self, config: DecoderConfig, weights: dict[str, np.ndarray], dtype=np.float64) -> None:
-        try:
-            dtype = np.dtype(dtype)
-        except TypeError:
-            raise ValueError(f"dtype must be float32 or float64, got {dtype!r}") from None
-        if dtype not in FLOAT_DTYPES:
-            raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+        dtype = as_float_dtype(dtype)
         c = config
         if c.hidden_size % c.num_attention_heads:
             raise ValueError(
@@ -194,12 +189,7 @@ class DecoderModel:
         """
         if not isinstance(cache, DecoderCache) or cache.owner is not self._token:
             raise ValueError("cache must come from this model's forward (it was made by another model or is not one)")
-        d = np.asarray(d_last_hidden_state)
-        if d.shape != cache.shape or d.dtype != self.dtype:
-            raise ValueError(
-                f"d_last_hidden_state must have the shape {cache.shape} and dtype {self.dtype} of last_hidden_state, "
-                f"got shape {d.shape} and dtype {d.dtype}"
-            )
+        d = check_like(d_last_hidden_state, "d_last_hidden_state", cache.shape, self.dtype, "last_hidden_state")
         g: dict[str, np.ndarray] = {}
         d, g["norm.weight"] = LY.rms_norm_backward(d, cache.norm)  # ← F3: (B, L, E)
         d_hidden = [d]
