@@ -14,6 +14,8 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mha_numpy import KVCache, MultiHeadAttention, kernels, masks
 
@@ -128,3 +130,52 @@ def test_the_builder_is_the_only_place_that_refuses():
     plan = [type(step).__name__ for step in steps.build_steps(every)]
     assert plan == ["Project", "Split", "Rope", "RelativeBias", "Alibi", "BiasKV", "ZeroAttn", "RepeatKV", "Attend",
                     "Merge", "OutProject"]  # fmt: skip
+
+
+@st.composite
+def cross_attention_calls(draw):
+    """A module with a random subset of the options and a random cross-attention call (Lq != Lk, kdim, vdim)."""
+    Hkv = draw(st.sampled_from([1, 2]))
+    H, d = Hkv * draw(st.integers(1, 2)), 2 * draw(st.integers(1, 2))
+    options = dict(
+        num_kv_heads=Hkv, kdim=draw(st.integers(1, 5)), vdim=draw(st.integers(1, 5)), bias=draw(st.booleans())
+    )
+    for name, value in (("rope_theta", 30.0), ("alibi", True), ("rel_pos_max_distance", 2), ("add_bias_kv", True),
+                        ("add_zero_attn", True), ("softcap", 1.5), ("qk_norm", True)):  # fmt: skip
+        if draw(st.booleans()):
+            options[name] = value
+    if draw(st.booleans()):
+        options["head_dim"] = d + 1 + (options.get("rope_theta") is not None)  # even for RoPE, != E / H
+    shapes = draw(st.integers(1, 3)), draw(st.integers(1, 5)), draw(st.integers(0, 6))  # B, Lq, Lk (may be empty)
+    return H, d, options, shapes, draw(st.sampled_from(["none", "padding", "random"])), draw(st.integers(0, 2**31 - 1))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cross_attention_calls())
+def test_random_options_and_shapes_agree_on_every_kernel_and_with_recompute(call):
+    """Every kernel, and recompute, give the same output and gradients as the vectorized kernel (random options,
+    shapes and masks, cross-attention); the inputs and parameters are never changed by a call."""
+    H, d, options, (B, Lq, Lk), mask_kind, seed = call
+    rng = np.random.default_rng(seed)
+    base = MultiHeadAttention(H * d, H, rng=seed, **options)
+    for p in base.params.values():
+        p[...] = rng.normal(0, 0.5, p.shape) if p.ndim == 1 else p
+    query, key = rng.standard_normal((B, Lq, H * d)), rng.standard_normal((B, Lk, base.kdim))
+    value = rng.standard_normal((B, Lk, base.vdim))
+    mask = {"none": None, "padding": rng.random((B, 1, 1, Lk)) < 0.7, "random": rng.random((Lq, Lk)) < 0.6}[mask_kind]
+    d_out = rng.standard_normal((B, Lq, H * d))
+    before = [a.copy() for a in (query, key, value, *base.params.values())]
+    results = []
+    for impl, recompute in (("vectorized", False), ("naive", False), ("chunked", False), ("vectorized", True),
+                            ("chunked", True)):  # fmt: skip
+        kernel = kernels.get_kernel(impl, **({"block_size": 2, "num_threads": 2} if impl == "chunked" else {}))
+        mha = MultiHeadAttention(H * d, H, rng=0, impl=kernel, recompute=recompute, **options)
+        mha.params = base.params
+        out, cache = mha.forward(query, key, value, mask=mask)
+        results.append((out, mha.backward(d_out, cache)))
+    ref_out, ref_grads = results[0]
+    largest = max([1e-300] + [float(np.abs(g).max()) for g in ref_grads.values() if g.size])
+    for out, grads in results[1:]:
+        assert np.abs(out - ref_out).max(initial=0) <= 1e-12 * max(1.0, np.abs(ref_out).max(initial=0))
+        assert all(np.abs(grads[n] - ref_grads[n]).max(initial=0) <= 1e-12 * largest for n in ref_grads)
+    assert all(np.array_equal(a, b) for a, b in zip(before, (query, key, value, *base.params.values())))
