@@ -570,6 +570,8 @@ def describe(c: AttentionConfig, steps) -> str:
     """The plan as text: one numbered line per step, its cache names, and the parameters it owns."""
     lines = [f"the data path of {c.embed_dim}-wide attention with {c.num_heads} heads ({len(steps)} steps):"]
     for i, step in enumerate(steps, 1):
+        lines.append(f"{i:3d} {type(step).__name__:<13} {step.describe()}")
         own = ", ".join(f"{name} {p.shape}" for name, p in step.params().items())
-        lines.append(f"{i:3d} {type(step).__name__:<13} {step.describe()}" + (f"   [{own}]" if own else ""))
+        if own:
+            lines.append(f"{'':18}params: {own}")
     return "\n".join(lines)

@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         make_dir("--out", args.out)
     P, H = mha.params, mha.num_heads
     print(f"{mha}\nmask: {args.mask} (True = may attend)\n")
+    print(mha.describe(), end="\n\n")  # the steps the module walks; below, the attention step opened up
     print("FORWARD")
     _show("input", "query", query)
     q, _ = F.linear_forward(query, P["W_q"], P.get("b_q"))
