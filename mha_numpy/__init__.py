@@ -6,12 +6,15 @@ Public names:
 - ``masks``: mask helpers and converters (our convention: bool True = may attend, float = added).
 - ``gradcheck``: finite-difference checks with a printable report.
 - ``KVCache``: keys and values of earlier calls, for decoding one token at a time (``forward(..., kv_cache=)``).
+- ``MultiHeadLatentAttention``, ``LatentCache``: DeepSeek's multi-head latent attention and its latent KV cache.
 torch is never imported here; only ``mha_numpy.interop`` (also ``mha_numpy.torch_compat``) uses it, lazily.
 """
 
 from . import functional, gradcheck, masks
 from .attention import MHACache, MultiHeadAttention
-from .kv_cache import KVCache
+from .kv_cache import KVCache, LatentCache
+from .latent import MultiHeadLatentAttention
 
 __all__ = ["MultiHeadAttention", "MHACache", "KVCache", "functional", "masks", "gradcheck"]
+__all__ += ["MultiHeadLatentAttention", "LatentCache"]
 __version__ = "0.1.0"

@@ -47,6 +47,8 @@ class Flow:
     q: np.ndarray = None  # (B, Lq, E)
     k: np.ndarray = None  # (B, Lk_in, Ekv)
     v: np.ndarray = None  # (B, Lk_in, Ekv)
+    latent: np.ndarray = None  # (B, Lk, r): MLA's compressed keys and values, c_kv (mha_numpy/latent_steps.py)
+    k_rope: np.ndarray = None  # (B, 1, Lk, dr): MLA's rope key, one head that every head reads
     Q: np.ndarray = None  # (B, H, Lq, d)
     K: np.ndarray = None  # (B, Hkv, Lk, d)
     V: np.ndarray = None  # (B, Hkv, Lk, d)

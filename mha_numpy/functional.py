@@ -439,6 +439,27 @@ def rope_backward(d_out: np.ndarray, cache):
     return d_out * cos - rotate_half(d_out) * sin  # ← F1
 
 
+def rope_interleaved_forward(x: np.ndarray, positions=None, theta: float = 10000.0, check: bool = True):
+    """RoPE on features paired as (0, 1), (2, 3), ... (DeepSeek's layout; HF's ``apply_rotary_pos_emb_interleave``).
+
+    x: (B, H, L, d), d even   ->   out: (B, H, L, d). The pairs are gathered into halves [x0, x2, ..., x1, x3, ...]
+    and turned as ``rope_forward`` turns (i, i + d/2); the output stays in halves, as HF's does.
+    """
+    if check:
+        x, positions = _check_rope(x, positions, theta)
+    halves = np.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)  # F1: (B, H, L, d), pair i at (i, i + d/2)
+    return rope_forward(halves, positions, theta, check=False)  # F2: (B, H, L, d)
+
+
+def rope_interleaved_backward(d_out: np.ndarray, cache):
+    """d_out: (B, H, L, d) -> dx: (B, H, L, d): the inverse rotation, then each half back to its pairs' places."""
+    d_halves = rope_backward(d_out, cache)  # ← F2
+    half = d_out.shape[-1] // 2
+    dx = np.empty_like(d_halves)
+    dx[..., 0::2], dx[..., 1::2] = d_halves[..., :half], d_halves[..., half:]  # ← F1: a permutation's inverse
+    return dx
+
+
 def alibi_slopes(num_heads: int) -> np.ndarray:
     """The ALiBi paper's per-head slopes (Press et al. 2022), float64 (H,); as Hugging Face's BLOOM builds them.
 
@@ -542,6 +563,41 @@ def append_positions_backward(d_out: np.ndarray, cache):
     """d_out: (B, H, L + n, d) -> dx: (B, H, L, d), d_extra: extra's shape (summed over what it was broadcast to)."""
     L, extra_shape = cache
     return d_out[:, :, :L], sum_to_shape(d_out[:, :, L:], extra_shape)  # ← F1: the two parts of the concatenation
+
+
+def split_features_forward(x: np.ndarray, sizes, check: bool = True):
+    """Cut the last axis into consecutive parts (MLA: a query head into [nope | rope], a latent into [c_kv | k_rope]).
+
+    x: (..., n₁ + n₂ + ...)   sizes: (n₁, n₂, ...)   ->   [(..., n₁), (..., n₂), ...] (views), cache
+    """
+    if check:
+        x = as_float_array(x, "x")
+        sizes = [as_int(n, "sizes", minimum=0) for n in sizes]
+        if x.ndim < 1 or sum(sizes) != x.shape[-1]:
+            raise ValueError(f"x with shape {x.shape}: sizes {tuple(sizes)} must add up to its last dim")
+    cuts = np.cumsum(sizes)[:-1]
+    return np.split(x, cuts, axis=-1), tuple(sizes)  # F1: views of x
+
+
+def split_features_backward(d_parts, cache):
+    """[(..., n₁), (..., n₂), ...] -> dx: (..., n₁ + n₂ + ...): the parts' gradients side by side."""
+    return np.concatenate(d_parts, axis=-1)  # ← F1
+
+
+def concat_features_forward(a: np.ndarray, b: np.ndarray):
+    """[a, b] along the last axis, b broadcast over a's other axes (MLA's key: each head's k_nope next to the one
+    rope key every head shares).
+
+    a: (B, H, L, n)   b: broadcastable to (B, H, L, m), e.g. (B, 1, L, m)   ->   out: (B, H, L, n + m)
+    """
+    tail = np.broadcast_to(b, (*a.shape[:-1], b.shape[-1]))  # (B, H, L, m), a view
+    return np.concatenate([a, tail], axis=-1), (a.shape[-1], b.shape)  # F1: (B, H, L, n + m)
+
+
+def concat_features_backward(d_out: np.ndarray, cache):
+    """d_out: (B, H, L, n + m) -> da: (B, H, L, n), db: b's shape (summed over the heads it was shared by)."""
+    n, b_shape = cache
+    return d_out[..., :n], sum_to_shape(d_out[..., n:], b_shape)  # ← F1: the two parts; a broadcast's sum
 
 
 def soft_cap_forward(scores: np.ndarray, cap: float):

@@ -122,3 +122,67 @@ class KVCache:
             new_k[:, :, : self.length] = self.keys
             new_v[:, :, : self.length] = self.values
         self._k, self._v = new_k, new_v
+
+
+class LatentCache:
+    """What multi-head latent attention (``MultiHeadLatentAttention``, DeepSeek's MLA) keeps of earlier calls:
+    the latent c_kv (B, 1, length, r) after its RMSNorm and the rope key k_rope (B, 1, length, dr) after RoPE,
+    one "head" each, as Hugging Face's cache holds them for DeepseekV3Attention. K and V are not stored: each call
+    expands them from c_kv (W_kvb is the same for every position), so a token costs r + dr numbers, not
+    H · (dqk + dv) (``bytes_per_token``; the table in docs/derivation.md, § 25).
+
+    Stored after the norm, as HF does: the norm is per token, so storing c_kv before it would be as exact and only
+    cost each call the norms of every cached position again. Storage, growth and the checks are a ``KVCache``'s.
+    """
+
+    def __init__(self) -> None:
+        self._store = KVCache()  # "keys" = c_kv, "values" = k_rope: the same (B, 1, length, ·) layout
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def __repr__(self) -> str:
+        shape = None if self.latent is None else self.latent.shape
+        return f"LatentCache(length={len(self)}, latent={shape}, nbytes={self.nbytes})"
+
+    @property
+    def latent(self) -> np.ndarray | None:
+        """(B, 1, length, r): c_kv of every cached position, after its RMSNorm (a view)."""
+        return self._store.keys
+
+    @property
+    def k_rope(self) -> np.ndarray | None:
+        """(B, 1, length, dr): the rope key of every cached position, after RoPE (a view)."""
+        return self._store.values
+
+    @property
+    def dtype(self) -> np.dtype | None:
+        return self._store.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored latents and rope keys: B · length · (r + dr) · itemsize."""
+        return self._store.nbytes
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one more position costs, per sequence of the batch: (r + dr) · itemsize (0 while empty)."""
+        return self._store.bytes_per_token
+
+    def positions(self, num_new: int) -> np.ndarray:
+        """(num_new,) the positions of the next call's tokens: length, length + 1, ..."""
+        return self._store.positions(num_new)
+
+    def bind(self, owner, dtype=None, batch: int | None = None) -> None:
+        """As ``KVCache.bind``: one module, one dtype, one batch size, checked before any arithmetic."""
+        self._store.bind(owner, dtype, batch)
+
+    def append(self, latent: np.ndarray, k_rope: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Store latent (B, 1, Lnew, r) and k_rope (B, 1, Lnew, dr) after the cached positions.
+
+        -> (latent, k_rope): (B, 1, length, r) and (B, 1, length, dr), every position so far (views).
+        """
+        for name, x in (("latent", latent), ("k_rope", k_rope)):
+            if np.ndim(x) != 4 or np.shape(x)[1] != 1:
+                raise ValueError(f"{name} with shape {np.shape(x)} must be (B, 1, Lnew, ·): one head for every head")
+        return self._store.append(latent, k_rope)

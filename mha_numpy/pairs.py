@@ -291,6 +291,16 @@ def rope_sample(s: Sizes, rng):
     return [Case("rope", [("x", _randn(rng, s.B, s.H, s.Lq, 2 * s.d)), ("positions", None), ("theta", 100.0)])]
 
 
+def rope_interleaved_sample(s: Sizes, rng):
+    x = _randn(rng, s.B, s.H, s.Lq, 2 * s.d)
+    return [Case("rope_interleaved", [("x", x), ("positions", None), ("theta", 100.0)])]
+
+
+def concat_features_sample(s: Sizes, rng):
+    """MLA's key: each head's part next to one part shared by every head (broadcast over H)."""
+    return [Case("concat_features", [("a", _randn(rng, s.B, s.H, s.Lk, s.d)), ("b", _randn(rng, s.B, 1, s.Lk, 2))])]
+
+
 def sdpa_sample(s: Sizes, rng):
     """q, k, v, the given mask, dropout with a fixed keep-mask; no bias (its gradient is None)."""
     keep = rng.random((s.B, s.H, s.Lq, s.Lk)) >= s.dropout_p if s.dropout_p > 0 else None
@@ -436,6 +446,20 @@ PAIRS: list[Pair] = [
     Pair("swiglu", LY.swiglu_forward, LY.swiglu_backward, ("x", "W_gate", "W_up", "W_down"), sample=swiglu_sample),
     Pair("mean_pool", LY.mean_pool_forward, LY.mean_pool_backward, ("x",), sample=mean_pool_sample),
     Pair("soft_cap", F.soft_cap_forward, F.soft_cap_backward, ("scores",), sample=soft_cap_sample),
+    Pair(
+        "rope_interleaved",
+        F.rope_interleaved_forward,
+        F.rope_interleaved_backward,
+        ("x",),
+        sample=rope_interleaved_sample,
+    ),  # fmt: skip
+    Pair(
+        "concat_features",
+        F.concat_features_forward,
+        F.concat_features_backward,
+        ("a", "b"),
+        sample=concat_features_sample,
+    ),  # fmt: skip
 ]
 
 

@@ -163,6 +163,11 @@ class AttentionConfig:
         """Ekv = Hkv · d, the width of the key and value projections."""
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def merged_dim(self) -> int:
+        """The merged heads' width, W_o's columns (``OutProject``): H · d here, H · dv in MLA (``latent_steps``)."""
+        return self.q_dim
+
     def changed(self) -> dict:
         """The options that differ from their defaults (for ``repr``), in declaration order."""
         defaults = AttentionConfig(self.embed_dim, self.num_heads, kdim=self.kdim, vdim=self.vdim)
@@ -350,11 +355,12 @@ class AppendToCache(Step):
     groupwise = False
     not_groupwise = "decoding keeps every head's K and V, recompute keeps none"
     differentiable = False
+    cache_type = KVCache  # what kv_cache must be (MLA's AppendLatent: a LatentCache)
 
     def check(self, f):
-        cache = f.kv_cache
-        if not isinstance(cache, KVCache):
-            raise ValueError(f"kv_cache must be a KVCache (from mha_numpy import KVCache), got {type(cache).__name__}")
+        cache, kind = f.kv_cache, self.cache_type.__name__
+        if not isinstance(cache, self.cache_type):
+            raise ValueError(f"kv_cache must be a {kind} (from mha_numpy import {kind}), got {type(cache).__name__}")
         if f.Lq != f.Lk:
             raise ValueError(f"kv_cache is for self-attention: query length {f.Lq} and key length {f.Lk} must be equal")
         cache.bind(f.owner, self.c.dtype, f.B)
@@ -362,10 +368,13 @@ class AppendToCache(Step):
 
     def forward(self, f, s):
         s["kv_cache"] = offset = len(f.kv_cache)  # F1: the number of positions cached before the call
-        f.K, f.V = f.kv_cache.append(f.K, f.V)  # F1: (B, Hkv, offset + Lq, d), every position so far
-        Lq, Lk = f.Q.shape[2], f.K.shape[2]
+        self.store(f)  # F1: every position so far
+        Lq, Lk = f.Q.shape[2], len(f.kv_cache)
         causal = masks.causal_mask(Lq, Lk, diagonal=offset) if Lq else np.zeros((0, Lk), bool)  # bottom-right
         f.args = replace(f.args, mask=masks.combine_masks(f.args.mask, causal))
+
+    def store(self, f):
+        f.K, f.V = f.kv_cache.append(f.K, f.V)  # (B, Hkv, offset + Lq, d)
 
     def backward(self, g, s):  # pragma: no cover - build_steps refuses a backward through the cache
         raise ValueError("backward through a call with kv_cache is not supported: the cache is state (forward only)")
@@ -514,7 +523,7 @@ class OutProject(Step):
     names = ("out_proj",)
 
     def params(self):
-        E, Eq = self.c.embed_dim, self.c.q_dim
+        E, Eq = self.c.embed_dim, self.c.merged_dim
         bound = 1.0 / math.sqrt(Eq)  # torch's Linear(Eq, E): U(±1/√fan_in)
         init = lambda rng, dtype: rng.uniform(-bound, bound, size=(E, Eq)).astype(dtype)  # noqa: E731
         out = {"W_o": Param((E, Eq), "q", axis=1, rank=0, init=init)}
@@ -558,7 +567,13 @@ def build_steps(c: AttentionConfig, kv_cache: bool = False) -> tuple[Step, ...]:
     if c.add_zero_attn:
         steps.append(ZeroAttn(c))
     steps += [RepeatKV(c), Attend(c), Merge(c), OutProject(c)]
-    for step in steps:  # the refusals, by what each step declares it can do
+    return check_plan(c, steps, kv_cache)
+
+
+def check_plan(c, steps, kv_cache: bool) -> tuple[Step, ...]:
+    """The refusals, by what each step declares it can do (every builder's last line: ``build_steps`` and MLA's
+    ``latent_steps.build_latent_steps``) -> the steps as a tuple."""
+    for step in steps:
         if c.recompute and not step.groupwise:
             raise ValueError(f"{step.option} with recompute=True is not supported: {step.not_groupwise}")
         if kv_cache and not step.decodes:

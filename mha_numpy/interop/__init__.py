@@ -28,8 +28,10 @@ random upstream gradient with respect to every input and every parameter. See do
 One job a file: ``names`` (the name maps, plain data), ``convert`` (weights in and out), ``tensor_masks``
 (mask converters for tensors), ``report`` (``CrosscheckReport``), one file per cross-check (``torch_mha``,
 ``sdpa``, ``hf_bert``, each run-ours / run-theirs / compare) and what they share (``_harness``, ``_lazy``).
-Today's variants: ``gqa`` (grouped-query attention vs SDPA's ``enable_gqa``) and ``llama`` (the importer
-``from_hf_llama_attention``, RoPE + GQA vs ``LlamaAttention``, the KV cache vs its ``DynamicCache``).
+Today's variants: ``gqa`` (grouped-query attention vs SDPA's ``enable_gqa``), ``llama`` (the importer
+``from_hf_llama_attention``, RoPE + GQA vs ``LlamaAttention``, the KV cache vs its ``DynamicCache``) and
+``deepseek_v3`` (``from_hf_deepseek_v3_attention``, multi-head latent attention vs ``DeepseekV3Attention``, the
+latent cache vs its ``DynamicCache``).
 Whole models: ``bert_model`` (``crosscheck_bert_model``) and ``llama_model`` (``from_hf_llama_model``, the decoder
 of ``models.decoder`` vs ``LlamaModel``, ``crosscheck_hf_llama_model``).
 """
@@ -41,6 +43,12 @@ from .report import DEFAULT_RTOL, CrosscheckReport, CrosscheckRow
 
 # isort: split
 from .convert import from_hf_bert_attention, from_torch_mha, to_torch_mha
+from .deepseek_v3 import (
+    crosscheck_hf_deepseek_v3_attention,
+    crosscheck_hf_deepseek_v3_cache,
+    from_hf_deepseek_v3_attention,
+    hf_deepseek_v3_attention,
+)
 from .gqa import crosscheck_gqa_sdpa
 from .hf_bert import crosscheck_hf_bert_attention
 from .llama import (
@@ -82,4 +90,8 @@ __all__ = [
     "crosscheck_gqa_sdpa",
     "crosscheck_hf_llama_attention",
     "crosscheck_hf_llama_kv_cache",
+    "from_hf_deepseek_v3_attention",
+    "hf_deepseek_v3_attention",
+    "crosscheck_hf_deepseek_v3_attention",
+    "crosscheck_hf_deepseek_v3_cache",
 ]

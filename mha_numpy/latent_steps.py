@@ -1,0 +1,303 @@
+"""The data path of multi-head latent attention (MLA, DeepSeek-V2 and V3) as data: its options, its own steps, and
+its builder. The steps from the attention kernel on are ``steps.py``'s (``Attend``, ``Merge``, ``OutProject``).
+
+    QueryProject   q = query W_qᵀ, or through a low-rank latent: rms_norm(query W_qaᵀ + b_qa) W_qbᵀ    (B, Lq, H·dqk)
+    LatentProject  [c_kv | k_rope] = key W_kvaᵀ + b_kva, c_kv = rms_norm(c_kv)    (B, Lk, r), (B, 1, Lk, dr)
+    SplitQuery     Q (B, H, Lq, dqk), each head's query [nope | rope]
+    DecoupledRope  Q's last dr features and the one rope key turned by their positions (RoPE)
+    [AppendLatent] c_kv and k_rope appended to the LatentCache (not K and V): (B, 1, cached + Lk, r + dr)
+    Expand         [K_nope | V] = c_kv W_kvbᵀ per head; K = [K_nope | k_rope], k_rope shared by every head
+    Attend         context = softmax(Q Kᵀ · scale + mask) V, by the kernel    (B, H, Lq, dv)
+    Merge          merged (B, Lq, H·dv)
+    OutProject     output = merged W_oᵀ + b_o    (B, Lq, E)
+
+E = embed_dim, H = num_heads, r = kv_lora_rank, rq = q_lora_rank, dn = qk_nope_head_dim, dr = qk_rope_head_dim,
+dqk = dn + dr (the query/key head dim), dv = v_head_dim (the value head dim, dv ≠ dqk in general).
+
+Only c_kv and k_rope depend on the keys' tokens before the expansion, so they are all a decoder has to keep: r + dr
+numbers a token (576 in DeepSeek-V3) instead of H · (dqk + dv) (40960). The rope part is "decoupled" because RoPE
+cannot pass through W_kvb: a rotation between the latent and the key would depend on the key's position and could
+not be stored once; so the keys' positional part is a separate, shared head of dr features (docs/derivation.md, § 25).
+
+The steps follow ``steps.py``'s protocol (``forward(f, s)`` / ``backward(g, s)`` on a ``flow.Flow``, parameters
+declared with ``steps.Param``); ``recompute=True`` runs one head at a time: W_q, W_qb, W_kvb (rows) and W_o
+(columns) are cut per head, the latent projections and their norms are shared (each head's group recomputes them
+and the groups' gradients add up).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from . import functional as F
+from ._checks import as_bool, as_float_dtype, as_int, as_number, check_probability
+from .kv_cache import LatentCache
+from .steps import AppendToCache, Attend, Merge, OutProject, Param, Rope, Step, check_plan
+
+# --------------------------------------------------------------------------- the options
+
+
+@dataclass(frozen=True)
+class LatentConfig:
+    """Every option of MLA's data path, checked (``ValueError`` naming the option), with DeepSeek's names.
+
+    embed_dim E (hidden_size), num_heads H; kv_lora_rank r: the width of the keys' and values' latent c_kv;
+    qk_rope_head_dim dr (even): the rope part of each query head and of the shared rope key; qk_nope_head_dim dn: the
+    part of each query/key head without positions; v_head_dim dv; q_lora_rank rq (None: the query is one projection
+    W_q, DeepSeek-V2-Lite; an int: through a latent of rq features with its RMSNorm, V2 and V3); bias: biases on the
+    two down-projections and the output (HF's attention_bias; W_q, W_qb, W_kvb never have one); rope_theta; and
+    rope_interleave: the rope features come in pairs (0, 1), (2, 3), ... (DeepSeek's checkpoints, HF's default)
+    rather than (i, i + dr/2); norm_eps: of both latent RMSNorms (HF's fixed 1e-6); scale (None: 1/√dqk, the
+    default RoPE's; YaRN's rescaled angles are not modelled); dropout on the attention weights in training; dtype;
+    recompute (one head at a time).
+    """
+
+    embed_dim: int
+    num_heads: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None
+    bias: bool = False
+    rope_theta: float = 10000.0
+    rope_interleave: bool = True
+    norm_eps: float = 1e-6
+    scale: float | None = None
+    dropout: float = 0.0
+    dtype: np.dtype = field(default=np.dtype(np.float64))
+    recompute: bool = False
+
+    def __post_init__(self) -> None:
+        sizes = ("embed_dim", "num_heads", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+        resolved = {name: as_int(getattr(self, name), name, minimum=1) for name in sizes}
+        if resolved["qk_rope_head_dim"] % 2:
+            raise ValueError(
+                f"qk_rope_head_dim must be even (RoPE turns pairs of features), got {self.qk_rope_head_dim}"
+            )
+        rq = self.q_lora_rank
+        resolved.update(
+            q_lora_rank=None if rq is None else as_int(rq, "q_lora_rank", minimum=1),
+            rope_theta=as_number(self.rope_theta, "rope_theta", positive=True),
+            norm_eps=as_number(self.norm_eps, "norm_eps", positive=True),
+            scale=None if self.scale is None else as_number(self.scale, "scale", positive=True),
+            dropout=check_probability(self.dropout, "dropout"), dtype=as_float_dtype(self.dtype),
+            **{name: as_bool(getattr(self, name), name) for name in ("bias", "rope_interleave", "recompute")},
+        )  # fmt: skip
+        for name, value in resolved.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def qk_head_dim(self) -> int:
+        """dqk = dn + dr: each query and key head, [nope | rope]."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def q_dim(self) -> int:
+        """H · dqk, the width of the query projection."""
+        return self.num_heads * self.qk_head_dim
+
+    @property
+    def merged_dim(self) -> int:
+        """H · dv, the merged heads' width: W_o's columns (``steps.OutProject``)."""
+        return self.num_heads * self.v_head_dim
+
+    @property
+    def num_kv_heads(self) -> int:
+        """H: after the expansion every query head has its own key and value head (the flow's head groups)."""
+        return self.num_heads
+
+    def changed(self) -> dict:
+        """The options that differ from their defaults (for ``repr``), in declaration order."""
+        sizes = [getattr(self, f.name) for f in fields(self)[:6]]
+        defaults = LatentConfig(*sizes)
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)[6:]
+            if getattr(self, f.name) != getattr(defaults, f.name)
+        }
+
+
+def _linear_init(shape):
+    """torch's nn.Linear default: U(±1/√fan_in)."""
+    bound = 1.0 / math.sqrt(shape[1])
+    return lambda rng, dtype: rng.uniform(-bound, bound, size=shape).astype(dtype)
+
+
+def _ones(n):
+    return lambda rng, dtype: np.ones(n, dtype=dtype)
+
+
+def _zeros(n):
+    return lambda rng, dtype: np.zeros(n, dtype=dtype)
+
+
+# --------------------------------------------------------------------------- the steps
+
+
+class QueryProject(Step):
+    """q = query W_qᵀ, or through the low-rank latent c_q: q = rms_norm(query W_qaᵀ + b_qa) W_qbᵀ (q_lora_rank)."""
+
+    names = ("q_proj", "q_a_proj", "q_a_norm", "q_b_proj")
+
+    def params(self):
+        c = self.c
+        E, Eq, rq = c.embed_dim, c.q_dim, c.q_lora_rank
+        if rq is None:
+            return {"W_q": Param((Eq, E), "q", init=_linear_init((Eq, E)), rank=0)}  # rows: head h's dqk
+        out = {
+            "W_qa": Param((rq, E), None, init=_linear_init((rq, E)), rank=0),  # shared: every head reads c_q
+            "W_qb": Param((Eq, rq), "q", init=_linear_init((Eq, rq)), rank=0),
+            "q_a_norm": Param((rq,), None, init=_ones(rq)),
+        }
+        if c.bias:
+            out["b_qa"] = Param((rq,), None, init=_zeros(rq), rank=1)
+        return out
+
+    def forward(self, f, s):
+        P, mm, c = f.P, f.matmul, self.c
+        if c.q_lora_rank is None:
+            f.q, s["q_proj"] = F.linear_forward(f.query, P["W_q"], None, mm, check=False)  # F0: (B, Lq, H·dqk)
+            return
+        c_q, s["q_a_proj"] = F.linear_forward(f.query, P["W_qa"], P.get("b_qa"), mm, check=False)  # F1: (B, Lq, rq)
+        c_q, s["q_a_norm"] = F.rms_norm_forward(c_q, P["q_a_norm"], c.norm_eps, check=False)  # F2: (B, Lq, rq)
+        f.q, s["q_b_proj"] = F.linear_forward(c_q, P["W_qb"], None, mm, check=False)  # F3: (B, Lq, H·dqk)
+
+    def backward(self, g, s):
+        G, mm = g.P, g.matmul
+        if "q_proj" in s:
+            g.query, G["W_q"], _ = F.linear_backward(g.q, s["q_proj"], mm)  # ← F0: (B, Lq, E)
+            return
+        d_cq, G["W_qb"], _ = F.linear_backward(g.q, s["q_b_proj"], mm)  # ← F3: (B, Lq, rq)
+        d_cq, G["q_a_norm"] = F.rms_norm_backward(d_cq, s["q_a_norm"])  # ← F2
+        g.query, G["W_qa"], G["b_qa"] = F.linear_backward(d_cq, s["q_a_proj"], mm)  # ← F1: (B, Lq, E)
+
+
+class LatentProject(Step):
+    """[c_kv | k_rope] = key W_kvaᵀ + b_kva, c_kv = rms_norm(c_kv): the keys' and values' latent, and the rope key."""
+
+    names = ("kv_a_proj", "kv_a_split", "kv_a_norm")
+
+    def params(self):
+        c = self.c
+        r, n = c.kv_lora_rank, c.kv_lora_rank + c.qk_rope_head_dim  # shared by every head: groups add gradients
+        shape = (n, c.embed_dim)
+        out = {
+            "W_kva": Param(shape, None, init=_linear_init(shape), rank=0),
+            "kv_a_norm": Param((r,), None, init=_ones(r)),
+        }
+        if c.bias:
+            out["b_kva"] = Param((n,), None, init=_zeros(n), rank=1)
+        return out
+
+    def forward(self, f, s):
+        P, c = f.P, self.c
+        a, s["kv_a_proj"] = F.linear_forward(f.key, P["W_kva"], P.get("b_kva"), f.matmul, check=False)  # F1
+        sizes = (c.kv_lora_rank, c.qk_rope_head_dim)  # a: (B, Lk, r + dr)
+        (latent, k_rope), s["kv_a_split"] = F.split_features_forward(a, sizes, check=False)  # F2: (B, Lk, r), (.., dr)
+        f.latent, s["kv_a_norm"] = F.rms_norm_forward(latent, P["kv_a_norm"], c.norm_eps, check=False)  # F3
+        f.k_rope = k_rope[:, None]  # F4: (B, 1, Lk, dr), a view: one head, read by every head
+
+    def backward(self, g, s):
+        d_latent, g.P["kv_a_norm"] = F.rms_norm_backward(g.latent, s["kv_a_norm"])  # ← F3: (B, Lk, r)
+        d_a = F.split_features_backward([d_latent, g.k_rope[:, 0]], s["kv_a_split"])  # ← F4, F2: (B, Lk, r + dr)
+        g.key, g.P["W_kva"], g.P["b_kva"] = F.linear_backward(d_a, s["kv_a_proj"], g.matmul)  # ← F1: (B, Lk, E)
+
+
+class SplitQuery(Step):
+    """Q (B, H, Lq, dqk): head h reads features h·dqk ... (h+1)·dqk - 1 of q, each [nope | rope]."""
+
+    names = ("q_split",)
+
+    def forward(self, f, s):
+        f.Q, s["q_split"] = F.split_heads_forward(f.q, f.H, check=False)  # F1: (B, H, Lq, dqk)
+
+    def backward(self, g, s):
+        g.q = F.split_heads_backward(g.Q, s["q_split"])  # ← F1: (B, Lq, H·dqk)
+
+
+class DecoupledRope(Rope):
+    """RoPE on the last dr features of each query head and on the one rope key; the nope features stay unturned.
+
+    positions= are checked as ``Rope`` checks them (its ``check``)."""
+
+    option = None  # always in MLA's data path
+    names = ("q_rope_split", "q_rope", "q_rope_join", "k_rope")
+
+    def turn(self):
+        """The RoPE pair of the config's layout: pairs (0, 1), (2, 3), ... (interleaved) or (i, i + dr/2)."""
+        if self.c.rope_interleave:
+            return F.rope_interleaved_forward, F.rope_interleaved_backward
+        return F.rope_forward, F.rope_backward
+
+    def forward(self, f, s):
+        c, (rope, _) = self.c, self.turn()
+        sizes = (c.qk_nope_head_dim, c.qk_rope_head_dim)
+        (Q_nope, Q_rope), s["q_rope_split"] = F.split_features_forward(f.Q, sizes, check=False)  # F1: (B, H, Lq, ·)
+        Q_rope, s["q_rope"] = rope(Q_rope, f.pos_q, c.rope_theta, check=False)  # F2: (B, H, Lq, dr)
+        f.Q, s["q_rope_join"] = F.concat_features_forward(Q_nope, Q_rope)  # F3: (B, H, Lq, dqk)
+        f.k_rope, s["k_rope"] = rope(f.k_rope, f.pos_k, c.rope_theta, check=False)  # F4: (B, 1, Lk, dr)
+
+    def backward(self, g, s):
+        _, rope_backward = self.turn()
+        g.k_rope = rope_backward(g.k_rope, s["k_rope"])  # ← F4: the inverse rotation
+        dQ_nope, dQ_rope = F.concat_features_backward(g.Q, s["q_rope_join"])  # ← F3
+        dQ_rope = rope_backward(dQ_rope, s["q_rope"])  # ← F2
+        g.Q = F.split_features_backward([dQ_nope, dQ_rope], s["q_rope_split"])  # ← F1: (B, H, Lq, dqk)
+
+
+class AppendLatent(AppendToCache):
+    """c_kv and k_rope appended to the LatentCache (not K and V); the queries see every cached position, causally.
+
+    ``AppendToCache``'s check, causal mask and refusals; only what is stored differs."""
+
+    cache_type = LatentCache
+    not_groupwise = "decoding keeps every position's latent for every head, recompute keeps none"
+
+    def store(self, f):
+        latent, f.k_rope = f.kv_cache.append(f.latent[:, None], f.k_rope)  # (B, 1, cached + Lk, r), (.., dr)
+        f.latent = latent[:, 0]  # (B, cached + Lk, r): every position so far
+
+
+class Expand(Step):
+    """[K_nope | V] = c_kv W_kvbᵀ, cut per head; K = [K_nope | k_rope], the rope key shared by every head."""
+
+    names = ("kv_b_proj", "kv_split", "kv_b_split", "k_join")
+
+    def params(self):
+        c = self.c
+        shape = (c.num_heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank)  # rows: head h's dn + dv
+        return {"W_kvb": Param(shape, "q", init=_linear_init(shape), rank=0)}
+
+    def forward(self, f, s):
+        c = self.c
+        kv, s["kv_b_proj"] = F.linear_forward(f.latent, f.P["W_kvb"], None, f.matmul, check=False)  # F1: (B, Lk, ·)
+        KV, s["kv_split"] = F.split_heads_forward(kv, f.H, check=False)  # F2: (B, H, Lk, dn + dv)
+        sizes = (c.qk_nope_head_dim, c.v_head_dim)
+        (K_nope, f.V), s["kv_b_split"] = F.split_features_forward(KV, sizes, check=False)  # F3: (.., dn), (.., dv)
+        f.K, s["k_join"] = F.concat_features_forward(K_nope, f.k_rope)  # F4: (B, H, Lk, dqk)
+        f.K_heads, f.V_heads = f.K, f.V  # every query head has its own key and value head
+
+    def backward(self, g, s):
+        dK_nope, g.k_rope = F.concat_features_backward(g.K_heads, s["k_join"])  # ← F4: k_rope's summed over heads
+        dKV = F.split_features_backward([dK_nope, g.V_heads], s["kv_b_split"])  # ← F3: (B, H, Lk, dn + dv)
+        d_kv = F.split_heads_backward(dKV, s["kv_split"])  # ← F2: (B, Lk, H·(dn + dv))
+        g.latent, g.P["W_kvb"], _ = F.linear_backward(d_kv, s["kv_b_proj"], g.matmul)  # ← F1: (B, Lk, r)
+
+
+# --------------------------------------------------------------------------- the builder
+
+
+def build_latent_steps(c: LatentConfig, kv_cache: bool = False) -> tuple[Step, ...]:
+    """MLA's steps of one call, in forward order; the refusals are ``steps.check_plan``'s, by declared capability.
+
+    kv_cache: the call appends to a ``LatentCache``.
+    """
+    steps = [QueryProject(c), LatentProject(c), SplitQuery(c), DecoupledRope(c)]
+    if kv_cache:
+        steps.append(AppendLatent(c))
+    steps += [Expand(c), Attend(c), Merge(c), OutProject(c)]
+    return check_plan(c, steps, kv_cache)
