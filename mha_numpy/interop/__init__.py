@@ -29,7 +29,9 @@ One job a file: ``names`` (the name maps, plain data), ``convert`` (weights in a
 (mask converters for tensors), ``report`` (``CrosscheckReport``), one file per cross-check (``torch_mha``,
 ``sdpa``, ``hf_bert``, each run-ours / run-theirs / compare) and what they share (``_harness``, ``_lazy``).
 Today's variants: ``gqa`` (grouped-query attention vs SDPA's ``enable_gqa``) and ``llama`` (the importer
-``from_hf_llama_attention``, RoPE + GQA vs ``LlamaAttention``, the KV cache vs its ``DynamicCache``).
+``from_hf_llama_attention``, RoPE + GQA vs ``LlamaAttention``, the KV cache vs its ``DynamicCache``), ``gemma2``
+(soft-capped scores, sliding layers: ``from_hf_gemma2_attention``, vs ``Gemma2Attention`` and its cache) and ``qwen3``
+(QK-norm: ``from_hf_qwen3_attention``, vs ``Qwen3Attention`` and its cache), which share ``decoder_attention``.
 Whole models: ``bert_model`` (``crosscheck_bert_model``) and ``llama_model`` (``from_hf_llama_model``, the decoder
 of ``models.decoder`` vs ``LlamaModel``, ``crosscheck_hf_llama_model``).
 """
@@ -41,6 +43,12 @@ from .report import DEFAULT_RTOL, CrosscheckReport, CrosscheckRow
 
 # isort: split
 from .convert import from_hf_bert_attention, from_torch_mha, to_torch_mha
+from .gemma2 import (
+    crosscheck_hf_gemma2_attention,
+    crosscheck_hf_gemma2_kv_cache,
+    from_hf_gemma2_attention,
+    hf_gemma2_attention,
+)
 from .gqa import crosscheck_gqa_sdpa
 from .hf_bert import crosscheck_hf_bert_attention
 from .llama import (
@@ -51,6 +59,13 @@ from .llama import (
     hf_llama_attention,
 )
 from .names import HF_BERT_NAME_MAP, NameMap, describe, params_from_state, torch_mha_name_map
+from .qwen3 import (
+    HF_QWEN3_NAME_MAP,
+    crosscheck_hf_qwen3_attention,
+    crosscheck_hf_qwen3_kv_cache,
+    from_hf_qwen3_attention,
+    hf_qwen3_attention,
+)
 from .sdpa import crosscheck_sdpa
 from .tensor_masks import mask_from_hf, mask_from_sdpa, mask_from_torch_mha, mask_to_hf, mask_to_sdpa, mask_to_torch_mha
 from .torch_mha import crosscheck_torch_mha
@@ -82,4 +97,13 @@ __all__ = [
     "crosscheck_gqa_sdpa",
     "crosscheck_hf_llama_attention",
     "crosscheck_hf_llama_kv_cache",
+    "from_hf_gemma2_attention",
+    "hf_gemma2_attention",
+    "crosscheck_hf_gemma2_attention",
+    "crosscheck_hf_gemma2_kv_cache",
+    "HF_QWEN3_NAME_MAP",
+    "from_hf_qwen3_attention",
+    "hf_qwen3_attention",
+    "crosscheck_hf_qwen3_attention",
+    "crosscheck_hf_qwen3_kv_cache",
 ]
