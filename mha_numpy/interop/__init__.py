@@ -29,7 +29,9 @@ One job a file: ``names`` (the name maps, plain data), ``convert`` (weights in a
 (mask converters for tensors), ``report`` (``CrosscheckReport``), one file per cross-check (``torch_mha``,
 ``sdpa``, ``hf_bert``, each run-ours / run-theirs / compare) and what they share (``_harness``, ``_lazy``).
 Today's variants: ``gqa`` (grouped-query attention vs SDPA's ``enable_gqa``), ``llama`` (the importer
-``from_hf_llama_attention``, RoPE + GQA vs ``LlamaAttention``, the KV cache vs its ``DynamicCache``) and
+``from_hf_llama_attention``, RoPE + GQA vs ``LlamaAttention``, the KV cache vs its ``DynamicCache``), ``gemma2``
+(soft-capped scores, sliding layers: ``from_hf_gemma2_attention``, vs ``Gemma2Attention`` and its cache), ``qwen3``
+(QK-norm: ``from_hf_qwen3_attention``, vs ``Qwen3Attention`` and its cache), which share ``decoder_attention``, and
 ``deepseek_v3`` (``from_hf_deepseek_v3_attention``, multi-head latent attention vs ``DeepseekV3Attention``, the
 latent cache vs its ``DynamicCache``).
 Whole models: ``bert_model`` (``crosscheck_bert_model``) and ``llama_model`` (``from_hf_llama_model``, the decoder
@@ -49,6 +51,12 @@ from .deepseek_v3 import (
     from_hf_deepseek_v3_attention,
     hf_deepseek_v3_attention,
 )
+from .gemma2 import (
+    crosscheck_hf_gemma2_attention,
+    crosscheck_hf_gemma2_kv_cache,
+    from_hf_gemma2_attention,
+    hf_gemma2_attention,
+)
 from .gqa import crosscheck_gqa_sdpa
 from .hf_bert import crosscheck_hf_bert_attention
 from .llama import (
@@ -59,6 +67,13 @@ from .llama import (
     hf_llama_attention,
 )
 from .names import HF_BERT_NAME_MAP, NameMap, describe, params_from_state, torch_mha_name_map
+from .qwen3 import (
+    HF_QWEN3_NAME_MAP,
+    crosscheck_hf_qwen3_attention,
+    crosscheck_hf_qwen3_kv_cache,
+    from_hf_qwen3_attention,
+    hf_qwen3_attention,
+)
 from .sdpa import crosscheck_sdpa
 from .tensor_masks import mask_from_hf, mask_from_sdpa, mask_from_torch_mha, mask_to_hf, mask_to_sdpa, mask_to_torch_mha
 from .torch_mha import crosscheck_torch_mha
@@ -94,4 +109,13 @@ __all__ = [
     "hf_deepseek_v3_attention",
     "crosscheck_hf_deepseek_v3_attention",
     "crosscheck_hf_deepseek_v3_cache",
+    "from_hf_gemma2_attention",
+    "hf_gemma2_attention",
+    "crosscheck_hf_gemma2_attention",
+    "crosscheck_hf_gemma2_kv_cache",
+    "HF_QWEN3_NAME_MAP",
+    "from_hf_qwen3_attention",
+    "hf_qwen3_attention",
+    "crosscheck_hf_qwen3_attention",
+    "crosscheck_hf_qwen3_kv_cache",
 ]
