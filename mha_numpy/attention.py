@@ -68,6 +68,11 @@ class MHACache:
         """(B, H, Lq, Lk) bool keep-mask used by dropout, or None."""
         return self.attention.dropout_mask
 
+    @property
+    def lse(self) -> np.ndarray:
+        """(B, H, Lq) float64 each row's log-sum-exp of the masked scores (the kernel's ``lse``)."""
+        return self.attention.lse
+
 
 class MultiHeadAttention:
     """Multi-head attention with a hand-written backward, in the layout of torch.nn.MultiheadAttention.

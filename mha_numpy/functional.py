@@ -27,6 +27,7 @@ from ._checks import (
     as_int,
     as_number,
     check_d_context,
+    check_d_lse,
     check_dropout,
     check_mask,
     check_probability,
@@ -234,17 +235,39 @@ def softmax_forward(x: np.ndarray, check: bool = True):
     return p, p
 
 
-def softmax_backward(dp: np.ndarray, cache):
+def softmax_backward(dp: np.ndarray, cache, d_lse: np.ndarray | None = None):
     """Vector-Jacobian product of softmax: dx = p ∘ (dp - Σ_j p_j dp_j).
 
     Never the full Jacobian, never the diagonal-only p(1 - p) shortcut.
     dp: (..., Lk) -> dx: (..., Lk)
+    d_lse: None, or (...,) the gradient of the rows' log-sum-exp (``log_sum_exp``), used downstream beside p. Its
+    derivative is p itself (∂ lse / ∂x_j = p_j), so it joins the row term: dx = p ∘ (dp - (Σ_j p_j dp_j - d_lse)).
     """
     p = cache
     row_dot = np.einsum("...k,...k->...", p, dp)[..., None]  # ← F3, F2: (..., 1) Σ_j p_j dp_j
+    if d_lse is not None:
+        row_dot -= d_lse[..., None]  # ← lse = log Σ exp(x): its gradient p ∘ d_lse, folded into the row term
     dx = dp - row_dot  # ← F1: (..., Lk), a new array
     dx *= p  # ← F1: p ∘ (dp - Σ p dp), in place
     return dx
+
+
+def log_sum_exp(x: np.ndarray) -> np.ndarray:
+    """Each row's log-sum-exp over the last axis, lse = log Σ_j exp(x_j): (..., Lk) -> (...,), float64.
+
+    The log of the softmax's denominator, so softmax(x) = exp(x - lse): FlashAttention's convention, what merges
+    attention computed over disjoint sets of keys. Natural log; computed as m + log Σ_j exp(x_j - m) with the row
+    max m kept apart until the end, in float64 whatever x's dtype (beside a large m, a float32 lse would lose
+    log ℓ). A row with no finite entry (fully masked, or no key at all) gives -inf, the log of an empty sum; a NaN
+    (or a +inf) gives NaN. No backward of its own: its gradient p ∘ d_lse is ``softmax_backward(..., d_lse)``'s.
+    """
+    x = np.asarray(x, dtype=np.float64)  # (..., Lk): the working dtype's scores, exactly
+    if x.shape[-1] == 0:
+        return np.full(x.shape[:-1], -np.inf)  # log of an empty sum
+    m = x.max(axis=-1)  # (...,) the row max; NaN if the row holds a NaN
+    m = np.where(np.isneginf(m), 0.0, m)  # a row with nothing allowed: shift by 0, exp(-inf) = 0
+    with np.errstate(divide="ignore"):  # log 0 = -inf for such a row
+        return m + np.log(np.exp(x - m[..., None]).sum(axis=-1))  # (...,)
 
 
 # --------------------------------------------------------------------------- dropout
@@ -573,6 +596,7 @@ class AttentionCache:
     steps: each step's cache by name: "scores", "bias", "mask", "softmax", "dropout", "context", and
         "score_mods" when the call had score changes (a list of (change, cache)).
     kernel: the kernel that made this cache (set by ``mha_numpy.kernels``), or None.
+    lse (a property): (B, H, Lq) float64, each row's log-sum-exp of the masked scores (``log_sum_exp``).
     """
 
     scores: np.ndarray
@@ -581,6 +605,11 @@ class AttentionCache:
     dropout_mask: np.ndarray | None
     steps: dict
     kernel: object = None
+
+    @property
+    def lse(self) -> np.ndarray:
+        """(B, H, Lq) float64 log Σ_j exp(masked score_ij), -inf for a fully masked row; computed now."""
+        return log_sum_exp(self.masked_scores)
 
 
 def scaled_dot_product_attention_forward(
@@ -650,20 +679,24 @@ def score_mods_backward(d_out: np.ndarray, caches):
     return d_out
 
 
-def scaled_dot_product_attention_backward(d_context: np.ndarray, cache: AttentionCache):
+def scaled_dot_product_attention_backward(d_context: np.ndarray, cache: AttentionCache, d_lse=None):
     """d_context: (B, H, Lq, dv) -> dq: (B, H, Lq, d), dk: (B, H, Lk, d), dv: (B, H, Lk, dv), d_bias: the
-    bias's shape, or None when the forward was given no bias (one gradient per differentiable input, always four)."""
+    bias's shape, or None when the forward was given no bias (one gradient per differentiable input, always four).
+    d_lse: None, or (B, H, Lq) the gradient of ``cache.lse`` when the rows' log-sum-exp is used downstream."""
     p, v = cache.steps["context"]  # (B, H, Lq, Lk), (B, H, Lk, dv)
     d_context = check_d_context(d_context, (*p.shape[:-1], v.shape[-1]), v.dtype)  # no silent broadcast
-    return attention_steps_backward(d_context, cache)  # dq, dk, dv, d_bias or None
+    d_lse = check_d_lse(d_lse, p.shape[:-1], v.dtype)
+    return attention_steps_backward(d_context, cache, d_lse)  # dq, dk, dv, d_bias or None
 
 
-def attention_steps_backward(d_context: np.ndarray, cache: AttentionCache):
-    """The steps of ``attention_steps_forward`` in reverse: -> (dq, dk, dv, d_bias or None)."""
+def attention_steps_backward(d_context: np.ndarray, cache: AttentionCache, d_lse=None):
+    """The steps of ``attention_steps_forward`` in reverse: -> (dq, dk, dv, d_bias or None).
+
+    d_lse: None, or (B, H, Lq) (checked) the gradient of the rows' log-sum-exp (``cache.lse``)."""
     c = cache.steps
     d_dropped, dv = attention_context_backward(d_context, c["context"])  # (B, H, Lq, Lk), (B, H, Lk, dv)
     d_weights = dropout_backward(d_dropped, c["dropout"])  # (B, H, Lq, Lk)
-    d_masked = softmax_backward(d_weights, c["softmax"])  # (B, H, Lq, Lk)
+    d_masked = softmax_backward(d_weights, c["softmax"], d_lse)  # (B, H, Lq, Lk); d_lse: lse's gradient joins
     d_modded = apply_mask_backward(d_masked, c["mask"])  # (B, H, Lq, Lk)
     d_biased = score_mods_backward(d_modded, c.get("score_mods", ()))  # (B, H, Lq, Lk)
     d_scores, d_bias = score_bias_backward(d_biased, c["bias"])  # (B, H, Lq, Lk), bias shape

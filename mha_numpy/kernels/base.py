@@ -5,6 +5,7 @@ A kernel computes softmax(mods(q kᵀ · scale + bias) + mask) v on (B, H, L, d)
     context, cache = kernel.forward(q, k, v, mask=None, scale=None, dropout_p=0.0, rng=None,
                                     dropout_mask=None, bias=None, score_mods=())
     dq, dk, dv, d_bias = kernel.backward(d_context, cache)      # d_bias is None without a bias
+    dq, dk, dv, d_bias = kernel.backward(d_context, cache, d_lse=d_lse)  # when cache.lse is used downstream
 
 ``forward`` checks its arguments once (``check_qkv`` and ``check_args``) and calls ``run``, which
 a kernel implements on checked arguments; ``MultiHeadAttention`` checks early (before any arithmetic)
@@ -20,8 +21,16 @@ every kernel's cache has
     masked_scores   (B, H, Lq, Lk) after the mask (-inf where a bool mask blocks)
     attn_weights    (B, H, Lq, Lk) after softmax, before dropout; fully masked rows are 0
     dropout_mask    (B, H, Lq, Lk) bool keep-mask used by dropout, or None
+    lse             (B, H, Lq) float64, each row's log-sum-exp log Σ_j exp(masked score_ij), the log of the
+                    softmax's denominator (attn_weights = exp(masked_scores - lse)); -inf for a fully masked row
 
-A kernel may compute the four arrays only when they are read (the chunked kernel does: they are Lq × Lk,
+The log-sum-exp is FlashAttention's convention (natural log, per row), what merges attention computed over
+disjoint sets of keys. It is float64 whatever the working dtype: kernels keep the row max m and the sum ℓ apart
+and form m + log ℓ at the end, in float64 (beside a large m, a float32 lse would lose log ℓ). When a loss uses
+it, ``backward(d_context, cache, d_lse=...)`` takes its gradient (B, H, Lq) too: ∂ lse_i / ∂ s_ij = P_ij, so d_lse
+joins the softmax's row term, dS = P ∘ (dP - (D - d_lse)).
+
+A kernel may compute the five arrays only when they are read (the chunked kernel does: they are Lq × Lk,
 the memory it exists to avoid); reading one never changes what ``backward`` returns.
 """
 
@@ -34,7 +43,7 @@ import numpy as np
 
 from .._checks import as_generator, check_dropout, check_mask, check_qkv, default_scale
 
-CACHE_ATTRIBUTES = ("kernel", "scores", "masked_scores", "attn_weights", "dropout_mask")
+CACHE_ATTRIBUTES = ("kernel", "scores", "masked_scores", "attn_weights", "dropout_mask", "lse")
 
 
 @dataclass(frozen=True)
@@ -159,8 +168,10 @@ class Kernel:
         (``MultiHeadAttention`` passes it to ``functional.linear_*``). Here BLAS's own threads."""
         return a @ b  # (N, K) @ (K, M) -> (N, M)
 
-    def backward(self, d_context, cache):  # pragma: no cover - the protocol
-        """d_context (B, H, Lq, dv) -> dq (B, H, Lq, d), dk (B, H, Lk, d), dv (B, H, Lk, dv), d_bias or None."""
+    def backward(self, d_context, cache, d_lse=None):  # pragma: no cover - the protocol
+        """d_context (B, H, Lq, dv) -> dq (B, H, Lq, d), dk (B, H, Lk, d), dv (B, H, Lk, dv), d_bias or None.
+
+        d_lse: None, or (B, H, Lq) the gradient of ``cache.lse`` (float64 or the working dtype)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
