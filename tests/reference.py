@@ -75,13 +75,40 @@ def per_head_loop(params, query, key, value, keep, H):
     return out, weights
 
 
-def exact_attention_backward(q, k, v, d_context, mask=None, scale=1.0, bias=None, keep=None, p=0.0):
+def exact_lse(q, k, mask=None, scale=1.0, bias=None):
+    """Each row's log Σ_j exp(s_ij) in decimal arithmetic (50 digits), rounded to float64: (B, H, Lq); -inf for a row
+    with no allowed key. s = q kᵀ · scale + bias, then the mask (bool True = may attend, or float added): the exact
+    value at the float inputs, shifted by the row's max so that a score near finfo.min stays exact too."""
+    ctx = decimal.Context(prec=50)
+    dec = ctx.create_decimal
+    B, H, Lq, Lk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    full = (B, H, Lq, Lk)
+    mask = None if mask is None else np.broadcast_to(mask, full)
+    bias = None if bias is None else np.broadcast_to(bias, full)
+    out = np.full((B, H, Lq), -np.inf)
+    for b, h, i in np.ndindex(B, H, Lq):
+        s = []  # the row's allowed scores
+        for j in range(Lk):
+            x = sum((dec(float(a)) * dec(float(c)) for a, c in zip(q[b, h, i], k[b, h, j])), dec(0)) * dec(scale)
+            x += 0 if bias is None else dec(float(bias[b, h, i, j]))
+            if mask is not None and (not mask[b, h, i, j] if mask.dtype == np.bool_ else np.isneginf(mask[b, h, i, j])):
+                continue
+            s.append(x if mask is None or mask.dtype == np.bool_ else x + dec(float(mask[b, h, i, j])))
+        if s:
+            top = max(s)
+            out[b, h, i] = float(top + sum(((x - top).exp(ctx) for x in s), dec(0)).ln(ctx))
+    return out
+
+
+def exact_attention_backward(q, k, v, d_context, mask=None, scale=1.0, bias=None, keep=None, p=0.0, d_lse=None):
     """The gradients of ``attention`` in decimal arithmetic with 50 significant digits, rounded to float64 at the end.
 
     q (B, H, Lq, d), k (B, H, Lk, d), v (B, H, Lk, dv), d_context (B, H, Lq, dv); mask, bias, keep broadcast to
     (B, H, Lq, Lk) (dropout needs its ``keep``). The float inputs are taken as the exact numbers they are, so the
     result is the true gradient at those inputs (to ~1e-50): the yardstick for the rounding error of a float32 or
     float64 kernel. A loop over every score: small shapes only.
+    d_lse: None or (B, H, Lq), the gradient of each row's log-sum-exp lse_i = log Σ_j exp(s_ij) beside the context's
+    (∂ lse_i / ∂ s_ij = P_ij, written out here as its own term).
     -> dq, dk, dv (the inputs' shapes) and dS (B, H, Lq, Lk), the gradient of a bias before its broadcast.
     """
     ctx = decimal.Context(prec=50)
@@ -122,6 +149,8 @@ def exact_attention_backward(q, k, v, d_context, mask=None, scale=1.0, bias=None
                 dP = [dot(dO[i], V[j]) * kd[j] for j in range(Lk)]
                 Dp = dot(P, dP)
                 dS = [P[j] * (dP[j] - Dp) for j in range(Lk)]  # the softmax VJP
+                if d_lse is not None:
+                    dS = [x + P[j] * dec(d_lse[b, h, i]) for j, x in enumerate(dS)]  # the lse's: P_ij d_lse_i
                 ds[b, h, i] = [float(x) for x in dS]
                 dq[b, h, i] = [float(dot(dS, [K[j][c] for j in range(Lk)]) * sc) for c in range(k.shape[3])]
                 for j in range(Lk):

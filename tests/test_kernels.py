@@ -318,7 +318,8 @@ def test_the_cache_keeps_the_contract_of_kernels_base(impl, options, rng):
     before = kernel.backward(d_context, untouched)
     _, cache = kernel.forward(q, k, v, **args)
     ref = kernels.VectorizedKernel().forward(q, k, v, **args)[1]
-    assert set(kernels.base.CACHE_ATTRIBUTES) == {"kernel", "scores", "masked_scores", "attn_weights", "dropout_mask"}
+    assert set(kernels.base.CACHE_ATTRIBUTES) == {"kernel", "scores", "masked_scores", "attn_weights", "dropout_mask",
+                                                  "lse"}  # fmt: skip
     assert cache.kernel.backward.__self__ is cache.kernel and isinstance(cache.kernel, kernels.Kernel)
     for name in ("scores", "masked_scores", "attn_weights"):
         got = getattr(cache, name)
@@ -326,6 +327,9 @@ def test_the_cache_keeps_the_contract_of_kernels_base(impl, options, rng):
         finite = np.isfinite(getattr(ref, name))
         assert np.array_equal(np.isfinite(got), finite) and rel_err(got[finite], getattr(ref, name)[finite]) <= 1e-12
     assert np.array_equal(cache.dropout_mask, keep) and kernel.forward(q, k, v)[1].dropout_mask is None
+    assert cache.lse.shape == (B, H, LQ) and cache.lse.dtype == np.float64  # float64 whatever the working dtype
+    finite = np.isfinite(ref.lse)
+    assert np.array_equal(np.isfinite(cache.lse), finite) and rel_err(cache.lse[finite], ref.lse[finite]) <= 1e-12
     after = kernel.backward(d_context, cache)
     assert all(np.array_equal(a, b) for a, b in zip(before, after))
 
