@@ -104,6 +104,8 @@ class MultiHeadAttention:
     - ``add_bias_kv=True``, ``add_zero_attn=True``: torch MHA's learned key/value ``params["bias_k"]``,
       ``params["bias_v"]`` (Hkv·d,) and its zero key/value, appended after the keys (every query may attend to
       them; no mask or score term reaches them).
+    - ``sinks=True``: a learned logit per head, ``params["sinks"]`` (H,), in every row's softmax denominator: weight
+      that goes to no key (gpt-oss's attention sinks); ``attn_weights`` are the keys' (a row sums to less than 1).
     - ``recompute=True``: trades one more forward of the projections and the kernel for memory (activation
       checkpointing, ``mha_numpy/flow.py``): forward and backward run one key/value head and its query heads at a
       time, the cache keeps only the inputs, and the backward recomputes each group's forward. Same outputs and

@@ -54,6 +54,7 @@ class Flow:
     V_heads: np.ndarray = None  # (B, H, Lk, d)
     args: AttentionArgs = None  # the kernel call's mask, score terms (bias, score mods), dropout, scale
     bias: np.ndarray = None  # backward only: the gradient of args.bias
+    sinks: np.ndarray = None  # backward only: the gradient of args.sinks
     context: np.ndarray = None  # (B, H, Lq, d)
     merged: np.ndarray = None  # (B, Lq, E)
     output: np.ndarray = None  # (B, Lq, E)

@@ -9,6 +9,7 @@ step list of a call from the options (``build_steps``).
     [RelativeBias]   a learned (1, H, Lq, Lk) term for the scores, by distance
     [Alibi]     a fixed (1, H, Lq, Lk) term for the scores, by distance
     [SoftCap]   the scores capped, cap · tanh(s / cap), inside the kernel
+    [Sinks]     a learned logit per head in every row's softmax denominator, inside the kernel (gpt-oss)
     [BiasKV]    a learned key and value appended: (B, Hkv, Lk + 1, d)
     [ZeroAttn]  a zero key and value appended
     RepeatKV    K, V shared by the query heads: (B, H, Lk, d)
@@ -116,7 +117,8 @@ class AttentionConfig:
     num_kv_heads Hkv (None: H) key/value heads, grouped-query (1: multi-query) attention; rope_theta: rotary
     positions (RoPE) on Q and K; alibi: ALiBi's distance penalty added to the scores; rel_pos_max_distance R: a
     learned bias per head and clipped distance (T5-style); add_bias_kv, add_zero_attn: torch MHA's learned and zero
-    extra key/value; recompute: keep only the inputs and recompute each head group in the backward.
+    extra key/value; sinks: a learned logit per head in every row's softmax denominator (gpt-oss's attention
+    sinks); recompute: keep only the inputs and recompute each head group in the backward.
     """
 
     embed_dim: int
@@ -137,6 +139,7 @@ class AttentionConfig:
     add_bias_kv: bool = False
     add_zero_attn: bool = False
     softcap: float | None = None
+    sinks: bool = False
     recompute: bool = False
 
     def __post_init__(self) -> None:
@@ -158,7 +161,7 @@ class AttentionConfig:
             softcap=_positive_or_none(self.softcap, "softcap"),
             qk_norm_eps=_positive_or_none(self.qk_norm_eps, "qk_norm_eps"),
             **{name: _flag(getattr(self, name), name)
-               for name in ("bias", "qk_norm", "alibi", "add_bias_kv", "add_zero_attn", "recompute")},
+               for name in ("bias", "qk_norm", "alibi", "add_bias_kv", "add_zero_attn", "sinks", "recompute")},
         )  # fmt: skip
         for name, value in resolved.items():
             object.__setattr__(self, name, value)
@@ -429,6 +432,22 @@ class SoftCap(Step):
         pass  # ← F1: the kernel's backward takes dS through the cap's backward
 
 
+class Sinks(Step):
+    """A learned logit per head in every row's softmax denominator, weight that goes to no key (gpt-oss's sinks)."""
+
+    option = "sinks"
+
+    def params(self):
+        H = self.c.num_heads  # one per query head: recompute's groups take their heads' slice
+        return {"sinks": Param((H,), "q", init=lambda rng, dtype: rng.normal(0.0, 0.02, size=H).astype(dtype))}
+
+    def forward(self, f, s):
+        f.args = f.args.with_sinks(f.P["sinks"])  # F1: every kernel starts each row's softmax from it
+
+    def backward(self, g, s):
+        g.P["sinks"] = g.sinks  # ← F1: the kernel's backward returns its gradient
+
+
 class BiasKV(Step):
     """A learned key bias_k and value bias_v appended after the sequence's keys (torch MHA's add_bias_kv)."""
 
@@ -503,7 +522,7 @@ class Attend(Step):
         f.context, f.attention = f.kernel.run(f.Q, f.K_heads, f.V_heads, f.args)  # F1: (B, H, Lq, dv)
 
     def backward(self, g, s):
-        g.Q, g.K_heads, g.V_heads, g.bias = g.kernel.backward(g.context, g.attention)  # ← F1
+        g.Q, g.K_heads, g.V_heads, g.bias, g.sinks = g.kernel.backward(g.context, g.attention)  # ← F1
 
 
 class Merge(Step):
@@ -563,6 +582,8 @@ def build_steps(c: AttentionConfig, kv_cache: bool = False) -> tuple[Step, ...]:
         steps.append(Alibi(c))
     if c.softcap is not None:
         steps.append(SoftCap(c))
+    if c.sinks:
+        steps.append(Sinks(c))
     if c.add_bias_kv:
         steps.append(BiasKV(c))
     if c.add_zero_attn:

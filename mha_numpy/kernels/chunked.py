@@ -37,6 +37,14 @@ does, and a nearly saturated one is more exact than the plain path, whose rounde
 (docs/derivation.md § 13). When a loss also uses the lse, its gradient enters as D - d_lse in place of D (∂ lse_i /
 ∂ S_ij = P_ij), and a row's dS then sums to d_lse, not 0: the pivot entry is d_lse_i - Σ_{j≠j*} dS_ij (§ 23).
 
+Attention sinks (``args.sinks``, one logit σ_h per head in every row's denominator, gpt-oss): each row starts
+from its sink, m = σ_h and ℓ = exp(σ_h - m) = 1, before the first tile; a key's score must exceed σ_h to become
+j*. The sink is one more entry of the row, of value 0 (D is unchanged: its dP is 0), with
+dS_sink = P_sink (0 - D), P_sink = exp(σ_h - m) / ℓ, and the row's dS, the sink's included, sums to d_lse (to 0).
+So a key's pivot entry is d_lse_i - Σ_{j≠j*} dS_ij - dS_sink. The sink itself needs no pivot: its dP is exactly
+0, so its dS has no cancellation (dS_sink = -P_sink D, D = rowsum(dO ∘ O) ~ (1 - P_sink) |dO| |V|, rounded
+relative to itself), even when the sink takes a row's whole weight. dσ_h = Σ over the head's rows of dS_sink.
+
 Masks (bool True = may attend, or float added) are cut into the same tiles: a tile with no
 allowed position is skipped entirely (so a causal mask skips the blocks above the diagonal), a
 tile with every position allowed is not touched, and a tile with both is cut in four, and again,
@@ -104,6 +112,7 @@ class _Tiles:
 
         self.mask, self.bias, self.keep = view(args.mask), view(args.bias), view(args.keep)
         self.mods = args.score_mods
+        self.sinks = None if args.sinks is None else args.sinks[hs]  # (g,) the heads' sink logits, or None
         self.p, self.seed, self.b, self.hs = args.dropout_p, seed, b, hs
         mshape = (1,) * (4 - np.ndim(args.mask)) + np.shape(args.mask)  # the mask's own (b, h, Lq, Lk) sizes
         self.states = states  # heads and batch items that share their mask share its tile states:
@@ -206,6 +215,9 @@ def _forward_rows(
     jstar = np.full((g, n), -1, dtype=np.intp)  # the key where the running max was first reached
     acc = np.zeros((g, n, va.shape[2]), dtype=dt)  # running unnormalised context Σ exp(s - m) v [and ℓ]
     ell = np.zeros((g, n), dtype=dt) if dropout else acc[..., dv]  # running row sum of exp(s - m)
+    if tiles.sinks is not None:  # every row starts from its head's sink: m = σ, ℓ = exp(σ - m) = 1 (0: no sink)
+        m[...] = tiles.sinks[:, None]  # (g, n); a key's score must exceed σ to become j*
+        ell[...] = np.where(np.isneginf(m), 0.0, 1.0)  # (g, n); a view of acc's last column without dropout
     buf = np.empty((g, n, min(bk, Lk)), dtype=dt)  # the score tile, reused
     scale_drop = 1.0 / (1.0 - tiles.p) if tiles.p > 0 else 1.0
     for j0 in range(0, Lk, bk):
@@ -570,10 +582,15 @@ class ChunkedKernel(Kernel):
             if n > 0:
                 dq[b, hs] += partials.pop((b, hs.start, n))  # (g, Lq, d)
         others = row_sums.sum(axis=0)  # (B, H, Lq) Σ_{j≠j*} dS_ij, the ranges in order
-        ds_pivot = -others if d_lse is None else d_lse - others  # a row's dS sums to d_lse (to 0 without)
-        _add_pivots(pivot, ds_pivot * gains, q, k, cache.args.scale, dq, dk, d_bias)  # through the mods at j*
+        total = 0.0 if d_lse is None else d_lse  # what a row's dS sums to, the sink's entry included
+        sinks, d_sinks = cache.args.sinks, None
+        if sinks is not None:  # the sink: an entry of value 0, dS_sink = P_sink (0 - D)
+            ds_sink = -np.exp(sinks[:, None] - cache.m) * cache.inv_ell * D  # (B, H, Lq), P_sink = exp(σ - m) / ℓ
+            d_sinks = ds_sink.sum(axis=(0, 2))  # (H,) each head's sink: the sum over its rows
+            others += ds_sink  # a key's pivot is found from every other entry of its row, the sink's too
+        _add_pivots(pivot, (total - others) * gains, q, k, cache.args.scale, dq, dk, d_bias)  # through the mods
         dq *= cache.args.scale  # the tiles saw q · scale  ->  dq = dq_scaled · scale
-        return dq, dk, dv, d_bias
+        return dq, dk, dv, d_bias, d_sinks
 
 
 def _add_reduced(d_bias: np.ndarray, b: int, h: int, d_head: np.ndarray) -> None:
