@@ -180,13 +180,13 @@ class MultiHeadAttention:
         """The steps of a call (without a KV cache), in forward order; ``backward`` walks them reversed."""
         return self._plan()[0]
 
-    def describe(self, kv_cache: bool = False) -> str:
+    def describe(self, kv_cache: bool | str = False) -> str:
         """The data path as text: one line per step, the caches it names and the parameters it owns."""
         return describe(self.config, build_steps(self.config, kv_cache))
 
     # ------------------------------------------------------------------ parameters
 
-    def _plan(self, kv_cache: bool = False) -> tuple[tuple, dict]:
+    def _plan(self, kv_cache: bool | str = False) -> tuple[tuple, dict]:
         """The steps of a call and their parameters by name (in the order of initialisation, ``steps.Param.rank``),
         made once per options: a step holds nothing of a call, so the same list serves every call."""
         config, plans = self.config, self.__dict__.setdefault("_plans", {})
@@ -321,7 +321,8 @@ class MultiHeadAttention:
         kv_cache: a ``KVCache`` (self-attention, forward only): the call's keys and values are appended and the
             queries attend to every cached position, causally within the call; Lk above counts them all.
         """
-        steps, specs = self._plan(kv_cache=kv_cache is not None)  # this call's data path; refusals here
+        stores = False if kv_cache is None else getattr(kv_cache, "stores", True)  # a KVCache's kind, or True
+        steps, specs = self._plan(kv_cache=stores)  # this call's data path; refusals here
         f = self._begin(steps, specs, query, key, value, mask, training, dropout_mask, positions, kv_cache)
         if self.config.recompute:  # head group by head group, keeping only the inputs (flow.py)
             return flow.recompute_forward(steps, f, specs)

@@ -356,7 +356,10 @@ class Rope(Step):
 
 
 class AppendToCache(Step):
-    """K, V appended to the KV cache; the queries attend to every cached position, causally among themselves."""
+    """K, V appended to the KV cache; the queries attend to every cached position, causally among themselves.
+
+    With a ``StreamingKVCache`` (StreamingLLM) the queries attend to its sink tokens and window (the cache's mask),
+    and the step comes before RoPE, which then turns every key at its place in the cache (``build_steps``)."""
 
     option = "kv_cache"
     names = ("kv_cache",)
@@ -370,15 +373,18 @@ class AppendToCache(Step):
             raise ValueError(f"kv_cache must be a KVCache (from mha_numpy import KVCache), got {type(cache).__name__}")
         if f.Lq != f.Lk:
             raise ValueError(f"kv_cache is for self-attention: query length {f.Lq} and key length {f.Lk} must be equal")
+        if f.positions is not None and not cache.takes_positions:
+            raise ValueError(f"positions= with a {type(cache).__name__}: its positions are the places in the cache")
         cache.bind(f.owner, self.c.dtype, f.B)
         f.cached = len(cache)  # the positions before this call's
 
     def forward(self, f, s):
-        s["kv_cache"] = offset = len(f.kv_cache)  # F1: the number of positions cached before the call
-        f.K, f.V = f.kv_cache.append(f.K, f.V)  # F1: (B, Hkv, offset + Lq, d), every position so far
-        Lq, Lk = f.Q.shape[2], f.K.shape[2]
-        causal = masks.causal_mask(Lq, Lk, diagonal=offset) if Lq else np.zeros((0, Lk), bool)  # bottom-right
-        f.args = replace(f.args, mask=masks.combine_masks(f.args.mask, causal))
+        s["kv_cache"] = len(f.kv_cache)  # F1: the number of positions cached before the call
+        allowed = f.kv_cache.mask(f.Q.shape[2])  # F1: (Lq, cached + Lq), causal (bottom-right), a window's
+        f.K, f.V = f.kv_cache.append(f.K, f.V)  # F1: (B, Hkv, cached + Lq, d), every position the queries see
+        if f.kv_cache.stores == "keys before RoPE":
+            f.pos_k = np.arange(f.K.shape[2])  # RoPE, next, turns each key at its place in the cache
+        f.args = replace(f.args, mask=masks.combine_masks(f.args.mask, allowed))
 
     def backward(self, g, s):  # pragma: no cover - build_steps refuses a backward through the cache
         raise ValueError("backward through a call with kv_cache is not supported: the cache is state (forward only)")
@@ -564,17 +570,21 @@ class OutProject(Step):
 # --------------------------------------------------------------------------- the builder
 
 
-def build_steps(c: AttentionConfig, kv_cache: bool = False) -> tuple[Step, ...]:
+def build_steps(c: AttentionConfig, kv_cache: bool | str = False) -> tuple[Step, ...]:
     """The steps of one call, in forward order: the only place the options meet and a combination is refused.
 
-    kv_cache: the call appends to a ``KVCache`` (a call argument, not an option of the module).
+    kv_cache: the call appends to a ``KVCache`` (a call argument, not an option of the module): True or what the
+    cache ``stores``, "keys after RoPE" (``KVCache``) or "keys before RoPE" (``StreamingKVCache``: appended before
+    RoPE, which then turns every key at its place in the cache).
     """
     steps = [Project(c), Split(c)]
     if c.qk_norm:
         steps.append(QKNorm(c))
+    if kv_cache == "keys before RoPE":
+        steps.append(AppendToCache(c))
     if c.rope_theta is not None:
         steps.append(Rope(c))
-    if kv_cache:
+    if kv_cache and kv_cache != "keys before RoPE":
         steps.append(AppendToCache(c))
     if c.rel_pos_max_distance is not None:
         steps.append(RelativeBias(c))
