@@ -29,7 +29,8 @@ One job a file: ``names`` (the name maps, plain data), ``convert`` (weights in a
 (mask converters for tensors), ``report`` (``CrosscheckReport``), one file per cross-check (``torch_mha``,
 ``sdpa``, ``hf_bert``, each run-ours / run-theirs / compare) and what they share (``_harness``, ``_lazy``).
 Today's variants: ``gqa`` (grouped-query attention vs SDPA's ``enable_gqa``) and ``llama`` (the importer
-``from_hf_llama_attention``, RoPE + GQA vs ``LlamaAttention``, the KV cache vs its ``DynamicCache``).
+``from_hf_llama_attention``, RoPE + GQA vs ``LlamaAttention``, the KV cache vs its ``DynamicCache``) and ``gpt_oss``
+(``from_hf_gpt_oss_attention``, attention sinks with sliding windows, GQA and RoPE vs ``GptOssAttention``).
 Whole models: ``bert_model`` (``crosscheck_bert_model``) and ``llama_model`` (``from_hf_llama_model``, the decoder
 of ``models.decoder`` vs ``LlamaModel``, ``crosscheck_hf_llama_model``).
 """
@@ -41,6 +42,13 @@ from .report import DEFAULT_RTOL, CrosscheckReport, CrosscheckRow
 
 # isort: split
 from .convert import from_hf_bert_attention, from_torch_mha, to_torch_mha
+from .gpt_oss import (
+    HF_GPT_OSS_NAME_MAP,
+    crosscheck_hf_gpt_oss_attention,
+    crosscheck_hf_gpt_oss_kv_cache,
+    from_hf_gpt_oss_attention,
+    hf_gpt_oss_attention,
+)
 from .gqa import crosscheck_gqa_sdpa
 from .hf_bert import crosscheck_hf_bert_attention
 from .llama import (
@@ -82,4 +90,9 @@ __all__ = [
     "crosscheck_gqa_sdpa",
     "crosscheck_hf_llama_attention",
     "crosscheck_hf_llama_kv_cache",
+    "HF_GPT_OSS_NAME_MAP",
+    "from_hf_gpt_oss_attention",
+    "hf_gpt_oss_attention",
+    "crosscheck_hf_gpt_oss_attention",
+    "crosscheck_hf_gpt_oss_kv_cache",
 ]
