@@ -431,6 +431,37 @@ def test_streaming_with_rope_turns_the_keys_at_their_places_in_the_cache(impl, r
     assert rel_err(out[:, 0], text[:, -1]) > 1e-3
 
 
+STREAMING_OPTIONS = {
+    "appended keys": dict(add_bias_kv=True, add_zero_attn=True),
+    "qk_norm, softcap": dict(qk_norm=True, softcap=2.0),
+    "gqa, sinks": dict(num_kv_heads=2, sinks=True),
+    "alibi": dict(alibi=True),
+}
+
+
+@pytest.mark.parametrize("option", list(STREAMING_OPTIONS))
+def test_streaming_with_the_other_steps(option, rng):
+    """The steps that do not depend on positions decode with StreamingKVCache as the full forward with the
+    sink-and-window mask does (torch's appended keys after the cache's, every query may attend to them); ALiBi's
+    distances are places in the cache too (its offset is Lk - Lq), equal to the full forward until the first
+    eviction, then to a fresh forward over the held tokens."""
+    mha = MultiHeadAttention(E, NH, rng=0, **STREAMING_OPTIONS[option])
+    n, window, T = 1, 3, 9
+    x = rng.standard_normal((2, T, E))
+    full, _ = mha.forward(x, x, x, mask=streaming_mask(T, n, window))
+    kv = StreamingKVCache(sink_tokens=n, window=window)
+    for t in range(T):
+        out, _ = mha.forward(x[:, t : t + 1], x[:, t : t + 1], x[:, t : t + 1], kv_cache=kv)
+        if option == "alibi":
+            held = [j for j in range(t + 1) if j < n or j > t - window]
+            seq = x[:, held]
+            expected = mha.forward(seq, seq, seq, mask=masks.causal_mask(len(held)))[0][:, -1]
+        else:
+            expected = full[:, t]
+        assert rel_err(out[:, 0], expected) <= 1e-12, t
+    assert len(kv) == n + window - 1
+
+
 def test_streaming_cache_keeps_earlier_calls_and_refuses_what_it_cannot_do(rng):
     mha = MultiHeadAttention(E, NH, rope_theta=20.0, rng=0)
     kv = StreamingKVCache(sink_tokens=1, window=2)
