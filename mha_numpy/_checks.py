@@ -161,6 +161,17 @@ def check_d_context(d_context, shape: tuple[int, ...], dtype) -> np.ndarray:
     return d_context
 
 
+def check_d_lse(d_lse, shape: tuple[int, ...], dtype) -> np.ndarray | None:
+    """None, or the gradient of a kernel's lse (B, H, Lq): exactly that shape (no silent broadcast), float32 or float64
+    (the lse is float64, the kernel's arithmetic in ``dtype``) -> as ``dtype``."""
+    if d_lse is None:
+        return None
+    d_lse = as_float_array(d_lse, "d_lse")
+    if d_lse.shape != tuple(shape):
+        raise ValueError(f"d_lse has shape {d_lse.shape}; expected {tuple(shape)} (B, H, Lq) like the lse")
+    return d_lse.astype(dtype, copy=False)
+
+
 def as_int(value, name: str, minimum: int | None = None) -> int:
     """An integer argument as a Python int, or ValueError naming ``name``.
 

@@ -68,6 +68,11 @@ class MHACache:
         """(B, H, Lq, Lk) bool keep-mask used by dropout, or None."""
         return self.attention.dropout_mask
 
+    @property
+    def lse(self) -> np.ndarray:
+        """(B, H, Lq) float64 each row's log-sum-exp of the masked scores (the kernel's ``lse``)."""
+        return self.attention.lse
+
 
 class MultiHeadAttention:
     """Multi-head attention with a hand-written backward, in the layout of torch.nn.MultiheadAttention.
@@ -99,6 +104,8 @@ class MultiHeadAttention:
     - ``add_bias_kv=True``, ``add_zero_attn=True``: torch MHA's learned key/value ``params["bias_k"]``,
       ``params["bias_v"]`` (Hkv·d,) and its zero key/value, appended after the keys (every query may attend to
       them; no mask or score term reaches them).
+    - ``sinks=True``: a learned logit per head, ``params["sinks"]`` (H,), in every row's softmax denominator: weight
+      that goes to no key (gpt-oss's attention sinks); ``attn_weights`` are the keys' (a row sums to less than 1).
     - ``recompute=True``: trades one more forward of the projections and the kernel for memory (activation
       checkpointing, ``mha_numpy/flow.py``): forward and backward run one key/value head and its query heads at a
       time, the cache keeps only the inputs, and the backward recomputes each group's forward. Same outputs and
@@ -173,13 +180,13 @@ class MultiHeadAttention:
         """The steps of a call (without a KV cache), in forward order; ``backward`` walks them reversed."""
         return self._plan()[0]
 
-    def describe(self, kv_cache: bool = False) -> str:
+    def describe(self, kv_cache: bool | str = False) -> str:
         """The data path as text: one line per step, the caches it names and the parameters it owns."""
         return describe(self.config, build_steps(self.config, kv_cache))
 
     # ------------------------------------------------------------------ parameters
 
-    def _plan(self, kv_cache: bool = False) -> tuple[tuple, dict]:
+    def _plan(self, kv_cache: bool | str = False) -> tuple[tuple, dict]:
         """The steps of a call and their parameters by name (in the order of initialisation, ``steps.Param.rank``),
         made once per options: a step holds nothing of a call, so the same list serves every call."""
         config, plans = self.config, self.__dict__.setdefault("_plans", {})
@@ -314,7 +321,8 @@ class MultiHeadAttention:
         kv_cache: a ``KVCache`` (self-attention, forward only): the call's keys and values are appended and the
             queries attend to every cached position, causally within the call; Lk above counts them all.
         """
-        steps, specs = self._plan(kv_cache=kv_cache is not None)  # this call's data path; refusals here
+        stores = False if kv_cache is None else getattr(kv_cache, "stores", True)  # a KVCache's kind, or True
+        steps, specs = self._plan(kv_cache=stores)  # this call's data path; refusals here
         f = self._begin(steps, specs, query, key, value, mask, training, dropout_mask, positions, kv_cache)
         if self.config.recompute:  # head group by head group, keeping only the inputs (flow.py)
             return flow.recompute_forward(steps, f, specs)

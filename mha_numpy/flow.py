@@ -56,6 +56,7 @@ class Flow:
     V_heads: np.ndarray = None  # (B, H, Lk, d)
     args: AttentionArgs = None  # the kernel call's mask, score terms (bias, score mods), dropout, scale
     bias: np.ndarray = None  # backward only: the gradient of args.bias
+    sinks: np.ndarray = None  # backward only: the gradient of args.sinks
     context: np.ndarray = None  # (B, H, Lq, d)
     merged: np.ndarray = None  # (B, Lq, E)
     output: np.ndarray = None  # (B, Lq, E)
@@ -267,6 +268,7 @@ class RecomputeCache:
     attn_weights = property(lambda self: self.attention.attn_weights, doc="(B, H, Lq, Lk) after softmax")
     scores = property(lambda self: self.attention.scores, doc="(B, H, Lq, Lk) before the mask")
     dropout_mask = property(lambda self: self.attention.dropout_mask, doc="(B, H, Lq, Lk) bool, or None")
+    lse = property(lambda self: self.attention.lse, doc="(B, H, Lq) float64 each row's log-sum-exp")
 
 
 class JoinedAttention:
@@ -283,6 +285,7 @@ class JoinedAttention:
     masked_scores = property(lambda self: self._heads("masked_scores"))
     attn_weights = property(lambda self: self._heads("attn_weights"))
     dropout_mask = property(lambda self: self._heads("dropout_mask"))
+    lse = property(lambda self: self._heads("lse"))  # (B, H, Lq)
 
 
 FLOW_FIELDS = tuple(f.name for f in fields(Flow))

@@ -27,6 +27,7 @@ from ._checks import (
     as_int,
     as_number,
     check_d_context,
+    check_d_lse,
     check_dropout,
     check_mask,
     check_probability,
@@ -234,17 +235,82 @@ def softmax_forward(x: np.ndarray, check: bool = True):
     return p, p
 
 
-def softmax_backward(dp: np.ndarray, cache):
+def softmax_backward(dp: np.ndarray, cache, d_lse: np.ndarray | None = None):
     """Vector-Jacobian product of softmax: dx = p ∘ (dp - Σ_j p_j dp_j).
 
     Never the full Jacobian, never the diagonal-only p(1 - p) shortcut.
     dp: (..., Lk) -> dx: (..., Lk)
+    d_lse: None, or (...,) the gradient of the rows' log-sum-exp (``log_sum_exp``), used downstream beside p. Its
+    derivative is p itself (∂ lse / ∂x_j = p_j), so it joins the row term: dx = p ∘ (dp - (Σ_j p_j dp_j - d_lse)).
     """
     p = cache
     row_dot = np.einsum("...k,...k->...", p, dp)[..., None]  # ← F3, F2: (..., 1) Σ_j p_j dp_j
+    if d_lse is not None:
+        row_dot -= d_lse[..., None]  # ← lse = log Σ exp(x): its gradient p ∘ d_lse, folded into the row term
     dx = dp - row_dot  # ← F1: (..., Lk), a new array
     dx *= p  # ← F1: p ∘ (dp - Σ p dp), in place
     return dx
+
+
+def log_sum_exp(x: np.ndarray, sink: np.ndarray | None = None) -> np.ndarray:
+    """Each row's log-sum-exp over the last axis, lse = log Σ_j exp(x_j): (..., Lk) -> (...,), float64.
+
+    The log of the softmax's denominator, so softmax(x) = exp(x - lse): FlashAttention's convention, what merges
+    attention computed over disjoint sets of keys. Natural log; computed as m + log Σ_j exp(x_j - m) with the row
+    max m kept apart until the end, in float64 whatever x's dtype (beside a large m, a float32 lse would lose
+    log ℓ). A row with no finite entry (fully masked, or no key at all) gives -inf, the log of an empty sum; a NaN
+    (or a +inf) gives NaN. No backward of its own: its gradient p ∘ d_lse is ``softmax_backward(..., d_lse)``'s.
+    sink: None, or broadcastable to x.shape[:-1]: the sink's logit counts, lse = log(exp(sink) + Σ_j exp(x_j)),
+    the denominator of ``sink_softmax_forward`` (a row with every key blocked then has lse = sink).
+    """
+    x = np.asarray(x, dtype=np.float64)  # (..., Lk): the working dtype's scores, exactly
+    sink = np.full((), -np.inf) if sink is None else np.asarray(sink, dtype=np.float64)  # -inf: no sink
+    m = np.maximum(x.max(axis=-1, initial=-np.inf), sink)  # (...,) the row max, the sink's logit included
+    m = np.where(np.isneginf(m), 0.0, m)  # a row with nothing allowed: shift by 0, exp(-inf) = 0
+    with np.errstate(divide="ignore"):  # log 0 = -inf for such a row (and for no key at all)
+        return m + np.log(np.exp(x - m[..., None]).sum(axis=-1) + np.exp(sink - m))  # (...,)
+
+
+def sink_softmax_forward(x: np.ndarray, sink: np.ndarray, check: bool = True):
+    """Softmax over the last axis with one more logit per row in its denominator, an attention sink (gpt-oss):
+
+        p_j = exp(x_j) / (exp(sink) + Σ_k exp(x_k))
+
+    a weight 1 - Σ_j p_j that goes to no key (the sink has no value), so a row may attend to nothing much.
+    x: (..., Lk)   sink: broadcastable to x.shape[:-1] (e.g. (H, 1) for scores (B, H, Lq, Lk): one logit per head)
+    -> p (..., Lk), the keys' weights (the sink's is dropped, as gpt-oss drops its column), cache.
+    A fully masked row puts its whole weight on the sink: p = 0 there without a special case. A sink of -inf is
+    the plain softmax. Derivation: docs/derivation.md § 23.
+    """
+    if check:
+        x = as_float_array(x, "x")
+        sink = check_mask(sink, x.shape[:-1], name="sink", allow_bool=False, dtype=x.dtype)
+    m = np.maximum(x.max(axis=-1, initial=-np.inf), sink)  # (...,) the row max, the sink's logit included
+    m = np.where(np.isneginf(m), 0.0, m)  # no key and no sink: shift by 0, exp(-inf) = 0
+    p = x - m[..., None]  # (..., Lk), a new array: the steps below work in place on it
+    np.exp(p, out=p)  # F1: (..., Lk) every entry in [0, 1] (or NaN)
+    e_sink = np.exp(sink - m)  # F1: (...,) the sink's entry
+    total = p.sum(axis=-1) + e_sink  # F2: (...,) the denominator, sink included
+    inv = 1.0 / np.where(total == 0, 1.0, total)  # (...,) one division per row
+    p *= inv[..., None]  # F3: (..., Lk) the keys' weights
+    return p, (p, e_sink * inv, np.shape(sink))  # F3: the sink's weight, kept for the backward
+
+
+def sink_softmax_backward(dp: np.ndarray, cache, d_lse: np.ndarray | None = None):
+    """dp: (..., Lk) -> dx: (..., Lk), d_sink: the sink's shape (summed over what it was broadcast to).
+
+    The sink is one more entry of the softmax row whose value is nothing, so its dp is 0 and the VJP of the row
+    [x, sink] is dx_j = p_j (dp_j - D), d_sink = p_sink (0 - D), D = Σ_j p_j dp_j. d_lse as in ``softmax_backward``
+    (∂ lse / ∂ sink = p_sink): D - d_lse in place of D.
+    """
+    p, p_sink, sink_shape = cache
+    row_dot = np.einsum("...k,...k->...", p, dp)  # ← F3, F2: (...,) Σ_j p_j dp_j; the sink adds p_sink · 0
+    if d_lse is not None:
+        row_dot -= d_lse  # ← the lse's gradient, folded into the row term
+    dx = dp - row_dot[..., None]  # ← F1: (..., Lk), a new array
+    dx *= p  # ← F1: p ∘ (dp - D)
+    d_sink = sum_to_shape(-p_sink * row_dot, sink_shape)  # ← F1: p_sink (0 - D), summed to the sink's shape
+    return dx, d_sink
 
 
 # --------------------------------------------------------------------------- dropout
@@ -629,6 +695,8 @@ class AttentionCache:
     steps: each step's cache by name: "scores", "bias", "mask", "softmax", "dropout", "context", and
         "score_mods" when the call had score changes (a list of (change, cache)).
     kernel: the kernel that made this cache (set by ``mha_numpy.kernels``), or None.
+    lse (a property): (B, H, Lq) float64, each row's log-sum-exp of the masked scores (``log_sum_exp``), the sink
+        counted when the call had one ("sinks" in steps: the logits as given, broadcast to (B, H, Lq)).
     """
 
     scores: np.ndarray
@@ -637,6 +705,12 @@ class AttentionCache:
     dropout_mask: np.ndarray | None
     steps: dict
     kernel: object = None
+
+    @property
+    def lse(self) -> np.ndarray:
+        """(B, H, Lq) float64 log Σ_j exp(masked score_ij) (+ exp(sink)), -inf for a fully masked row without a
+        sink; computed now."""
+        return log_sum_exp(self.masked_scores, self.steps.get("sinks"))
 
 
 def scaled_dot_product_attention_forward(
@@ -670,23 +744,32 @@ def scaled_dot_product_attention_forward(
     return attention_steps_forward(q, k, v, mask, default_scale(q.shape[-1], scale), dropout_p, keep, bias)
 
 
-def attention_steps_forward(q, k, v, mask, scale: float, dropout_p: float, keep, bias=None, score_mods=(), kernel=None):
+def attention_steps_forward(
+    q, k, v, mask, scale: float, dropout_p: float, keep, bias=None, score_mods=(), kernel=None, sinks=None
+):
     """The composition itself, on arguments already checked (``keep``: bool keep-mask or None).
 
     score_mods: elementwise changes of the scores after the bias, before the mask (e.g. a soft-cap), each an
     object with a pair ``forward(s) -> (s, cache)`` / ``backward(ds, cache) -> ds`` (``kernels.ScoreMod``).
     kernel: the kernel running this composition, recorded in the cache (None when called directly).
+    sinks: None, or each row's sink logit, broadcastable to (B, H, Lq) (a kernel passes its heads' (H, 1)): the
+    softmax is then ``sink_softmax_forward`` and the backward returns the sinks' gradient in that shape.
     """
     scores, c_scores = attention_scores_forward(q, k, scale)  # (B, H, Lq, Lk)
     biased, c_bias = score_bias_forward(scores, bias)  # (B, H, Lq, Lk)
     modded, c_mods = score_mods_forward(biased, score_mods)  # (B, H, Lq, Lk)
     masked, c_mask = apply_mask_forward(modded, mask, check=False)  # (B, H, Lq, Lk)
-    weights, c_soft = softmax_forward(masked, check=False)  # (B, H, Lq, Lk)
+    if sinks is None:
+        weights, c_soft = softmax_forward(masked, check=False)  # (B, H, Lq, Lk)
+    else:
+        weights, c_soft = sink_softmax_forward(masked, sinks, check=False)  # (B, H, Lq, Lk), the sinks' weights apart
     dropped, c_drop = dropout_forward(weights, dropout_p, keep_mask=keep)  # (B, H, Lq, Lk)
     context, c_ctx = attention_context_forward(dropped, v)  # (B, H, Lq, dv)
     steps = dict(scores=c_scores, bias=c_bias, mask=c_mask, softmax=c_soft, dropout=c_drop, context=c_ctx)
     if score_mods:
         steps["score_mods"] = c_mods
+    if sinks is not None:
+        steps["sinks"] = sinks
     return context, AttentionCache(modded, masked, weights, None if c_drop is None else c_drop[0], steps, kernel)
 
 
@@ -706,25 +789,32 @@ def score_mods_backward(d_out: np.ndarray, caches):
     return d_out
 
 
-def scaled_dot_product_attention_backward(d_context: np.ndarray, cache: AttentionCache):
+def scaled_dot_product_attention_backward(d_context: np.ndarray, cache: AttentionCache, d_lse=None):
     """d_context: (B, H, Lq, dv) -> dq: (B, H, Lq, d), dk: (B, H, Lk, d), dv: (B, H, Lk, dv), d_bias: the
-    bias's shape, or None when the forward was given no bias (one gradient per differentiable input, always four)."""
+    bias's shape, or None when the forward was given no bias (one gradient per differentiable input, always four).
+    d_lse: None, or (B, H, Lq) the gradient of ``cache.lse`` when the rows' log-sum-exp is used downstream."""
     p, v = cache.steps["context"]  # (B, H, Lq, Lk), (B, H, Lk, dv)
     d_context = check_d_context(d_context, (*p.shape[:-1], v.shape[-1]), v.dtype)  # no silent broadcast
-    return attention_steps_backward(d_context, cache)  # dq, dk, dv, d_bias or None
+    d_lse = check_d_lse(d_lse, p.shape[:-1], v.dtype)
+    return attention_steps_backward(d_context, cache, d_lse)[:4]  # dq, dk, dv, d_bias or None: no sinks here
 
 
-def attention_steps_backward(d_context: np.ndarray, cache: AttentionCache):
-    """The steps of ``attention_steps_forward`` in reverse: -> (dq, dk, dv, d_bias or None)."""
+def attention_steps_backward(d_context: np.ndarray, cache: AttentionCache, d_lse=None):
+    """The steps of ``attention_steps_forward`` in reverse: -> (dq, dk, dv, d_bias or None, d_sinks or None).
+
+    d_lse: None, or (B, H, Lq) (checked) the gradient of the rows' log-sum-exp (``cache.lse``)."""
     c = cache.steps
     d_dropped, dv = attention_context_backward(d_context, c["context"])  # (B, H, Lq, Lk), (B, H, Lk, dv)
     d_weights = dropout_backward(d_dropped, c["dropout"])  # (B, H, Lq, Lk)
-    d_masked = softmax_backward(d_weights, c["softmax"])  # (B, H, Lq, Lk)
+    if "sinks" in c:
+        d_masked, d_sinks = sink_softmax_backward(d_weights, c["softmax"], d_lse)  # (B, H, Lq, Lk), sinks' shape
+    else:
+        d_masked, d_sinks = softmax_backward(d_weights, c["softmax"], d_lse), None  # d_lse: lse's gradient joins
     d_modded = apply_mask_backward(d_masked, c["mask"])  # (B, H, Lq, Lk)
     d_biased = score_mods_backward(d_modded, c.get("score_mods", ()))  # (B, H, Lq, Lk)
     d_scores, d_bias = score_bias_backward(d_biased, c["bias"])  # (B, H, Lq, Lk), bias shape
     dq, dk = attention_scores_backward(d_scores, c["scores"])  # (B, H, Lq, d), (B, H, Lk, d)
-    return dq, dk, dv, d_bias
+    return dq, dk, dv, d_bias, d_sinks
 
 
 # Short alias: the functional "call" is the forward half of the pair.

@@ -13,6 +13,10 @@ the H query heads: that is where GQA and MQA save memory (``nbytes``, ``bytes_pe
 Storage grows by doubling, so appending L tokens one at a time copies O(L) entries in all, not O(L²).
 Forward only: a cache is state, ``MultiHeadAttention.backward`` refuses a call that used one. For the same reason
 it is never shared between threads or sequences: a ``KVCache`` is the keys and values of one decoding so far.
+
+``StreamingKVCache(sink_tokens, window)`` is StreamingLLM's (Xiao et al., "Efficient Streaming Language Models with
+Attention Sinks", 2024): it keeps the first ``sink_tokens`` positions for ever and the last ``window`` ones, and
+evicts the rest, so decoding runs without end in the memory of sink_tokens + window positions.
 """
 
 from __future__ import annotations
@@ -21,11 +25,15 @@ import weakref
 
 import numpy as np
 
-from ._checks import as_float_array
+from . import masks
+from ._checks import as_float_array, as_int
 
 
 class KVCache:
     """Keys and values (B, Hkv, length, d) of one attention module, appended call after call."""
+
+    stores = "keys after RoPE"  # each key turned once, at its position in the text (the data path appends after RoPE)
+    takes_positions = True  # a call may give its tokens' positions
 
     def __init__(self) -> None:
         self._k: np.ndarray | None = None  # (B, Hkv, capacity, d), the first ``length`` positions in use
@@ -71,6 +79,12 @@ class KVCache:
         """(num_new,) the positions of the next call's tokens: length, length + 1, ..."""
         return np.arange(self.length, self.length + num_new)
 
+    def mask(self, num_new: int) -> np.ndarray:
+        """(num_new, length + num_new) bool: what the next call's queries may attend to, every cached position and
+        the new ones causally (the causal mask aligned bottom-right)."""
+        Lk = self.length + num_new
+        return masks.causal_mask(num_new, Lk, diagonal=self.length) if num_new else np.zeros((0, Lk), bool)
+
     def bind(self, owner, dtype=None, batch: int | None = None) -> None:
         """Tie the cache to ``owner`` (the attention module that appends to it) on first use; ValueError naming
         ``kv_cache`` for another owner, another ``dtype`` (default: ``owner.dtype``) or, given ``batch``, another
@@ -92,6 +106,17 @@ class KVCache:
 
         -> (keys, values): (B, Hkv, length, d) and (B, Hkv, length, dv), every position so far (views).
         """
+        K, V = self._check_new(K, V)
+        end = self.length + K.shape[2]
+        if self._k is None or end > self._k.shape[2]:
+            self._grow(K, V, end)
+        self._k[:, :, self.length : end] = K  # (B, Hkv, Lnew, d) into the free positions
+        self._v[:, :, self.length : end] = V
+        self.length = end
+        return self.keys, self.values
+
+    def _check_new(self, K, V) -> tuple[np.ndarray, np.ndarray]:
+        """K (B, Hkv, Lnew, d), V (B, Hkv, Lnew, dv) as arrays that fit the cached ones, or ValueError."""
         K = as_float_array(K, "K", ndim=4)
         V = as_float_array(V, "V", ndim=4)
         if K.shape[:3] != V.shape[:3] or K.dtype != V.dtype:
@@ -104,13 +129,7 @@ class KVCache:
                     f"kv_cache holds keys {self.keys.dtype} {self.keys.shape} and values {self.values.shape}; "
                     f"the new K {K.dtype} {K.shape} and V {V.shape} do not fit (batch, heads, head dim, dtype)"
                 )
-        end = self.length + K.shape[2]
-        if self._k is None or end > self._k.shape[2]:
-            self._grow(K, V, end)
-        self._k[:, :, self.length : end] = K  # (B, Hkv, Lnew, d) into the free positions
-        self._v[:, :, self.length : end] = V
-        self.length = end
-        return self.keys, self.values
+        return K, V
 
     def _grow(self, K: np.ndarray, V: np.ndarray, needed: int) -> None:
         """Reallocate to max(needed, 2 · capacity) positions and copy what is stored."""
@@ -134,6 +153,9 @@ class LatentCache:
     Stored after the norm, as HF does: the norm is per token, so storing c_kv before it would be as exact and only
     cost each call the norms of every cached position again. Storage, growth and the checks are a ``KVCache``'s.
     """
+
+    stores = "keys after RoPE"  # k_rope is turned once, at its position in the text
+    takes_positions = True
 
     def __init__(self) -> None:
         self._store = KVCache()  # "keys" = c_kv, "values" = k_rope: the same (B, 1, length, ·) layout
@@ -173,6 +195,10 @@ class LatentCache:
         """(num_new,) the positions of the next call's tokens: length, length + 1, ..."""
         return self._store.positions(num_new)
 
+    def mask(self, num_new: int) -> np.ndarray:
+        """As ``KVCache.mask``: every cached position, the new ones causally (bottom-right)."""
+        return self._store.mask(num_new)
+
     def bind(self, owner, dtype=None, batch: int | None = None) -> None:
         """As ``KVCache.bind``: one module, one dtype, one batch size, checked before any arithmetic."""
         self._store.bind(owner, dtype, batch)
@@ -186,3 +212,60 @@ class LatentCache:
             if np.ndim(x) != 4 or np.shape(x)[1] != 1:
                 raise ValueError(f"{name} with shape {np.shape(x)} must be (B, 1, Lnew, ·): one head for every head")
         return self._store.append(latent, k_rope)
+
+
+class StreamingKVCache(KVCache):
+    """StreamingLLM's cache: the first ``sink_tokens`` positions (the "attention sinks" a trained model dumps weight
+    on) and the last ``window`` positions, the rest evicted; decoding runs for ever in bounded memory.
+
+    A query attends to the sink tokens and to the ``window`` most recent positions up to itself, its own included
+    (the window mask inside a call of several tokens). Between calls the cache holds at most
+    sink_tokens + window - 1 positions, so the next token finds its whole window there (StreamingLLM's
+    ``evict_for_space``).
+
+    Positions are StreamingLLM's rule, the places in the cache, not in the text: the keys are stored before RoPE
+    (``stores``) and a call turns all of them at their places 0 ... len - 1, its queries at len, len + 1, ... So the
+    distance from a query to a sink token stays below sink_tokens + window, within what the model was trained on,
+    however long the stream. Hence a call takes no ``positions=``. Token by token this is the paper's rule exactly;
+    a call of several tokens numbers them after the kept positions, each seeing its own window.
+    ``seen``: the tokens appended since the start; ``len(cache)``: the positions kept.
+    """
+
+    stores = "keys before RoPE"  # the data path appends before RoPE and turns every key at its place in the cache
+    takes_positions = False
+
+    def __init__(self, sink_tokens: int = 4, window: int = 1020) -> None:
+        super().__init__()
+        self.sink_tokens = as_int(sink_tokens, "sink_tokens", minimum=0)
+        self.window = as_int(window, "window", minimum=1)
+        self.seen = 0  # tokens appended so far, evicted ones included
+        self._stream = np.zeros(0, dtype=np.int64)  # (length,) each kept position's index in the stream
+
+    def __repr__(self) -> str:
+        return (
+            f"StreamingKVCache(sink_tokens={self.sink_tokens}, window={self.window}, length={self.length}, "
+            f"seen={self.seen}, nbytes={self.nbytes})"
+        )
+
+    def mask(self, num_new: int) -> np.ndarray:
+        """(num_new, length + num_new) bool: query i (token seen + i of the stream) may attend to the sink tokens
+        and to the last ``window`` tokens up to itself."""
+        t = np.arange(self.seen, self.seen + num_new)[:, None]  # (num_new, 1) the queries' places in the stream
+        s = np.concatenate([self._stream, t[:, 0]])[None, :]  # (1, length + num_new) the keys'
+        return (s <= t) & ((s < self.sink_tokens) | (s > t - self.window))  # (num_new, length + num_new)
+
+    def append(self, K: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Add K (B, Hkv, Lnew, d) and V (B, Hkv, Lnew, dv) after the kept positions.
+
+        -> (keys, values): (B, Hkv, length + Lnew, ·), what this call attends to (new arrays: no earlier call's
+        are changed); then evicts all but the sink tokens and the last window - 1 positions, for the next call.
+        """
+        K, V = self._check_new(K, V)
+        keys = K if self._k is None else np.concatenate([self._k, K], axis=2)  # (B, Hkv, length + Lnew, d)
+        values = V if self._v is None else np.concatenate([self._v, V], axis=2)  # (B, Hkv, length + Lnew, dv)
+        stream = np.concatenate([self._stream, np.arange(self.seen, self.seen + K.shape[2])])  # (length + Lnew,)
+        self.seen += K.shape[2]
+        keep = (stream < self.sink_tokens) | (stream > self.seen - self.window)  # the sinks, the last window - 1
+        self._k, self._v, self._stream = keys[:, :, keep], values[:, :, keep], stream[keep]  # copies: evicted
+        self.length = int(keep.sum())
+        return keys, values

@@ -367,6 +367,12 @@ def soft_cap_sample(s: Sizes, rng):
     return [Case("soft_cap", [("scores", 2 * _randn(rng, s.B, s.H, s.Lq, s.Lk)), ("cap", 1.5)])]
 
 
+def sink_softmax_sample(s: Sizes, rng):
+    x = _randn(rng, s.B, s.H, s.Lq, s.Lk)
+    x[0, 0, 0] = -np.inf  # a fully masked row: all its weight on the sink, its gradients 0
+    return [Case("sink_softmax", [("x", x), ("sink", _randn(rng, s.H, 1))])]
+
+
 def mean_pool_sample(s: Sizes, rng):
     keep = np.ones((s.B, s.Lq), np.int64)
     keep[-1, s.Lq // 2 :] = 0  # padding in the last sequence
@@ -460,6 +466,7 @@ PAIRS: list[Pair] = [
         ("a", "b"),
         sample=concat_features_sample,
     ),  # fmt: skip
+    Pair("sink_softmax", F.sink_softmax_forward, F.sink_softmax_backward, ("x", "sink"), sample=sink_softmax_sample),
 ]
 
 

@@ -9,6 +9,7 @@ step list of a call from the options (``build_steps``).
     [RelativeBias]   a learned (1, H, Lq, Lk) term for the scores, by distance
     [Alibi]     a fixed (1, H, Lq, Lk) term for the scores, by distance
     [SoftCap]   the scores capped, cap · tanh(s / cap), inside the kernel
+    [Sinks]     a learned logit per head in every row's softmax denominator, inside the kernel (gpt-oss)
     [BiasKV]    a learned key and value appended: (B, Hkv, Lk + 1, d)
     [ZeroAttn]  a zero key and value appended
     RepeatKV    K, V shared by the query heads: (B, H, Lk, d)
@@ -106,7 +107,8 @@ class AttentionConfig:
     num_kv_heads Hkv (None: H) key/value heads, grouped-query (1: multi-query) attention; rope_theta: rotary
     positions (RoPE) on Q and K; alibi: ALiBi's distance penalty added to the scores; rel_pos_max_distance R: a
     learned bias per head and clipped distance (T5-style); add_bias_kv, add_zero_attn: torch MHA's learned and zero
-    extra key/value; recompute: keep only the inputs and recompute each head group in the backward.
+    extra key/value; sinks: a learned logit per head in every row's softmax denominator (gpt-oss's attention
+    sinks); recompute: keep only the inputs and recompute each head group in the backward.
     """
 
     embed_dim: int
@@ -127,6 +129,7 @@ class AttentionConfig:
     add_bias_kv: bool = False
     add_zero_attn: bool = False
     softcap: float | None = None
+    sinks: bool = False
     recompute: bool = False
 
     def __post_init__(self) -> None:
@@ -148,7 +151,7 @@ class AttentionConfig:
             softcap=_positive_or_none(self.softcap, "softcap"),
             qk_norm_eps=_positive_or_none(self.qk_norm_eps, "qk_norm_eps"),
             **{name: _flag(getattr(self, name), name)
-               for name in ("bias", "qk_norm", "alibi", "add_bias_kv", "add_zero_attn", "recompute")},
+               for name in ("bias", "qk_norm", "alibi", "add_bias_kv", "add_zero_attn", "sinks", "recompute")},
         )  # fmt: skip
         for name, value in resolved.items():
             object.__setattr__(self, name, value)
@@ -348,7 +351,10 @@ class Rope(Step):
 
 
 class AppendToCache(Step):
-    """K, V appended to the KV cache; the queries attend to every cached position, causally among themselves."""
+    """K, V appended to the KV cache; the queries attend to every cached position, causally among themselves.
+
+    With a ``StreamingKVCache`` (StreamingLLM) the queries attend to its sink tokens and window (the cache's mask),
+    and the step comes before RoPE, which then turns every key at its place in the cache (``build_steps``)."""
 
     option = "kv_cache"
     names = ("kv_cache",)
@@ -363,18 +369,21 @@ class AppendToCache(Step):
             raise ValueError(f"kv_cache must be a {kind} (from mha_numpy import {kind}), got {type(cache).__name__}")
         if f.Lq != f.Lk:
             raise ValueError(f"kv_cache is for self-attention: query length {f.Lq} and key length {f.Lk} must be equal")
+        if f.positions is not None and not cache.takes_positions:
+            raise ValueError(f"positions= with a {type(cache).__name__}: its positions are the places in the cache")
         cache.bind(f.owner, self.c.dtype, f.B)
         f.cached = len(cache)  # the positions before this call's
 
     def forward(self, f, s):
-        s["kv_cache"] = offset = len(f.kv_cache)  # F1: the number of positions cached before the call
-        self.store(f)  # F1: every position so far
-        Lq, Lk = f.Q.shape[2], len(f.kv_cache)
-        causal = masks.causal_mask(Lq, Lk, diagonal=offset) if Lq else np.zeros((0, Lk), bool)  # bottom-right
-        f.args = replace(f.args, mask=masks.combine_masks(f.args.mask, causal))
+        s["kv_cache"] = len(f.kv_cache)  # F1: the number of positions cached before the call
+        allowed = f.kv_cache.mask(f.Q.shape[2])  # F1: (Lq, cached + Lq), causal (bottom-right), a window's
+        self.store(f)  # F1: every position the queries see, (B, Hkv, cached + Lq, ·)
+        if f.kv_cache.stores == "keys before RoPE":
+            f.pos_k = np.arange(f.K.shape[2])  # RoPE, next, turns each key at its place in the cache
+        f.args = replace(f.args, mask=masks.combine_masks(f.args.mask, allowed))
 
     def store(self, f):
-        f.K, f.V = f.kv_cache.append(f.K, f.V)  # (B, Hkv, offset + Lq, d)
+        f.K, f.V = f.kv_cache.append(f.K, f.V)  # (B, Hkv, cached + Lq, d)
 
     def backward(self, g, s):  # pragma: no cover - build_steps refuses a backward through the cache
         raise ValueError("backward through a call with kv_cache is not supported: the cache is state (forward only)")
@@ -426,6 +435,22 @@ class SoftCap(Step):
 
     def backward(self, g, s):
         pass  # ← F1: the kernel's backward takes dS through the cap's backward
+
+
+class Sinks(Step):
+    """A learned logit per head in every row's softmax denominator, weight that goes to no key (gpt-oss's sinks)."""
+
+    option = "sinks"
+
+    def params(self):
+        H = self.c.num_heads  # one per query head: recompute's groups take their heads' slice
+        return {"sinks": Param((H,), "q", init=lambda rng, dtype: rng.normal(0.0, 0.02, size=H).astype(dtype))}
+
+    def forward(self, f, s):
+        f.args = f.args.with_sinks(f.P["sinks"])  # F1: every kernel starts each row's softmax from it
+
+    def backward(self, g, s):
+        g.P["sinks"] = g.sinks  # ← F1: the kernel's backward returns its gradient
 
 
 class BiasKV(Step):
@@ -502,7 +527,7 @@ class Attend(Step):
         f.context, f.attention = f.kernel.run(f.Q, f.K_heads, f.V_heads, f.args)  # F1: (B, H, Lq, dv)
 
     def backward(self, g, s):
-        g.Q, g.K_heads, g.V_heads, g.bias = g.kernel.backward(g.context, g.attention)  # ← F1
+        g.Q, g.K_heads, g.V_heads, g.bias, g.sinks = g.kernel.backward(g.context, g.attention)  # ← F1
 
 
 class Merge(Step):
@@ -544,17 +569,21 @@ class OutProject(Step):
 # --------------------------------------------------------------------------- the builder
 
 
-def build_steps(c: AttentionConfig, kv_cache: bool = False) -> tuple[Step, ...]:
+def build_steps(c: AttentionConfig, kv_cache: bool | str = False) -> tuple[Step, ...]:
     """The steps of one call, in forward order: the only place the options meet and a combination is refused.
 
-    kv_cache: the call appends to a ``KVCache`` (a call argument, not an option of the module).
+    kv_cache: the call appends to a ``KVCache`` (a call argument, not an option of the module): True or what the
+    cache ``stores``, "keys after RoPE" (``KVCache``) or "keys before RoPE" (``StreamingKVCache``: appended before
+    RoPE, which then turns every key at its place in the cache).
     """
     steps = [Project(c), Split(c)]
     if c.qk_norm:
         steps.append(QKNorm(c))
+    if kv_cache == "keys before RoPE":
+        steps.append(AppendToCache(c))
     if c.rope_theta is not None:
         steps.append(Rope(c))
-    if kv_cache:
+    if kv_cache and kv_cache != "keys before RoPE":
         steps.append(AppendToCache(c))
     if c.rel_pos_max_distance is not None:
         steps.append(RelativeBias(c))
@@ -562,6 +591,8 @@ def build_steps(c: AttentionConfig, kv_cache: bool = False) -> tuple[Step, ...]:
         steps.append(Alibi(c))
     if c.softcap is not None:
         steps.append(SoftCap(c))
+    if c.sinks:
+        steps.append(Sinks(c))
     if c.add_bias_kv:
         steps.append(BiasKV(c))
     if c.add_zero_attn:

@@ -1,7 +1,7 @@
 """Every combination of the data path's options with every kernel: it runs and passes a gradient check, or the one
 builder (``steps.build_steps``) refuses it with a ValueError naming both options.
 
-GQA × RoPE × ALiBi × relative bias × torch's appended keys × recompute × KV cache × dropout × 3 kernels. A call
+GQA × RoPE × ALiBi × relative bias × torch's appended keys × recompute × sinks × KV cache × dropout × 3 kernels. A call
 with a KV cache is forward only: decoding token by token must equal the full causal forward. Every other call is
 gradient-checked against central differences with a random upstream gradient, one random direction per input and
 parameter (a wrong gradient passes only if its error is orthogonal to that direction: probability zero), and its
@@ -28,6 +28,7 @@ OPTIONS = {
     "rel_bias": dict(rel_pos_max_distance=2),
     "appended": dict(add_bias_kv=True, add_zero_attn=True),
     "recompute": dict(recompute=True),
+    "sinks": dict(sinks=True),
 }
 CALL = ("kv_cache", "dropout")
 FACTORS = (*OPTIONS, *CALL)
@@ -43,8 +44,8 @@ def module(combo, impl, seed=0):
                              impl=kernels.get_kernel(impl, **KERNELS[impl]), **kw)  # fmt: skip
     rng = np.random.default_rng(seed + 1)
     for name, p in mha.params.items():
-        if name.startswith("b_"):
-            p[...] = rng.normal(0, 0.5, p.shape)  # nonzero biases, so a missing bias gradient shows
+        if name.startswith("b_") or name == "sinks":
+            p[...] = rng.normal(0, 0.5, p.shape)  # nonzero biases, so a missing bias gradient shows; sinks that count
     return mha
 
 

@@ -122,7 +122,7 @@ def test_score_bias_and_its_gradient(impl, options, bias_shape, rng):
     ctx, cache = kernel.forward(q, k, v, mask, bias=bias)
     assert rel_err(ctx, attention(q, k, v, mask, bias=bias)[0]) <= 1e-12
     d_context = rng.standard_normal(ctx.shape)
-    dq, dk, dv, d_bias = kernel.backward(d_context, cache)
+    dq, dk, dv, d_bias, _ = kernel.backward(d_context, cache)
     assert d_bias.shape == bias_shape
     report = check_function(lambda q, bias: kernel.forward(q, k, v, mask, bias=bias)[0], dict(q=dq, bias=d_bias),
                             dict(q=q, bias=bias), d_context)  # fmt: skip
@@ -234,7 +234,7 @@ def test_a_one_hot_softmax_has_exactly_zero_score_gradients(impl, options, dtype
     d = np.random.default_rng(2).standard_normal((1, 2, 3, 3)).astype(dtype)
     for heads in (slice(None), slice(0, 1)):
         args = [a[:, heads] for a in (q, k, v)]
-        dq, dk, dv, _ = kernel.backward(d[:, heads], kernel.forward(*args, scale=1.0)[1])
+        dq, dk, dv, *_ = kernel.backward(d[:, heads], kernel.forward(*args, scale=1.0)[1])
         assert np.all(dq == 0) and np.all(dk == 0), (np.abs(dq).max(), np.abs(dk).max())
         exact_dv = exact_attention_backward(*(a.astype(np.float64) for a in (*args, d[:, heads])))[2]
         assert rel_err(dv, exact_dv) <= 2 * np.finfo(dtype).eps
@@ -297,7 +297,7 @@ def test_nan_and_inf_give_nan_rows_and_empty_inputs_are_defined(impl, options, r
     q, k, v = qkv(rng, Lk=0)  # no key at all (an empty memory): zero weights, zero context
     ctx, cache = kernel.forward(q, k, v)
     assert ctx.shape == (B, H, LQ, D + 1) and np.all(ctx == 0) and cache.attn_weights.shape == (B, H, LQ, 0)
-    dq, dk, dv, _ = kernel.backward(rng.standard_normal(ctx.shape), cache)
+    dq, dk, dv, *_ = kernel.backward(rng.standard_normal(ctx.shape), cache)
     assert np.all(dq == 0) and dk.shape == (B, H, 0, D) and dv.shape == (B, H, 0, D + 1)
     q, k, v = qkv(rng, B=0)  # an empty batch: empty results
     ctx, cache = kernel.forward(q, k, v)
@@ -318,7 +318,8 @@ def test_the_cache_keeps_the_contract_of_kernels_base(impl, options, rng):
     before = kernel.backward(d_context, untouched)
     _, cache = kernel.forward(q, k, v, **args)
     ref = kernels.VectorizedKernel().forward(q, k, v, **args)[1]
-    assert set(kernels.base.CACHE_ATTRIBUTES) == {"kernel", "scores", "masked_scores", "attn_weights", "dropout_mask"}
+    assert set(kernels.base.CACHE_ATTRIBUTES) == {"kernel", "scores", "masked_scores", "attn_weights", "dropout_mask",
+                                                  "lse"}  # fmt: skip
     assert cache.kernel.backward.__self__ is cache.kernel and isinstance(cache.kernel, kernels.Kernel)
     for name in ("scores", "masked_scores", "attn_weights"):
         got = getattr(cache, name)
@@ -326,6 +327,9 @@ def test_the_cache_keeps_the_contract_of_kernels_base(impl, options, rng):
         finite = np.isfinite(getattr(ref, name))
         assert np.array_equal(np.isfinite(got), finite) and rel_err(got[finite], getattr(ref, name)[finite]) <= 1e-12
     assert np.array_equal(cache.dropout_mask, keep) and kernel.forward(q, k, v)[1].dropout_mask is None
+    assert cache.lse.shape == (B, H, LQ) and cache.lse.dtype == np.float64  # float64 whatever the working dtype
+    finite = np.isfinite(ref.lse)
+    assert np.array_equal(np.isfinite(cache.lse), finite) and rel_err(cache.lse[finite], ref.lse[finite]) <= 1e-12
     after = kernel.backward(d_context, cache)
     assert all(np.array_equal(a, b) for a, b in zip(before, after))
 

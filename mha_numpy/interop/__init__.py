@@ -31,9 +31,10 @@ One job a file: ``names`` (the name maps, plain data), ``convert`` (weights in a
 Today's variants: ``gqa`` (grouped-query attention vs SDPA's ``enable_gqa``), ``llama`` (the importer
 ``from_hf_llama_attention``, RoPE + GQA vs ``LlamaAttention``, the KV cache vs its ``DynamicCache``), ``gemma2``
 (soft-capped scores, sliding layers: ``from_hf_gemma2_attention``, vs ``Gemma2Attention`` and its cache), ``qwen3``
-(QK-norm: ``from_hf_qwen3_attention``, vs ``Qwen3Attention`` and its cache), which share ``decoder_attention``, and
+(QK-norm: ``from_hf_qwen3_attention``, vs ``Qwen3Attention`` and its cache), which share ``decoder_attention``,
 ``deepseek_v3`` (``from_hf_deepseek_v3_attention``, multi-head latent attention vs ``DeepseekV3Attention``, the
-latent cache vs its ``DynamicCache``).
+latent cache vs its ``DynamicCache``), and ``gpt_oss`` (``from_hf_gpt_oss_attention``, attention sinks with sliding
+windows, GQA and RoPE vs ``GptOssAttention``).
 Whole models: ``bert_model`` (``crosscheck_bert_model``) and ``llama_model`` (``from_hf_llama_model``, the decoder
 of ``models.decoder`` vs ``LlamaModel``, ``crosscheck_hf_llama_model``).
 """
@@ -56,6 +57,13 @@ from .gemma2 import (
     crosscheck_hf_gemma2_kv_cache,
     from_hf_gemma2_attention,
     hf_gemma2_attention,
+)
+from .gpt_oss import (
+    HF_GPT_OSS_NAME_MAP,
+    crosscheck_hf_gpt_oss_attention,
+    crosscheck_hf_gpt_oss_kv_cache,
+    from_hf_gpt_oss_attention,
+    hf_gpt_oss_attention,
 )
 from .gqa import crosscheck_gqa_sdpa
 from .hf_bert import crosscheck_hf_bert_attention
@@ -118,4 +126,9 @@ __all__ = [
     "hf_qwen3_attention",
     "crosscheck_hf_qwen3_attention",
     "crosscheck_hf_qwen3_kv_cache",
+    "HF_GPT_OSS_NAME_MAP",
+    "from_hf_gpt_oss_attention",
+    "hf_gpt_oss_attention",
+    "crosscheck_hf_gpt_oss_attention",
+    "crosscheck_hf_gpt_oss_kv_cache",
 ]

@@ -6,10 +6,11 @@
     auto        one of the two above per call, by a documented rule on the shape (``auto.py``)
 
 The protocol (``base.Kernel``): ``forward(q, k, v, mask=None, scale=None, dropout_p=0.0, rng=None,
-dropout_mask=None, bias=None, score_mods=()) -> (context, cache)`` and ``backward(d_context, cache) -> (dq, dk, dv,
-d_bias)``; the cache carries its kernel and exposes ``attn_weights``. ``get_kernel`` is the only place
-a name is resolved: ``MultiHeadAttention(impl=...)`` takes a registered name or a kernel object. A new
-kernel is one file here and one ``register`` call; the conformance tests pick it up from ``KERNELS``.
+dropout_mask=None, bias=None, score_mods=(), sinks=None) -> (context, cache)`` and ``backward(d_context, cache,
+d_lse=None) -> (dq, dk, dv, d_bias, d_sinks)``; the cache carries its kernel and exposes ``attn_weights`` and each
+row's log-sum-exp ``lse``. ``get_kernel`` is the only place a name is resolved: ``MultiHeadAttention(impl=...)``
+takes a registered name or a kernel object. A new kernel is one file here and one ``register`` call; the conformance
+tests pick it up from ``KERNELS``.
 """
 
 from __future__ import annotations

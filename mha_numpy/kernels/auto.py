@@ -45,5 +45,5 @@ class AutoKernel(Kernel):
     def run(self, q, k, v, args: AttentionArgs):
         return self.choose(args.shape).run(q, k, v, args)  # its cache names the chosen kernel
 
-    def backward(self, d_context, cache):
-        return cache.kernel.backward(d_context, cache)
+    def backward(self, d_context, cache, d_lse=None):
+        return cache.kernel.backward(d_context, cache, d_lse)

@@ -3,8 +3,16 @@
 A kernel computes softmax(mods(q kᵀ · scale + bias) + mask) v on (B, H, L, d) arrays, and its backward:
 
     context, cache = kernel.forward(q, k, v, mask=None, scale=None, dropout_p=0.0, rng=None,
-                                    dropout_mask=None, bias=None, score_mods=())
-    dq, dk, dv, d_bias = kernel.backward(d_context, cache)      # d_bias is None without a bias
+                                    dropout_mask=None, bias=None, score_mods=(), sinks=None)
+    dq, dk, dv, d_bias, d_sinks = kernel.backward(d_context, cache)  # d_bias, d_sinks: None when not given
+    dq, dk, dv, d_bias, d_sinks = kernel.backward(d_context, cache, d_lse=d_lse)  # when cache.lse is used
+
+The backward returns one gradient per differentiable input of the forward (q, k, v, bias, sinks), None for one
+that was not given. ``sinks`` (H,): one learned logit per head that joins every row's softmax denominator, an
+attention sink that takes weight and gives no value (gpt-oss): P_ij = exp(S_ij) / (exp(sink_h) + Σ_k exp(S_ik)).
+No scale, bias, score mod or mask reaches it (gpt-oss appends it after the mask); a fully masked row gives all its
+weight to the sink (zero weights, zero context); a sink of -inf is no sink. Every kernel holds it natively: the
+chunked kernel starts each row's running max and sum from it (m = sink, ℓ = 1), nothing of size Lq × Lk is made.
 
 ``forward`` checks its arguments once (``check_qkv`` and ``check_args``) and calls ``run``, which
 a kernel implements on checked arguments; ``MultiHeadAttention`` checks early (before any arithmetic)
@@ -18,10 +26,21 @@ every kernel's cache has
     kernel          the kernel that made it (set when the cache is made), so a backward never dispatches on a name
     scores          (B, H, Lq, Lk) mods(q kᵀ · scale + bias), before the mask
     masked_scores   (B, H, Lq, Lk) after the mask (-inf where a bool mask blocks)
-    attn_weights    (B, H, Lq, Lk) after softmax, before dropout; fully masked rows are 0
+    attn_weights    (B, H, Lq, Lk) after softmax, before dropout; fully masked rows are 0. With sinks, the keys'
+                    weights only: a row sums to 1 - its sink's weight (gpt-oss drops the sink's column too)
     dropout_mask    (B, H, Lq, Lk) bool keep-mask used by dropout, or None
+    lse             (B, H, Lq) float64, each row's log-sum-exp log Σ_j exp(masked score_ij), the log of the
+                    softmax's denominator (attn_weights = exp(masked_scores - lse)); -inf for a fully masked row.
+                    With sinks the sink counts, lse = log(exp(sink) + Σ_j exp(S_ij)): the sink is a key of value
+                    0, so O = Σ_j exp(S_ij - lse) V_j still holds (merging partial results, give it to one part)
 
-A kernel may compute the four arrays only when they are read (the chunked kernel does: they are Lq × Lk,
+The log-sum-exp is FlashAttention's convention (natural log, per row), what merges attention computed over
+disjoint sets of keys. It is float64 whatever the working dtype: kernels keep the row max m and the sum ℓ apart
+and form m + log ℓ at the end, in float64 (beside a large m, a float32 lse would lose log ℓ). When a loss uses
+it, ``backward(d_context, cache, d_lse=...)`` takes its gradient (B, H, Lq) too: ∂ lse_i / ∂ s_ij = P_ij, so d_lse
+joins the softmax's row term, dS = P ∘ (dP - (D - d_lse)).
+
+A kernel may compute the five arrays only when they are read (the chunked kernel does: they are Lq × Lk,
 the memory it exists to avoid); reading one never changes what ``backward`` returns.
 """
 
@@ -34,7 +53,7 @@ import numpy as np
 
 from .._checks import as_generator, check_dropout, check_mask, check_qkv, default_scale
 
-CACHE_ATTRIBUTES = ("kernel", "scores", "masked_scores", "attn_weights", "dropout_mask")
+CACHE_ATTRIBUTES = ("kernel", "scores", "masked_scores", "attn_weights", "dropout_mask", "lse")
 
 
 @dataclass(frozen=True)
@@ -57,6 +76,7 @@ class AttentionArgs:
     mask: None, bool (True = may attend) or float (added).   bias: None or float (added, differentiable).
     dropout_p: in [0, 1).   keep: a given bool keep-mask (B, H, Lq, Lk), or None.   rng: draws the rest.
     score_mods: ``ScoreMod`` s applied in order after the bias, before the mask.
+    sinks: None or (H,) float, each head's sink logit in every row's softmax denominator (differentiable).
     """
 
     shape: tuple[int, int, int, int]
@@ -67,6 +87,7 @@ class AttentionArgs:
     keep: np.ndarray | None = None
     rng: np.random.Generator | None = None
     score_mods: tuple = ()
+    sinks: np.ndarray | None = None
 
     def add_bias(self, term: np.ndarray) -> AttentionArgs:
         """These arguments with ``term`` (broadcastable to the scores) added to the bias."""
@@ -75,6 +96,10 @@ class AttentionArgs:
     def add_score_mod(self, mod: ScoreMod) -> AttentionArgs:
         """These arguments with one more elementwise change of the scores, applied after the others."""
         return replace(self, score_mods=(*self.score_mods, mod))
+
+    def with_sinks(self, sinks: np.ndarray) -> AttentionArgs:
+        """These arguments with each head's sink logit (H,) in the softmax's denominator."""
+        return replace(self, sinks=sinks)
 
     def append_keys(self, length: int, n: int) -> AttentionArgs:
         """For n keys appended after the ``length`` there are (torch's ``add_bias_kv``, ``add_zero_attn``): every
@@ -110,18 +135,22 @@ class AttentionArgs:
 
 def check_args(
     shape, head_dim: int, mask=None, scale=None, dropout_p=0.0, rng=None, dropout_mask=None, bias=None,
-    score_mods=(), dtype=None, mask_keys=None,
+    score_mods=(), dtype=None, mask_keys=None, sinks=None,
 ):  # fmt: skip
     """Validate everything but q, k, v for scores of ``shape`` = (B, H, Lq, Lk) -> AttentionArgs.
 
     dtype: the dtype of q, k, v. A bias of another dtype is refused (it is differentiated: its gradient would
     come back in another dtype than it has); a float mask of another dtype is converted to it (a mask is not).
     mask_keys: the keys the mask covers when keys are appended after them (``MultiHeadAttention``'s
-    ``add_bias_kv``, ``add_zero_attn``), default all Lk.
+    ``add_bias_kv``, ``add_zero_attn``), default all Lk. sinks: None or (H,) float in ``dtype`` (differentiated).
     """
     shape = tuple(int(n) for n in shape)
     mask = check_mask(mask, shape if mask_keys is None else (*shape[:3], int(mask_keys)))
     bias = check_mask(bias, shape, name="bias", allow_bool=False, dtype=dtype)
+    if sinks is not None:
+        sinks = check_mask(sinks, (shape[1],), name="sinks", allow_bool=False, dtype=dtype)
+        if sinks.shape != (shape[1],):
+            raise ValueError(f"sinks with shape {sinks.shape} must be (H,) = ({shape[1]},): one logit per head")
     if dtype is not None and mask is not None and mask.dtype != np.bool_ and mask.dtype != dtype:
         with np.errstate(over="ignore"):  # float64's finfo.min becomes float32's -inf: still "blocked"
             mask = mask.astype(dtype)
@@ -130,7 +159,7 @@ def check_args(
     keep = check_dropout(shape, dropout_p, rng, dropout_mask)
     rng = None if rng is None else as_generator(rng)
     scale = default_scale(head_dim, scale)
-    return AttentionArgs(shape, scale, mask, bias, float(dropout_p), keep, rng, tuple(score_mods))
+    return AttentionArgs(shape, scale, mask, bias, float(dropout_p), keep, rng, tuple(score_mods), sinks)
 
 
 class Kernel:
@@ -139,12 +168,14 @@ class Kernel:
     name = "kernel"
 
     def forward(
-        self, q, k, v, mask=None, scale=None, dropout_p=0.0, rng=None, dropout_mask=None, bias=None, score_mods=()
-    ):
+        self, q, k, v, mask=None, scale=None, dropout_p=0.0, rng=None, dropout_mask=None, bias=None, score_mods=(),
+        sinks=None,
+    ):  # fmt: skip
         """q (B, H, Lq, d), k (B, H, Lk, d), v (B, H, Lk, dv) -> context (B, H, Lq, dv), cache."""
         q, k, v = check_qkv(q, k, v)
         shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-        args = check_args(shape, q.shape[-1], mask, scale, dropout_p, rng, dropout_mask, bias, score_mods, q.dtype)
+        args = check_args(shape, q.shape[-1], mask, scale, dropout_p, rng, dropout_mask, bias, score_mods, q.dtype,
+                          sinks=sinks)  # fmt: skip
         return self.run(q, k, v, args)
 
     def run(self, q, k, v, args: AttentionArgs):  # pragma: no cover - the protocol
@@ -159,8 +190,11 @@ class Kernel:
         (``MultiHeadAttention`` passes it to ``functional.linear_*``). Here BLAS's own threads."""
         return a @ b  # (N, K) @ (K, M) -> (N, M)
 
-    def backward(self, d_context, cache):  # pragma: no cover - the protocol
-        """d_context (B, H, Lq, dv) -> dq (B, H, Lq, d), dk (B, H, Lk, d), dv (B, H, Lk, dv), d_bias or None."""
+    def backward(self, d_context, cache, d_lse=None):  # pragma: no cover - the protocol
+        """d_context (B, H, Lq, dv) -> dq (B, H, Lq, d), dk (B, H, Lk, d), dv (B, H, Lk, dv), d_bias or None,
+        d_sinks (H,) or None.
+
+        d_lse: None, or (B, H, Lq) the gradient of ``cache.lse`` (float64 or the working dtype)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:

@@ -16,7 +16,8 @@ max m, a running sum ℓ and an unnormalised context A (online softmax):
 m and ℓ are kept apart, not folded into lse = m + log ℓ as FlashAttention does: in the working
 dtype, log ℓ is absorbed when |m| is large (a row blocked by a finite mask such as finfo.min, or
 float32 logits of 1e4), and exp(S - lse) then gives weights that do not sum to 1. exp(S - m) / ℓ
-is as exact as the plain softmax.
+is as exact as the plain softmax. The row's log-sum-exp (the cache contract's ``lse``) is formed once, at
+the end, as m + log ℓ in float64.
 
 Backward (``_backward_keys``) never stores P: it recomputes each tile Pᵢⱼ = exp(Sᵢⱼ - mᵢ) / ℓᵢ and,
 with FlashAttention's row term D = rowsum(dO ∘ O) (one pass over (Lq, dv) arrays), gives
@@ -33,7 +34,16 @@ of a softmax row sums to zero (Σⱼ Pᵢⱼ = 1):
 
 Its error, about (1 - Pᵢⱼ*) ε, vanishes with the saturation: a one-hot row gets dS = 0 exactly, as the plain path
 does, and a nearly saturated one is more exact than the plain path, whose rounded D' errs like D
-(docs/derivation.md § 13).
+(docs/derivation.md § 13). When a loss also uses the lse, its gradient enters as D - d_lse in place of D (∂ lse_i /
+∂ S_ij = P_ij), and a row's dS then sums to d_lse, not 0: the pivot entry is d_lse_i - Σ_{j≠j*} dS_ij (§ 23).
+
+Attention sinks (``args.sinks``, one logit σ_h per head in every row's denominator, gpt-oss): each row starts
+from its sink, m = σ_h and ℓ = exp(σ_h - m) = 1, before the first tile; a key's score must exceed σ_h to become
+j*. The sink is one more entry of the row, of value 0 (D is unchanged: its dP is 0), with
+dS_sink = P_sink (0 - D), P_sink = exp(σ_h - m) / ℓ, and the row's dS, the sink's included, sums to d_lse (to 0).
+So a key's pivot entry is d_lse_i - Σ_{j≠j*} dS_ij - dS_sink. The sink itself needs no pivot: its dP is exactly
+0, so its dS has no cancellation (dS_sink = -P_sink D, D = rowsum(dO ∘ O) ~ (1 - P_sink) |dO| |V|, rounded
+relative to itself), even when the sink takes a row's whole weight. dσ_h = Σ over the head's rows of dS_sink.
 
 Masks (bool True = may attend, or float added) are cut into the same tiles: a tile with no
 allowed position is skipped entirely (so a causal mask skips the blocks above the diagonal), a
@@ -71,7 +81,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import functional as F
-from .._checks import check_d_context, positive_int_or_none
+from .._checks import check_d_context, check_d_lse, positive_int_or_none
 from ..threads import AVAILABLE_CORES, pooled_matmul, run_items
 from .base import AttentionArgs, Kernel
 
@@ -102,6 +112,7 @@ class _Tiles:
 
         self.mask, self.bias, self.keep = view(args.mask), view(args.bias), view(args.keep)
         self.mods = args.score_mods
+        self.sinks = None if args.sinks is None else args.sinks[hs]  # (g,) the heads' sink logits, or None
         self.p, self.seed, self.b, self.hs = args.dropout_p, seed, b, hs
         mshape = (1,) * (4 - np.ndim(args.mask)) + np.shape(args.mask)  # the mask's own (b, h, Lq, Lk) sizes
         self.states = states  # heads and batch items that share their mask share its tile states:
@@ -184,13 +195,15 @@ class _Tiles:
 # --------------------------------------------------------------------------- one query block, forward
 
 
-def _forward_rows(q, k, v, scale: float, tiles: _Tiles, i0: int, bk: int, out, m_out, inv_ell_out, jstar_out) -> None:
+def _forward_rows(
+    q, k, v, scale: float, tiles: _Tiles, i0: int, bk: int, out, m_out, inv_ell_out, jstar_out, lse_out
+) -> None:
     """Online softmax of one query block against all key blocks, for a group of g heads at once.
 
     q: (g, n, d) queries, rows i0 ... i0 + n - 1   k: (g, Lk, d)   v: (g, Lk, dv)   (any strides)
     writes out: (g, n, dv) the context rows, m_out: (g, n) the row max, inv_ell_out: (g, n) 1 / row sum
-    (0 for a row where nothing is allowed) and jstar_out: (g, n) j*, the first key of the largest score
-    (-1 for a row where nothing is allowed).
+    (0 for a row where nothing is allowed), jstar_out: (g, n) j*, the first key of the largest score
+    (-1 for a row where nothing is allowed) and lse_out: (g, n) float64 m + log ℓ (-inf where nothing is allowed).
     """
     (g, n, _), Lk, dv, dt = q.shape, k.shape[1], v.shape[2], q.dtype
     dropout = tiles.keep is not None or tiles.seed is not None
@@ -202,6 +215,9 @@ def _forward_rows(q, k, v, scale: float, tiles: _Tiles, i0: int, bk: int, out, m
     jstar = np.full((g, n), -1, dtype=np.intp)  # the key where the running max was first reached
     acc = np.zeros((g, n, va.shape[2]), dtype=dt)  # running unnormalised context Σ exp(s - m) v [and ℓ]
     ell = np.zeros((g, n), dtype=dt) if dropout else acc[..., dv]  # running row sum of exp(s - m)
+    if tiles.sinks is not None:  # every row starts from its head's sink: m = σ, ℓ = exp(σ - m) = 1 (0: no sink)
+        m[...] = tiles.sinks[:, None]  # (g, n); a key's score must exceed σ to become j*
+        ell[...] = np.where(np.isneginf(m), 0.0, 1.0)  # (g, n); a view of acc's last column without dropout
     buf = np.empty((g, n, min(bk, Lk)), dtype=dt)  # the score tile, reused
     scale_drop = 1.0 / (1.0 - tiles.p) if tiles.p > 0 else 1.0
     for j0 in range(0, Lk, bk):
@@ -227,6 +243,8 @@ def _forward_rows(q, k, v, scale: float, tiles: _Tiles, i0: int, bk: int, out, m
                 s *= scale_drop
             acc[:, rows] += s @ va[:, c0:c1]  # (g, n, bk) @ (g, bk, dv [+ 1]) -> (g, n, dv [+ 1])
             m[:, rows] = m_new
+    with np.errstate(divide="ignore"):  # log 0 = -inf for a row with nothing allowed
+        lse_out[...] = m + np.log(ell.astype(np.float64))  # (g, n) in float64: log ℓ is not absorbed by a large m
     inv_ell = np.divide(1.0, ell, out=np.zeros_like(ell), where=ell != 0)  # (g, n); rows with nothing allowed: 0
     np.multiply(acc[..., :dv], inv_ell[..., None], out=out)  # (g, n, dv); rows with nothing allowed stay 0
     m_out[...] = np.where(np.isneginf(m), 0.0, m)
@@ -383,6 +401,7 @@ class ChunkedCache:
     m: np.ndarray  # (B, H, Lq) row max of the masked scores
     inv_ell: np.ndarray  # (B, H, Lq) 1 / row sum of exp(S - m); 0 for a fully masked row
     jstar: np.ndarray  # (B, H, Lq) j*, the first key of the row's largest score; -1 for a fully masked row
+    lse: np.ndarray  # (B, H, Lq) float64 m + log ℓ, the row's log-sum-exp; -inf for a fully masked row
     args: AttentionArgs
     seed: int | None
     kernel: ChunkedKernel
@@ -492,15 +511,15 @@ class ChunkedKernel(Kernel):
         bs, dt = self.block(q.dtype), q.dtype
         context = _merged_layout((B, H, Lq, v.shape[3]), dt)  # (B, H, Lq, dv)
         m, inv_ell = np.empty((B, H, Lq), dtype=dt), np.empty((B, H, Lq), dtype=dt)
-        jstar = np.empty((B, H, Lq), dtype=np.intp)
-        cache = ChunkedCache(q, k, v, context, m, inv_ell, jstar, args, args.seed(), self)  # q, k, v kept as views
+        jstar, lse = np.empty((B, H, Lq), dtype=np.intp), np.empty((B, H, Lq), dtype=np.float64)
+        cache = ChunkedCache(q, k, v, context, m, inv_ell, jstar, lse, args, args.seed(), self)  # q, k, v: views
 
         def work(item):
             b, hs, i0 = item
             rows = slice(i0, min(i0 + bs, Lq))
             _forward_rows(
                 q[b, hs, rows], k[b, hs], v[b, hs], args.scale, cache._tiles(b, hs), i0, bs,
-                context[b, hs, rows], m[b, hs, rows], inv_ell[b, hs, rows], jstar[b, hs, rows],
+                context[b, hs, rows], m[b, hs, rows], inv_ell[b, hs, rows], jstar[b, hs, rows], lse[b, hs, rows],
             )  # fmt: skip
 
         # head by head (its K and V stay in cache: 2% faster at L = 2048 than interleaving heads), and in a head
@@ -509,15 +528,18 @@ class ChunkedKernel(Kernel):
         run_items(work, items, self.threads())
         return context, cache
 
-    def backward(self, d_context, cache: ChunkedCache):
+    def backward(self, d_context, cache: ChunkedCache, d_lse=None):
         q, k, v, o = cache.q, cache.k, cache.v, cache.context
         d_context = check_d_context(d_context, o.shape, o.dtype)  # (B, H, Lq, dv)
+        d_lse = check_d_lse(d_lse, o.shape[:3], o.dtype)  # (B, H, Lq) or None
         B, H, Lq, Lk = cache.args.shape
         # (B, H, L, ·) each, stored so that split_heads_backward is a view
         dq, dk, dv = (_merged_layout(x.shape, q.dtype, zeros=True) for x in (q, k, v))
         bias = cache.args.bias
         d_bias = None if bias is None else np.zeros(np.shape(bias), dtype=q.dtype)  # the bias's own shape
         D = np.einsum("bhld,bhld->bhl", d_context, o)  # (B, H, Lq) rowsum(dO ∘ O)
+        if d_lse is not None:
+            D -= d_lse  # the lse's gradient joins the row term: dS = P ∘ (dP - (D - d_lse))
         pivot = np.where(cache.inv_ell >= 0.5, cache.jstar, -1)  # (B, H, Lq) j* where P_ij* = 1 / ℓ ≥ 1/2, else -1
         bs, threads = cache.kernel.block(q.dtype), cache.kernel.threads()
         groups = cache.kernel.groups(cache.args, q.dtype)
@@ -559,10 +581,16 @@ class ChunkedKernel(Kernel):
         for b, hs, _, _, n in items:  # the partials in the items' order: deterministic
             if n > 0:
                 dq[b, hs] += partials.pop((b, hs.start, n))  # (g, Lq, d)
-        pivot_sums = row_sums.sum(axis=0) * gains  # (B, H, Lq) the ranges in order, through the mods at j*
-        _add_pivots(pivot, pivot_sums, q, k, cache.args.scale, dq, dk, d_bias)
+        others = row_sums.sum(axis=0)  # (B, H, Lq) Σ_{j≠j*} dS_ij, the ranges in order
+        total = 0.0 if d_lse is None else d_lse  # what a row's dS sums to, the sink's entry included
+        sinks, d_sinks = cache.args.sinks, None
+        if sinks is not None:  # the sink: an entry of value 0, dS_sink = P_sink (0 - D)
+            ds_sink = -np.exp(sinks[:, None] - cache.m) * cache.inv_ell * D  # (B, H, Lq), P_sink = exp(σ - m) / ℓ
+            d_sinks = ds_sink.sum(axis=(0, 2))  # (H,) each head's sink: the sum over its rows
+            others += ds_sink  # a key's pivot is found from every other entry of its row, the sink's too
+        _add_pivots(pivot, (total - others) * gains, q, k, cache.args.scale, dq, dk, d_bias)  # through the mods
         dq *= cache.args.scale  # the tiles saw q · scale  ->  dq = dq_scaled · scale
-        return dq, dk, dv, d_bias
+        return dq, dk, dv, d_bias, d_sinks
 
 
 def _add_reduced(d_bias: np.ndarray, b: int, h: int, d_head: np.ndarray) -> None:
@@ -575,17 +603,18 @@ def _add_reduced(d_bias: np.ndarray, b: int, h: int, d_head: np.ndarray) -> None
     view[b if view.shape[0] > 1 else 0, h if view.shape[1] > 1 else 0] += part
 
 
-def _add_pivots(pivot, row_sum, q, k, scale: float, dq, dk, d_bias) -> None:
-    """The pivot entries dS_ij* = -Σ_{j≠j*} dS_ij of the rows that have one, added where the tiles left them out.
+def _add_pivots(pivot, ds_pivot, q, k, scale: float, dq, dk, d_bias) -> None:
+    """The pivot entries dS_ij* (= -Σ_{j≠j*} dS_ij, or d_lse_i - Σ_{j≠j*} dS_ij when the lse is used) of the rows
+    that have one, added where the tiles left them out.
 
-    pivot: (B, H, Lq) j* or -1   row_sum: (B, H, Lq) Σ_{j≠j*} dS_ij   q: (B, H, Lq, d) (unscaled)   k: (B, H, Lk, d)
+    pivot: (B, H, Lq) j* or -1   ds_pivot: (B, H, Lq) dS_ij*   q: (B, H, Lq, d) (unscaled)   k: (B, H, Lk, d)
     dq: (B, H, Lq, d) the gradient w.r.t. the scaled q   dk: (B, H, Lk, d)   d_bias: None or the bias's shape
     """
     b, h, i = np.nonzero(pivot >= 0)  # (n,) each: the rows with a pivot
     if b.size == 0:
         return  # no row has one (no key at all, or no row with P_ij* ≥ 1/2)
     j = pivot[b, h, i]  # (n,) their j*
-    ds = -row_sum[b, h, i]  # (n,) dS_ij*
+    ds = ds_pivot[b, h, i]  # (n,) dS_ij*
     dq[b, h, i] += ds[:, None] * k[b, h, j]  # (n, d): dQ_i += dS_ij* K_j*, each row once
     np.add.at(dk, (b, h, j), ds[:, None] * (q[b, h, i] * scale))  # (n, d): dK_j* += dS_ij* Q_i; rows may share j*
     if d_bias is not None:

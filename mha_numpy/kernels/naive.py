@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import functional as F
-from .._checks import check_d_context
+from .._checks import check_d_context, check_d_lse
 from .base import AttentionArgs, Kernel
 
 
@@ -32,6 +32,12 @@ class NaiveCache:
     shapes: tuple  # of q, k, v and the context
     bias_shape: tuple | None
     kernel: object = None
+    sinks: np.ndarray | None = None  # (H,) the heads' sink logits, or None
+
+    @property
+    def lse(self) -> np.ndarray:
+        """(B, H, Lq) float64 each row's log-sum-exp of the assembled masked scores; computed now."""
+        return F.log_sum_exp(self.masked_scores, None if self.sinks is None else self.sinks[:, None])
 
 
 def _per_head(x, shape, b: int, h: int):
@@ -55,20 +61,25 @@ class NaiveKernel(Kernel):
                 context[b, h], c = F.attention_steps_forward(
                     q[b, h], k[b, h], v[b, h], _per_head(args.mask, args.shape, b, h), args.scale,
                     args.dropout_p, None if keep is None else keep[b, h], _per_head(args.bias, args.shape, b, h),
-                    args.score_mods,
+                    args.score_mods, sinks=None if args.sinks is None else args.sinks[h],  # the head's logit ()
                 )  # fmt: skip  # (Lq, dv)
                 scores[b, h], masked[b, h], weights[b, h], heads[b, h] = c.scores, c.masked_scores, c.attn_weights, c
         bias_shape = None if args.bias is None else np.shape(args.bias)
         shapes = (q.shape, k.shape, v.shape, context.shape)
-        return context, NaiveCache(scores, masked, weights, keep, heads, shapes, bias_shape, self)
+        return context, NaiveCache(scores, masked, weights, keep, heads, shapes, bias_shape, self, args.sinks)
 
-    def backward(self, d_context, cache: NaiveCache):
+    def backward(self, d_context, cache: NaiveCache, d_lse=None):
         dt = cache.scores.dtype
         d_context = check_d_context(d_context, cache.shapes[3], dt)  # (B, H, Lq, dv)
+        d_lse = check_d_lse(d_lse, cache.scores.shape[:3], dt)  # (B, H, Lq) or None
         dq, dk, dv = (np.empty(shape, dtype=dt) for shape in cache.shapes[:3])  # (B, H, L, ·)
         d_bias = None if cache.bias_shape is None else np.empty(cache.scores.shape, dtype=dt)  # (B, H, Lq, Lk)
+        d_sinks = None if cache.sinks is None else np.zeros_like(cache.sinks)  # (H,)
         for (b, h), c in cache.heads.items():
-            dq[b, h], dk[b, h], dv[b, h], db = F.attention_steps_backward(d_context[b, h], c)  # (L, ·) each
+            row_lse = None if d_lse is None else d_lse[b, h]  # (Lq,)
+            dq[b, h], dk[b, h], dv[b, h], db, ds = F.attention_steps_backward(d_context[b, h], c, row_lse)  # (L, ·)
             if d_bias is not None:
                 d_bias[b, h] = db  # (Lq, Lk): this head's share of the broadcast bias
-        return dq, dk, dv, None if d_bias is None else F.sum_to_shape(d_bias, cache.bias_shape)
+            if d_sinks is not None:
+                d_sinks[h] += ds  # (): this head's sink, summed over the batch
+        return dq, dk, dv, None if d_bias is None else F.sum_to_shape(d_bias, cache.bias_shape), d_sinks

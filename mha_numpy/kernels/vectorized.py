@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 
 from .. import functional as F
-from .._checks import check_d_context
+from .._checks import check_d_context, check_d_lse
 from ..threads import blas_single_threaded
 from .base import AttentionArgs, Kernel
 
@@ -35,13 +35,16 @@ class VectorizedKernel(Kernel):
     def run(self, q, k, v, args: AttentionArgs):
         keep = args.keep_mask()
         with _blas_for(args.shape):
+            sinks = None if args.sinks is None else args.sinks[:, None]  # (H, 1): each head's logit, every row
             context, cache = F.attention_steps_forward(
-                q, k, v, args.mask, args.scale, args.dropout_p, keep, args.bias, args.score_mods, kernel=self
+                q, k, v, args.mask, args.scale, args.dropout_p, keep, args.bias, args.score_mods, self, sinks
             )  # (B, H, Lq, dv)
         return context, cache
 
-    def backward(self, d_context, cache: F.AttentionCache):
+    def backward(self, d_context, cache: F.AttentionCache, d_lse=None):
         p, v = cache.steps["context"]  # (B, H, Lq, Lk), (B, H, Lk, dv)
         d_context = check_d_context(d_context, (*p.shape[:-1], v.shape[-1]), v.dtype)  # (B, H, Lq, dv)
+        d_lse = check_d_lse(d_lse, p.shape[:-1], v.dtype)  # (B, H, Lq) or None
         with _blas_for(p.shape):
-            return F.attention_steps_backward(d_context, cache)  # dq, dk, dv, d_bias
+            dq, dk, dv, d_bias, d_sinks = F.attention_steps_backward(d_context, cache, d_lse)
+        return dq, dk, dv, d_bias, None if d_sinks is None else d_sinks.reshape(-1)  # (H, 1) -> (H,)
