@@ -357,6 +357,20 @@ def soft_cap_sample(s: Sizes, rng):
     return [Case("soft_cap", [("scores", 2 * _randn(rng, s.B, s.H, s.Lq, s.Lk)), ("cap", 1.5)])]
 
 
+def diff_values_sample(s: Sizes, rng):
+    return [Case("diff_values", [("v", _randn(rng, s.B, 2 * s.H, s.Lk, s.d))])]
+
+
+def diff_lambda_sample(s: Sizes, rng):
+    vectors = [(name, 0.5 * _randn(rng, s.d)) for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")]
+    return [Case("diff_lambda", [*vectors, ("lambda_init", 0.47)])]
+
+
+def diff_combine_sample(s: Sizes, rng):
+    context, lam = _randn(rng, s.B, 2 * s.H, s.Lq, 2 * s.d), np.array(0.6)  # lam: a 0-d array, so it can be perturbed
+    return [Case("diff_combine", [("context", context), ("lam", lam), ("lambda_init", 0.47), ("eps", 1e-5)])]
+
+
 def mean_pool_sample(s: Sizes, rng):
     keep = np.ones((s.B, s.Lq), np.int64)
     keep[-1, s.Lq // 2 :] = 0  # padding in the last sequence
@@ -436,6 +450,21 @@ PAIRS: list[Pair] = [
     Pair("swiglu", LY.swiglu_forward, LY.swiglu_backward, ("x", "W_gate", "W_up", "W_down"), sample=swiglu_sample),
     Pair("mean_pool", LY.mean_pool_forward, LY.mean_pool_backward, ("x",), sample=mean_pool_sample),
     Pair("soft_cap", F.soft_cap_forward, F.soft_cap_backward, ("scores",), sample=soft_cap_sample),
+    Pair("diff_values", F.diff_values_forward, F.diff_values_backward, ("v",), sample=diff_values_sample),
+    Pair(
+        "diff_lambda",
+        F.diff_lambda_forward,
+        F.diff_lambda_backward,
+        ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"),
+        sample=diff_lambda_sample,
+    ),
+    Pair(
+        "diff_combine",
+        F.diff_combine_forward,
+        F.diff_combine_backward,
+        ("context", "lam"),
+        sample=diff_combine_sample,
+    ),
 ]
 
 

@@ -28,6 +28,7 @@ _NOT_IN_TORCH_MHA = (
     "alibi",
     "rel_pos_max_distance",
     "softcap",
+    "diff_attention",
 )
 
 
