@@ -29,7 +29,8 @@ One job a file: ``names`` (the name maps, plain data), ``convert`` (weights in a
 (mask converters for tensors), ``report`` (``CrosscheckReport``), one file per cross-check (``torch_mha``,
 ``sdpa``, ``hf_bert``, each run-ours / run-theirs / compare) and what they share (``_harness``, ``_lazy``).
 Today's variants: ``gqa`` (grouped-query attention vs SDPA's ``enable_gqa``) and ``llama`` (the importer
-``from_hf_llama_attention``, RoPE + GQA vs ``LlamaAttention``, the KV cache vs its ``DynamicCache``).
+``from_hf_llama_attention``, RoPE + GQA vs ``LlamaAttention``, the KV cache vs its ``DynamicCache``) and ``diffllama``
+(``from_hf_diffllama_attention``, differential attention vs ``DiffLlamaAttention`` and its cache).
 Whole models: ``bert_model`` (``crosscheck_bert_model``) and ``llama_model`` (``from_hf_llama_model``, the decoder
 of ``models.decoder`` vs ``LlamaModel``, ``crosscheck_hf_llama_model``).
 """
@@ -41,6 +42,13 @@ from .report import DEFAULT_RTOL, CrosscheckReport, CrosscheckRow
 
 # isort: split
 from .convert import from_hf_bert_attention, from_torch_mha, to_torch_mha
+from .diffllama import (
+    HF_DIFFLLAMA_NAME_MAP,
+    crosscheck_hf_diffllama_attention,
+    crosscheck_hf_diffllama_kv_cache,
+    from_hf_diffllama_attention,
+    hf_diffllama_attention,
+)
 from .gqa import crosscheck_gqa_sdpa
 from .hf_bert import crosscheck_hf_bert_attention
 from .llama import (
@@ -82,4 +90,9 @@ __all__ = [
     "crosscheck_gqa_sdpa",
     "crosscheck_hf_llama_attention",
     "crosscheck_hf_llama_kv_cache",
+    "HF_DIFFLLAMA_NAME_MAP",
+    "from_hf_diffllama_attention",
+    "hf_diffllama_attention",
+    "crosscheck_hf_diffllama_attention",
+    "crosscheck_hf_diffllama_kv_cache",
 ]
