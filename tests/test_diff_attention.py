@@ -6,11 +6,13 @@ whose two softmax maps read the same 2d-wide values and are subtracted with a le
 - every gradient, the four λ vectors included, against central differences with a random upstream gradient;
 - against transformers' ``DiffLlamaAttention`` (tiny random configs built here, eager attention) and its
   ``DynamicCache``: outputs, the maps it returns and every gradient, to 1e-10 in float64 and 1e-5 in float32;
+- with each other optional step (ALiBi, relative bias, QK-norm, soft-cap, appended keys, head_dim and scale);
 - decoding token by token equal to the full causal forward; recompute=True, dropout > 0 and an odd num_kv_heads
   refused naming both options; the pairs on their own;
 - what the subtraction does to a map: the common-mode noise two maps share cancels (docs/derivation.md § 24).
 
-Expected numbers come from the reference, finite differences or transformers, never from the module itself.
+Expected numbers come from the reference, finite differences or transformers; decoding is compared with the
+module's own full causal forward.
 """
 
 from __future__ import annotations
@@ -173,6 +175,35 @@ def test_query_key_and_value_gradients_of_cross_attention(impl):
         return grads["query"], grads["key"], grads["value"]
 
     grad_check(forward, backward, inputs, ["query", "key", "value"], allow_zero=False)
+
+
+OTHERS = {"alibi": dict(alibi=True), "rel_bias": dict(rel_pos_max_distance=2), "qk_norm": dict(qk_norm=True),
+          "softcap": dict(softcap=1.0), "appended": dict(add_bias_kv=True, add_zero_attn=True),
+          "head_dim, scale": dict(head_dim=4, scale=0.4)}  # fmt: skip
+
+
+@pytest.mark.parametrize("impl", ["vectorized", "chunked"])
+@pytest.mark.parametrize("other", list(OTHERS))
+def test_it_combines_with_the_other_steps(impl, other):
+    """With each other optional step (whose models do not ship it with differential attention): every gradient
+    against central differences, and decoding equal to the full causal forward where the other step decodes."""
+    mha = make(H=4, Hkv=2, d=2, impl=impl, rope_theta=10.0, **OTHERS[other])
+    x = np.random.default_rng(9).standard_normal((2, 4, 8))
+    mask = mask_of("causal+padding", 2, 4, 4)
+
+    def forward(query, **params):
+        mha.params.update(params)
+        return mha.forward(query, query, query, mask=mask)
+
+    def backward(d_out, cache):
+        grads = mha.backward(d_out, cache)
+        return (grads["query"] + grads["key"] + grads["value"], *(grads[n] for n in mha.params))
+
+    grad_check(forward, backward, dict(query=x, **{n: p.copy() for n, p in mha.params.items()}), ["query", *mha.params])
+    if other != "rel_bias":
+        full, kv = mha.forward(x, x, x, mask=masks.causal_mask(4))[0], KVCache()
+        steps = [mha.forward(x[:, t : t + 1], x[:, t : t + 1], x[:, t : t + 1], kv_cache=kv)[0] for t in range(4)]
+        assert np.abs(np.concatenate(steps, axis=1) - full).max() <= 1e-12 * np.abs(full).max()
 
 
 @pytest.mark.parametrize("impl", list(KERNELS))
