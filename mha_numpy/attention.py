@@ -38,8 +38,9 @@ class MHACache:
     steps: each step's cache by name, in forward order: "qkv_proj" (self-attention: one GEMM) or
         "q_proj", "k_proj", "v_proj"; "q_split", "k_split", "v_split"; "q_rope", "k_rope" (rope_theta);
         "kv_cache" (the number of positions cached before the call); "rel_bias" (rel_pos_max_distance);
-        "bias_k", "bias_v" (add_bias_kv); "zero_k", "zero_v" (add_zero_attn); "k_repeat", "v_repeat"
-        (grouped-query); "merge"; "out_proj". Each is the cache of the ``functional`` pair of that name's kind.
+        "bias_k", "bias_v" (add_bias_kv); "zero_k", "zero_v" (add_zero_attn); "diff_values" (diff_attention);
+        "k_repeat", "v_repeat" (grouped-query); "diff_lambda", "diff_combine" (diff_attention); "merge";
+        "out_proj". Each is the cache of the ``functional`` pair of that name's kind.
     owner: the module that made the cache; ``backward`` refuses a cache of another module.
     plan: the steps of the call, which ``backward`` walks in reverse.
     """
@@ -106,6 +107,13 @@ class MultiHeadAttention:
       them; no mask or score term reaches them).
     - ``sinks=True``: a learned logit per head, ``params["sinks"]`` (H,), in every row's softmax denominator: weight
       that goes to no key (gpt-oss's attention sinks); ``attn_weights`` are the keys' (a row sums to less than 1).
+    - ``diff_attention=True``: differential attention (Hugging Face DiffLlama; even Hkv): query heads p and
+      p + H/2 make a pair whose two softmax maps read the same 2d-wide values (key/value heads j and j + Hkv/2 side
+      by side) and are subtracted, (A_p − λ A_{p+H/2}) V, with λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init
+      (``params["lambda_q1"]`` ... (d,), λ_init = 0.8 − 0.6·exp(−0.3·``diff_layer_idx``)), then an RMSNorm over
+      the pair's 2d features (eps ``diff_norm_eps``) times 1 − λ_init. ``cache.attn_weights`` are the H maps
+      themselves; ``cache.V`` is (B, Hkv, Lk, 2d) and ``cache.context`` (B, H/2, Lq, 2d). Not with dropout > 0 or
+      ``recompute=True`` (refused, naming both).
     - ``recompute=True``: trades one more forward of the projections and the kernel for memory (activation
       checkpointing, ``mha_numpy/flow.py``): forward and backward run one key/value head and its query heads at a
       time, the cache keeps only the inputs, and the backward recomputes each group's forward. Same outputs and

@@ -681,6 +681,98 @@ def soft_cap_backward(d_out: np.ndarray, cache):
     return d_out * (1.0 - t * t)  # ← F2, F1
 
 
+# --------------------------------------------------------------------------- differential attention (DiffLlama)
+
+
+def _check_paired_heads(x, name: str) -> np.ndarray:
+    x = as_float_array(x, name, ndim=4)
+    if x.shape[1] % 2:
+        raise ValueError(f"{name} with shape {x.shape}: differential attention pairs its heads, axis 1 must be even")
+    return x
+
+
+def diff_values_forward(v: np.ndarray, check: bool = True):
+    """Differential attention's values: key/value heads j and j + Hkv/2 side by side, for the pair's two maps.
+
+    v: (B, Hkv, L, d), Hkv even -> out: (B, Hkv, L, 2d), out head j = [v_{j mod Hkv/2}, v_{j mod Hkv/2 + Hkv/2}]
+    (Hugging Face DiffLlama's two halves of V, each repeated to Hkv heads, concatenated). A query head h and its
+    partner h + H/2 then read the same 2d-wide values after ``repeat_kv``, so their contexts differ only by the map.
+    """
+    if check:
+        v = _check_paired_heads(v, "v")
+    half = v.shape[1] // 2
+    pair = np.concatenate([v[:, :half], v[:, half:]], axis=-1)  # F1: (B, Hkv/2, L, 2d), [v_j, v_{j + Hkv/2}]
+    return np.concatenate([pair, pair], axis=1), v.shape  # F2: (B, Hkv, L, 2d), both halves of the heads
+
+
+def diff_values_backward(d_out: np.ndarray, cache):
+    """d_out: (B, Hkv, L, 2d) -> dv: (B, Hkv, L, d)."""
+    d = cache[-1]
+    half = d_out.shape[1] // 2
+    d_pair = d_out[:, :half] + d_out[:, half:]  # ← F2: (B, Hkv/2, L, 2d), the pair was used by both halves
+    return np.concatenate([d_pair[..., :d], d_pair[..., d:]], axis=1)  # ← F1: (B, Hkv, L, d)
+
+
+def diff_lambda_forward(lambda_q1, lambda_k1, lambda_q2, lambda_k2, lambda_init: float, check: bool = True):
+    """Differential attention's weight, re-parameterised: λ = exp(λ_q1 · λ_k1) − exp(λ_q2 · λ_k2) + λ_init.
+
+    lambda_q1, lambda_k1, lambda_q2, lambda_k2: (d,) learned; lambda_init: a number (DiffLlama: 0.8 − 0.6 ·
+    exp(−0.3 · layer_idx)) -> lam: () in the vectors' dtype. Derivation: docs/derivation.md, "Differential attention".
+    """
+    if check:
+        names = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
+        given = (lambda_q1, lambda_k1, lambda_q2, lambda_k2)
+        lambda_q1, lambda_k1, lambda_q2, lambda_k2 = (as_float_array(a, n, ndim=1) for a, n in zip(given, names))
+        shapes = {n: a.shape + (a.dtype.name,) for n, a in zip(names, (lambda_q1, lambda_k1, lambda_q2, lambda_k2))}
+        if len(set(shapes.values())) > 1:
+            raise ValueError(f"{', '.join(names)} must share one shape (d,) and dtype, got {shapes}")
+        lambda_init = as_number(lambda_init, "lambda_init")
+    e1 = np.exp(lambda_q1 @ lambda_k1)  # F1: () exp of the dot product, (d,) @ (d,) -> ()
+    e2 = np.exp(lambda_q2 @ lambda_k2)  # F2: ()
+    lam = e1 - e2 + lambda_init  # F3: ()
+    return lam, (lambda_q1, lambda_k1, lambda_q2, lambda_k2, e1, e2)
+
+
+def diff_lambda_backward(d_lam, cache):
+    """d_lam: () -> d_lambda_q1, d_lambda_k1, d_lambda_q2, d_lambda_k2: (d,) each."""
+    q1, k1, q2, k2, e1, e2 = cache
+    d_dot1 = d_lam * e1  # ← F3, F1: d exp(a)/da = exp(a)
+    d_dot2 = -d_lam * e2  # ← F3, F2: λ falls as the second exponential grows
+    return d_dot1 * k1, d_dot1 * q1, d_dot2 * k2, d_dot2 * q2  # ← F1, F2: the dot products' two factors
+
+
+def diff_combine_forward(context: np.ndarray, lam, lambda_init: float, eps: float, check: bool = True):
+    """Differential attention's heads: the pair of query heads p and p + H/2 becomes one head of width 2d,
+
+        out_p = (1 − λ_init) · RMSNorm(context_p − λ · context_{p + H/2})     (the RMSNorm over 2d, no weights)
+
+    context: (B, H, Lq, 2d) each head's map times its pair's values (``diff_values_forward``), lam: () the learned
+    weight (``diff_lambda_forward``) -> out: (B, H/2, Lq, 2d). The two heads of a pair read the same values, so
+    context_p − λ context_{p + H/2} = (A_p − λ A_{p + H/2}) V_pair: the difference of the two maps, applied to them.
+    The RMSNorm is DiffLlama's "groupnorm" (``rms_norm_forward`` with the constant gain 1 − λ_init as its weight).
+    """
+    if check:
+        context = _check_paired_heads(context, "context")
+        lam = as_float_array(lam, "lam", ndim=0)
+        if lam.dtype != context.dtype:
+            raise ValueError(f"lam has dtype {lam.dtype}, context {context.dtype}: one dtype (float32 stays float32)")
+        lambda_init, eps = as_number(lambda_init, "lambda_init"), as_number(eps, "eps", positive=True)
+    half = context.shape[1] // 2
+    first, second = context[:, :half], context[:, half:]  # F1: (B, H/2, Lq, 2d) each, views
+    diff = first - lam * second  # F2: (B, H/2, Lq, 2d)
+    gain = np.full(context.shape[-1], 1.0 - lambda_init, dtype=context.dtype)  # (2d,) a constant, not learned
+    out, norm = rms_norm_forward(diff, gain, eps, check=False)  # F3: (B, H/2, Lq, 2d)
+    return out, (second, lam, norm)
+
+
+def diff_combine_backward(d_out: np.ndarray, cache):
+    """d_out: (B, H/2, Lq, 2d) -> d_context: (B, H, Lq, 2d), d_lam: ()."""
+    second, lam, norm = cache
+    d_diff = rms_norm_backward(d_out, norm)[0]  # ← F3: (B, H/2, Lq, 2d); the gain is a constant, its gradient unused
+    d_lam = -np.sum(d_diff * second)  # ← F2: ()
+    return np.concatenate([d_diff, -lam * d_diff], axis=1), d_lam  # ← F2, F1: (B, H, Lq, 2d)
+
+
 # --------------------------------------------------------------------------- attention
 
 

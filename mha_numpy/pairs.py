@@ -373,6 +373,20 @@ def sink_softmax_sample(s: Sizes, rng):
     return [Case("sink_softmax", [("x", x), ("sink", _randn(rng, s.H, 1))])]
 
 
+def diff_values_sample(s: Sizes, rng):
+    return [Case("diff_values", [("v", _randn(rng, s.B, 2 * s.H, s.Lk, s.d))])]
+
+
+def diff_lambda_sample(s: Sizes, rng):
+    vectors = [(name, 0.5 * _randn(rng, s.d)) for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")]
+    return [Case("diff_lambda", [*vectors, ("lambda_init", 0.47)])]
+
+
+def diff_combine_sample(s: Sizes, rng):
+    context, lam = _randn(rng, s.B, 2 * s.H, s.Lq, 2 * s.d), np.array(0.6)  # lam: a 0-d array, so it can be perturbed
+    return [Case("diff_combine", [("context", context), ("lam", lam), ("lambda_init", 0.47), ("eps", 1e-5)])]
+
+
 def mean_pool_sample(s: Sizes, rng):
     keep = np.ones((s.B, s.Lq), np.int64)
     keep[-1, s.Lq // 2 :] = 0  # padding in the last sequence
@@ -467,6 +481,21 @@ PAIRS: list[Pair] = [
         sample=concat_features_sample,
     ),  # fmt: skip
     Pair("sink_softmax", F.sink_softmax_forward, F.sink_softmax_backward, ("x", "sink"), sample=sink_softmax_sample),
+    Pair("diff_values", F.diff_values_forward, F.diff_values_backward, ("v",), sample=diff_values_sample),
+    Pair(
+        "diff_lambda",
+        F.diff_lambda_forward,
+        F.diff_lambda_backward,
+        ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"),
+        sample=diff_lambda_sample,
+    ),
+    Pair(
+        "diff_combine",
+        F.diff_combine_forward,
+        F.diff_combine_backward,
+        ("context", "lam"),
+        sample=diff_combine_sample,
+    ),
 ]
 
 

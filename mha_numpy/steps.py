@@ -12,8 +12,10 @@ step list of a call from the options (``build_steps``).
     [Sinks]     a learned logit per head in every row's softmax denominator, inside the kernel (gpt-oss)
     [BiasKV]    a learned key and value appended: (B, Hkv, Lk + 1, d)
     [ZeroAttn]  a zero key and value appended
+    [DiffValues]     V: key/value heads j and j + Hkv/2 side by side, (B, Hkv, Lk, 2d) (differential attention)
     RepeatKV    K, V shared by the query heads: (B, H, Lk, d)
     Attend      context = softmax(Q Kᵀ · scale + score terms + mask) V, by the kernel    (B, H, Lq, d)
+    [DiffCombine]    heads p and p + H/2: (1 − λ_init) · RMSNorm(C_p − λ C_{p+H/2}), (B, H/2, Lq, 2d)
     Merge       merged (B, Lq, E)
     OutProject  output = merged W_oᵀ + b_o    (B, Lq, E)
 
@@ -31,7 +33,8 @@ A step is a small class, micrograd's rule applied: its forward travels with its 
 
 and declares what it can do: ``groupwise`` (it runs on one group of heads alone, which ``recompute=True`` needs;
 a step that cannot says why in ``not_groupwise``), ``decodes`` (it runs on a call that appends to a KV cache; why
-not in ``not_decodes``), ``differentiable`` (has a backward), ``appended`` (keys it adds after the sequence's).
+not in ``not_decodes``), ``with_dropout`` (it runs with dropout on the weights; why not in ``not_with_dropout``),
+``differentiable`` (has a backward), ``appended`` (keys it adds after the sequence's).
 ``build_steps`` refuses a combination by those declarations, naming both options.
 ``MultiHeadAttention`` checks the call, walks the list forwards and, in ``backward``, reversed (``flow.py``).
 """
@@ -56,6 +59,12 @@ from .kv_cache import KVCache
 def _positive_int(value, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def _non_negative_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
     return int(value)
 
 
@@ -96,6 +105,14 @@ def _positive_or_none(value, name: str) -> float | None:
     return float(value)
 
 
+def _diff_kv_heads(diff: bool, num_kv_heads: int) -> None:
+    if diff and num_kv_heads % 2:
+        raise ValueError(
+            f"diff_attention needs an even num_kv_heads (key/value heads j and j + Hkv/2 make a pair's keys and "
+            f"values, as in Hugging Face DiffLlama), got num_kv_heads={num_kv_heads}"
+        )
+
+
 @dataclass(frozen=True)
 class AttentionConfig:
     """Every option of the data path, checked (``ValueError`` naming the option) and resolved (None -> its default).
@@ -108,7 +125,9 @@ class AttentionConfig:
     positions (RoPE) on Q and K; alibi: ALiBi's distance penalty added to the scores; rel_pos_max_distance R: a
     learned bias per head and clipped distance (T5-style); add_bias_kv, add_zero_attn: torch MHA's learned and zero
     extra key/value; sinks: a learned logit per head in every row's softmax denominator (gpt-oss's attention
-    sinks); recompute: keep only the inputs and recompute each head group in the backward.
+    sinks); diff_attention: differential attention (DiffLlama; heads p and p + H/2 make a pair whose two
+    maps are subtracted with a learned λ; λ_init from diff_layer_idx; an RMSNorm of eps diff_norm_eps per pair);
+    recompute: keep only the inputs and recompute each head group in the backward.
     """
 
     embed_dim: int
@@ -130,6 +149,9 @@ class AttentionConfig:
     add_zero_attn: bool = False
     softcap: float | None = None
     sinks: bool = False
+    diff_attention: bool = False
+    diff_layer_idx: int = 0
+    diff_norm_eps: float = 1e-5
     recompute: bool = False
 
     def __post_init__(self) -> None:
@@ -150,9 +172,12 @@ class AttentionConfig:
             dtype=as_float_dtype(self.dtype), dropout=check_probability(self.dropout, "dropout"),
             softcap=_positive_or_none(self.softcap, "softcap"),
             qk_norm_eps=_positive_or_none(self.qk_norm_eps, "qk_norm_eps"),
-            **{name: _flag(getattr(self, name), name)
-               for name in ("bias", "qk_norm", "alibi", "add_bias_kv", "add_zero_attn", "sinks", "recompute")},
+            diff_layer_idx=_non_negative_int(self.diff_layer_idx, "diff_layer_idx"),
+            diff_norm_eps=_positive_or_none(self.diff_norm_eps, "diff_norm_eps"),
+            **{name: _flag(getattr(self, name), name) for name in
+               ("bias", "qk_norm", "alibi", "add_bias_kv", "add_zero_attn", "sinks", "diff_attention", "recompute")},
         )  # fmt: skip
+        _diff_kv_heads(resolved["diff_attention"], resolved["num_kv_heads"])
         for name, value in resolved.items():
             object.__setattr__(self, name, value)
 
@@ -170,6 +195,11 @@ class AttentionConfig:
     def merged_dim(self) -> int:
         """The merged heads' width, W_o's columns (``OutProject``): H · d here, H · dv in MLA (``latent_steps``)."""
         return self.q_dim
+
+    @property
+    def diff_lambda_init(self) -> float:
+        """λ_init = 0.8 − 0.6 · exp(−0.3 · diff_layer_idx): differential attention's λ when its vectors are 0."""
+        return 0.8 - 0.6 * math.exp(-0.3 * self.diff_layer_idx)
 
     def changed(self) -> dict:
         """The options that differ from their defaults (for ``repr``), in declaration order."""
@@ -221,6 +251,8 @@ class Step:
     not_groupwise = ""  # why not, when it cannot
     decodes = True  # it can run on a call that appends to a KV cache
     not_decodes = ""  # why not, when it cannot
+    with_dropout = True  # it can run with dropout on the attention weights
+    not_with_dropout = ""  # why not, when it cannot
     differentiable = True
     appended = 0  # keys it appends after the sequence's own (they get no mask and no score bias)
 
@@ -499,6 +531,56 @@ class ZeroAttn(Step):
         g.K = F.append_positions_backward(g.K, s["zero_k"])[0]  # ← F1
 
 
+_DIFF_NOT_GROUPWISE = (
+    "its groups hold one key/value head each, and a pair does not fit in one: its query heads h and h + H/2 read "
+    "key/value heads h // (H/Hkv) and h // (H/Hkv) + Hkv/2, whose values it joins"
+)
+
+
+class DiffValues(Step):
+    """Differential attention's values: key/value heads j and j + Hkv/2 side by side (B, Hkv, Lk, 2d), for both maps."""
+
+    option = "diff_attention"
+    names = ("diff_values",)
+    groupwise = False
+    not_groupwise = _DIFF_NOT_GROUPWISE
+
+    def forward(self, f, s):
+        f.V, s["diff_values"] = F.diff_values_forward(f.V, check=False)  # F1: (B, Hkv, Lk, 2d)
+
+    def backward(self, g, s):
+        g.V = F.diff_values_backward(g.V, s["diff_values"])  # ← F1: (B, Hkv, Lk, d)
+
+
+class DiffCombine(Step):
+    """Heads p and p + H/2 as one: (1 − λ_init) · RMSNorm(C_p − λ C_{p+H/2}), λ = e^(λq1·λk1) − e^(λq2·λk2) + λ_init."""
+
+    option = "diff_attention"
+    names = ("diff_lambda", "diff_combine")
+    groupwise = False
+    not_groupwise = _DIFF_NOT_GROUPWISE
+    with_dropout = False
+    not_with_dropout = "the paper defines no dropout of two subtracted maps (Hugging Face DiffLlama refuses it too)"
+
+    def params(self):
+        d = self.c.head_dim  # shared by every head; DiffLlama draws them from N(0, lambda_std_dev² = 0.1²)
+        init = lambda rng, dtype: rng.normal(0.0, 0.1, d).astype(dtype)  # noqa: E731
+        return {name: Param((d,), None, init=init) for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")}
+
+    def forward(self, f, s):
+        P, c = f.P, self.c
+        lambdas = P["lambda_q1"], P["lambda_k1"], P["lambda_q2"], P["lambda_k2"]  # (d,) each
+        lam, s["diff_lambda"] = F.diff_lambda_forward(*lambdas, c.diff_lambda_init, check=False)  # F1: ()
+        f.context, s["diff_combine"] = F.diff_combine_forward(
+            f.context, lam, c.diff_lambda_init, c.diff_norm_eps, check=False
+        )  # F2: (B, H, Lq, 2d) -> (B, H/2, Lq, 2d)
+
+    def backward(self, g, s):
+        g.context, d_lam = F.diff_combine_backward(g.context, s["diff_combine"])  # ← F2: (B, H, Lq, 2d), ()
+        d_q1, d_k1, d_q2, d_k2 = F.diff_lambda_backward(d_lam, s["diff_lambda"])  # ← F1: (d,) each
+        g.P["lambda_q1"], g.P["lambda_k1"], g.P["lambda_q2"], g.P["lambda_k2"] = d_q1, d_k1, d_q2, d_k2
+
+
 class RepeatKV(Step):
     """Each key/value head shared by H / Hkv query heads (grouped-query attention; nothing to do when Hkv = H)."""
 
@@ -597,7 +679,12 @@ def build_steps(c: AttentionConfig, kv_cache: bool | str = False) -> tuple[Step,
         steps.append(BiasKV(c))
     if c.add_zero_attn:
         steps.append(ZeroAttn(c))
-    steps += [RepeatKV(c), Attend(c), Merge(c), OutProject(c)]
+    if c.diff_attention:
+        steps.append(DiffValues(c))
+    steps += [RepeatKV(c), Attend(c)]
+    if c.diff_attention:
+        steps.append(DiffCombine(c))
+    steps += [Merge(c), OutProject(c)]
     return check_plan(c, steps, kv_cache)
 
 
@@ -609,6 +696,8 @@ def check_plan(c, steps, kv_cache: bool) -> tuple[Step, ...]:
             raise ValueError(f"{step.option} with recompute=True is not supported: {step.not_groupwise}")
         if kv_cache and not step.decodes:
             raise ValueError(f"kv_cache with {step.option} is not supported: {step.not_decodes}")
+        if c.dropout and not step.with_dropout:
+            raise ValueError(f"{step.option} with dropout={c.dropout:g} is not supported: {step.not_with_dropout}")
     return tuple(steps)
 
 

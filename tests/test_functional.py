@@ -200,7 +200,17 @@ def test_check_functional_covers_every_pair():
     assert report.passed, str(report)
     pairs = {row.name.split(":")[0] for row in report.rows}
     attention = {"linear", "split", "merge", "scores", "mask", "softmax", "dropout", "context", "sdpa"}
-    variants = {"repeat_kv", "rope", "soft_cap", "rope_interleaved", "concat_features", "sink_softmax"}
+    variants = {
+        "repeat_kv",
+        "rope",
+        "soft_cap",
+        "rope_interleaved",
+        "concat_features",
+        "sink_softmax",
+        "diff_values",
+        "diff_lambda",
+        "diff_combine",
+    }
     block = {"add", "embedding", "bert_embeddings", "layer_norm", "gelu", "gelu_tanh", "feed_forward", "mean_pool",
              "rms_norm", "silu", "swiglu"}  # fmt: skip
     assert pairs == attention | variants | block

@@ -33,8 +33,9 @@ Today's variants: ``gqa`` (grouped-query attention vs SDPA's ``enable_gqa``), ``
 (soft-capped scores, sliding layers: ``from_hf_gemma2_attention``, vs ``Gemma2Attention`` and its cache), ``qwen3``
 (QK-norm: ``from_hf_qwen3_attention``, vs ``Qwen3Attention`` and its cache), which share ``decoder_attention``,
 ``deepseek_v3`` (``from_hf_deepseek_v3_attention``, multi-head latent attention vs ``DeepseekV3Attention``, the
-latent cache vs its ``DynamicCache``), and ``gpt_oss`` (``from_hf_gpt_oss_attention``, attention sinks with sliding
-windows, GQA and RoPE vs ``GptOssAttention``).
+latent cache vs its ``DynamicCache``), ``gpt_oss`` (``from_hf_gpt_oss_attention``, attention sinks with sliding
+windows, GQA and RoPE vs ``GptOssAttention``), and ``diffllama``
+(``from_hf_diffllama_attention``, differential attention vs ``DiffLlamaAttention`` and its cache).
 Whole models: ``bert_model`` (``crosscheck_bert_model``) and ``llama_model`` (``from_hf_llama_model``, the decoder
 of ``models.decoder`` vs ``LlamaModel``, ``crosscheck_hf_llama_model``).
 """
@@ -51,6 +52,13 @@ from .deepseek_v3 import (
     crosscheck_hf_deepseek_v3_cache,
     from_hf_deepseek_v3_attention,
     hf_deepseek_v3_attention,
+)
+from .diffllama import (
+    HF_DIFFLLAMA_NAME_MAP,
+    crosscheck_hf_diffllama_attention,
+    crosscheck_hf_diffllama_kv_cache,
+    from_hf_diffllama_attention,
+    hf_diffllama_attention,
 )
 from .gemma2 import (
     crosscheck_hf_gemma2_attention,
@@ -131,4 +139,9 @@ __all__ = [
     "hf_gpt_oss_attention",
     "crosscheck_hf_gpt_oss_attention",
     "crosscheck_hf_gpt_oss_kv_cache",
+    "HF_DIFFLLAMA_NAME_MAP",
+    "from_hf_diffllama_attention",
+    "hf_diffllama_attention",
+    "crosscheck_hf_diffllama_attention",
+    "crosscheck_hf_diffllama_kv_cache",
 ]

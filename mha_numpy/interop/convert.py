@@ -29,6 +29,7 @@ _NOT_IN_TORCH_MHA = (
     "rel_pos_max_distance",
     "softcap",
     "sinks",
+    "diff_attention",
 )
 
 
