@@ -179,7 +179,7 @@ def test_query_key_and_value_gradients_of_cross_attention(impl):
 
 OTHERS = {"alibi": dict(alibi=True), "rel_bias": dict(rel_pos_max_distance=2), "qk_norm": dict(qk_norm=True),
           "softcap": dict(softcap=1.0), "appended": dict(add_bias_kv=True, add_zero_attn=True),
-          "head_dim, scale": dict(head_dim=4, scale=0.4)}  # fmt: skip
+          "head_dim, scale": dict(head_dim=4, scale=0.4), "sinks": dict(sinks=True)}  # fmt: skip
 
 
 @pytest.mark.parametrize("impl", ["vectorized", "chunked"])
