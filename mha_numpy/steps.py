@@ -371,11 +371,13 @@ class AppendToCache(Step):
         f.cached = len(cache)  # the positions before this call's
 
     def forward(self, f, s):
-        s["kv_cache"] = offset = len(f.kv_cache)  # F1: the number of positions cached before the call
+        s["kv_cache"] = len(f.kv_cache)  # F1: the number of positions cached before the call
         f.K, f.V = f.kv_cache.append(f.K, f.V)  # F1: (B, Hkv, offset + Lq, d), every position so far
         Lq, Lk = f.Q.shape[2], f.K.shape[2]
-        causal = masks.causal_mask(Lq, Lk, diagonal=offset) if Lq else np.zeros((0, Lk), bool)  # bottom-right
-        f.args = replace(f.args, mask=masks.combine_masks(f.args.mask, causal))
+        if Lq > 1:  # causal among the call's queries, bottom-right (one query, a decoded token, is the last: no block)
+            array = f.args.mask is not None and not isinstance(f.args.mask, masks.StructuredMask)
+            causal = masks.causal_mask(Lq, Lk, align="bottom-right", structured=not array)  # a rule: no Lq × Lk
+            f.args = replace(f.args, mask=masks.combine_masks(f.args.mask, causal))  # F1
 
     def backward(self, g, s):  # pragma: no cover - build_steps refuses a backward through the cache
         raise ValueError("backward through a call with kv_cache is not supported: the cache is state (forward only)")
