@@ -493,3 +493,31 @@ def test_the_chunked_kernel_skips_exactly_the_tiles_the_entries_skip():
             assert entries.tile_states.get(key, state) == state, key
         skipped = {key for key, (s, _) in entries.tile_states.items() if s != EMPTY} - set(visited)
         assert not skipped  # every tile with work in the array was visited from the rule too
+
+
+def test_a_band_builds_each_of_its_tiles_once_and_keeps_a_bounded_few_read_only():
+    """A causal window's tile depends only on p_i0 - j0 and its shape: the chunked kernel asks for the same few
+    tiles again and again (the diagonal, the window's edge, their quarters, forward and backward). The rule builds
+    each once and hands out the kept one, read-only (the kernel only reads it), at most masks.BAND_TILES of at
+    most masks.BAND_TILE_BYTES; masks with documents, a prefix, keys or another mask build theirs every time."""
+    L, w = 2048, 200
+    m = masks.sliding_window_mask(L, L, w, structured=True)
+    dense = np.asarray(m)[0, 0]
+    t = m.tile(0, 512, 640, 256, 384)  # p_i0 - j0 = 256, (128, 128)
+    assert np.array_equal(t, dense[512:640, 256:384]) and not t.flags.writeable
+    again = m.tile(0, 1024, 1152, 768, 896)  # the same p_i0 - j0 and shape further down the band
+    assert again is t and np.array_equal(again, dense[1024:1152, 768:896])
+    with pytest.raises(ValueError):
+        t[0, 0] = not t[0, 0]
+    rng = np.random.default_rng(8)
+    q, k, v, d_out = (rng.standard_normal((1, 2, L, 8)) for _ in range(4))
+    kern = kernels.ChunkedKernel(block_size=64, num_threads=2)
+    ctx, cache = kern.forward(q, k, v, mask=m)
+    grads = kern.backward(d_out, cache)
+    ref_ctx, ref_cache = kern.forward(q, k, v, mask=dense)
+    assert np.array_equal(ctx, ref_ctx)
+    assert all(np.array_equal(a, b) for a, b in zip(grads, kern.backward(d_out, ref_cache)))
+    kept = m._band_tiles
+    assert 0 < len(kept) <= masks.BAND_TILES and all(x.nbytes <= masks.BAND_TILE_BYTES for x in kept.values())
+    docs = StructuredMask(L, causal=True, documents=np.array([1000, 1048]))
+    assert docs.tile(0, 0, 64, 0, 64) is not docs.tile(0, 0, 64, 0, 64) and not docs._band_tiles
