@@ -320,7 +320,9 @@ class MultiHeadAttention:
     ) -> tuple[np.ndarray, MHACache]:
         """query (B, Lq, E), key (B, Lk, kdim), value (B, Lk, vdim) -> output (B, Lq, E), cache.
 
-        mask: bool (True = may attend) or float (added), broadcastable to (B, H, Lq, Lk).
+        mask: bool (True = may attend) or float (added), broadcastable to (B, H, Lq, Lk), or a
+            ``masks.StructuredMask`` (causal, window, documents, prefix, padding given by their rule: the chunked
+            kernel classifies its tiles from it, the other kernels build its entries).
         training: apply dropout to the attention weights (when ``dropout`` > 0).
         dropout_mask: optional bool keep-mask (B, H, Lq, Lk) used instead of sampling (Lk counts the keys that
             ``add_bias_kv`` / ``add_zero_attn`` append).

@@ -160,7 +160,8 @@ def _heads_of(a, hs: slice):
     """An array broadcastable to (B, H, Lq, Lk), cut to the heads ``hs`` (a view; a broadcast head axis stays)."""
     if a is None:
         return None
-    a = a.reshape((1,) * (4 - a.ndim) + a.shape)  # (b, h, lq, lk), a view
+    if a.ndim < 4:  # a StructuredMask is 4-D and shared by the heads: it passes as it is
+        a = a.reshape((1,) * (4 - a.ndim) + a.shape)  # (b, h, lq, lk), a view
     return a if a.shape[1] == 1 else a[:, hs]
 
 

@@ -819,7 +819,8 @@ def scaled_dot_product_attention_forward(
     """softmax(q kᵀ · scale + bias + mask) v, composed from the pairs above.
 
     q: (B, H, Lq, d)   k: (B, H, Lk, d)   v: (B, H, Lk, dv)
-    mask: bool (True = may attend) or float (added), broadcastable to (B, H, Lq, Lk)
+    mask: bool (True = may attend) or float (added), broadcastable to (B, H, Lq, Lk) (a ``masks.StructuredMask``
+    too: this composition holds the whole score tensor, so it builds the mask's entries)
     scale: defaults to 1/sqrt(d). dropout_p > 0 drops attention weights (needs rng or
     dropout_mask, a bool keep-mask of shape (B, H, Lq, Lk)).
     bias: optional float, broadcastable to (B, H, Lq, Lk), added to the scores; it gets a gradient.

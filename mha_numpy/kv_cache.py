@@ -79,11 +79,14 @@ class KVCache:
         """(num_new,) the positions of the next call's tokens: length, length + 1, ..."""
         return np.arange(self.length, self.length + num_new)
 
-    def mask(self, num_new: int) -> np.ndarray:
-        """(num_new, length + num_new) bool: what the next call's queries may attend to, every cached position and
-        the new ones causally (the causal mask aligned bottom-right)."""
-        Lk = self.length + num_new
-        return masks.causal_mask(num_new, Lk, diagonal=self.length) if num_new else np.zeros((0, Lk), bool)
+    def mask(self, num_new: int, structured: bool = False) -> np.ndarray | masks.StructuredMask | None:
+        """What the next call's num_new queries may attend to: every cached position and the new ones causally (the
+        causal mask aligned bottom-right), (num_new, length + num_new) bool, or with structured=True its rule (a
+        ``StructuredMask``: nothing Lq × Lk made). None for at most one query: a decoded token is the last position
+        and sees every key, so no mask is built or applied."""
+        if num_new <= 1:
+            return None
+        return masks.causal_mask(num_new, self.length + num_new, align="bottom-right", structured=structured)
 
     def bind(self, owner, dtype=None, batch: int | None = None) -> None:
         """Tie the cache to ``owner`` (the attention module that appends to it) on first use; ValueError naming
@@ -195,9 +198,9 @@ class LatentCache:
         """(num_new,) the positions of the next call's tokens: length, length + 1, ..."""
         return self._store.positions(num_new)
 
-    def mask(self, num_new: int) -> np.ndarray:
+    def mask(self, num_new: int, structured: bool = False) -> np.ndarray | masks.StructuredMask | None:
         """As ``KVCache.mask``: every cached position, the new ones causally (bottom-right)."""
-        return self._store.mask(num_new)
+        return self._store.mask(num_new, structured)
 
     def bind(self, owner, dtype=None, batch: int | None = None) -> None:
         """As ``KVCache.bind``: one module, one dtype, one batch size, checked before any arithmetic."""
@@ -247,9 +250,9 @@ class StreamingKVCache(KVCache):
             f"seen={self.seen}, nbytes={self.nbytes})"
         )
 
-    def mask(self, num_new: int) -> np.ndarray:
+    def mask(self, num_new: int, structured: bool = False) -> np.ndarray:
         """(num_new, length + num_new) bool: query i (token seen + i of the stream) may attend to the sink tokens
-        and to the last ``window`` tokens up to itself."""
+        and to the last ``window`` tokens up to itself (its entries always: no ``StructuredMask`` holds sinks)."""
         t = np.arange(self.seen, self.seen + num_new)[:, None]  # (num_new, 1) the queries' places in the stream
         s = np.concatenate([self._stream, t[:, 0]])[None, :]  # (1, length + num_new) the keys'
         return (s <= t) & ((s < self.sink_tokens) | (s > t - self.window))  # (num_new, length + num_new)

@@ -408,11 +408,13 @@ class AppendToCache(Step):
 
     def forward(self, f, s):
         s["kv_cache"] = len(f.kv_cache)  # F1: the number of positions cached before the call
-        allowed = f.kv_cache.mask(f.Q.shape[2])  # F1: (Lq, cached + Lq), causal (bottom-right), a window's
+        array = f.args.mask is not None and not isinstance(f.args.mask, masks.StructuredMask)
+        allowed = f.kv_cache.mask(f.Q.shape[2], structured=not array)  # F1: (Lq, cached + Lq), its rule, or None
         self.store(f)  # F1: every position the queries see, (B, Hkv, cached + Lq, ·)
         if f.kv_cache.stores == "keys before RoPE":
             f.pos_k = np.arange(f.K.shape[2])  # RoPE, next, turns each key at its place in the cache
-        f.args = replace(f.args, mask=masks.combine_masks(f.args.mask, allowed))
+        if allowed is not None:
+            f.args = replace(f.args, mask=masks.combine_masks(f.args.mask, allowed))  # F1
 
     def store(self, f):
         f.K, f.V = f.kv_cache.append(f.K, f.V)  # (B, Hkv, cached + Lq, d)

@@ -88,7 +88,7 @@ def _t(x, grad=False):
     return t.requires_grad_(True) if grad else t
 
 
-def torch_mha(q, k, v, need_weights, kpm=None, attn_mask=None, E_=E, H_=H, dropout=0.0):
+def torch_mha(q, k, v, need_weights, kpm=None, attn_mask=None, E_=E, H_=H, dropout=0.0, is_causal=False):
     """-> (output, weights or None, query gradient of sum(output), module): numpy arrays."""
     import torch
 
@@ -97,7 +97,7 @@ def torch_mha(q, k, v, need_weights, kpm=None, attn_mask=None, E_=E, H_=H, dropo
     qt = _t(q, grad=True)
     out, w = m(qt, _t(k), _t(v), key_padding_mask=None if kpm is None else _t(kpm),
                attn_mask=None if attn_mask is None else _t(attn_mask), need_weights=need_weights,
-               average_attn_weights=False)  # fmt: skip
+               average_attn_weights=False, is_causal=is_causal)  # fmt: skip
     out.sum().backward()
     grad = qt.grad.numpy() if qt.grad is not None else np.zeros(q.shape)
     return out.detach().numpy(), None if w is None else w.detach().numpy(), grad, m
@@ -108,7 +108,8 @@ def sdpa(q, k, v, mask=None, **kw):
     import torch.nn.functional as F
 
     qt = _t(q, grad=True)
-    out = F.scaled_dot_product_attention(qt, _t(k), _t(v), attn_mask=None if mask is None else _t(mask), **kw)
+    mask = _t(mask) if isinstance(mask, np.ndarray) else mask  # a torch CausalBias passes as it is
+    out = F.scaled_dot_product_attention(qt, _t(k), _t(v), attn_mask=mask, **kw)
     out.sum().backward()
     return out.detach().numpy(), qt.grad.numpy()
 
@@ -286,6 +287,86 @@ def bad_arguments(what: str) -> dict:
     return {FRAMEWORKS[0]: lambda: mha(True), FRAMEWORKS[1]: lambda: mha(False), FRAMEWORKS[2]: sd, FRAMEWORKS[3]: hf}
 
 
+def causal_alignment(Lq_: int, Lk_: int) -> dict:
+    """Each framework's own causal option on Lq_ queries and Lk_ keys: which alignment it is (its output against
+    mha_numpy's attention with ``causal_mask(Lq, Lk, align=...)`` on the rows that have a key, to 1e-10), and what
+    its fully masked rows give."""
+    from mha_numpy import functional as ours
+    from mha_numpy import masks
+
+    q4, k4, v4 = (RNG.standard_normal((B, H, n, d)) for n in (Lq_, Lk_, Lk_))
+    x, kv = RNG.standard_normal((B, Lq_, E)), RNG.standard_normal((B, Lk_, E))
+
+    def alignment(out) -> str:
+        for align in ("top-left", "bottom-right"):
+            keep = masks.causal_mask(Lq_, Lk_, align=align)
+            live = keep.any(-1)  # (Lq,) rows with a key
+            ref = ours.scaled_dot_product_attention(q4, k4, v4, keep)[0]
+            if np.allclose(out[:, :, live], ref[:, :, live], rtol=0, atol=1e-10):
+                dead = f"; its rows without a key: {rows_state(out[:, :, ~live])}" if (~live).any() else ""
+                return align + dead
+        return "neither alignment"
+
+    def sd():
+        from torch.nn.attention.bias import causal_lower_right
+
+        lower_right = sdpa(q4, k4, v4, causal_lower_right(Lq_, Lk_))[0]
+        return (
+            f"is_causal: {alignment(sdpa(q4, k4, v4, is_causal=True)[0])}; causal_lower_right: {alignment(lower_right)}"
+        )
+
+    def hf():
+        import torch
+        from transformers.masking_utils import eager_mask
+
+        mask = eager_mask(B, Lq_, Lk_, q_offset=Lk_ - Lq_, dtype=torch.float64).numpy()  # a cache of Lk - Lq tokens
+        out = hf_eager(q4, k4, v4, mask)[0].transpose(0, 2, 1, 3)  # (B, H, Lq, d)
+        return f"its mask with q_offset = Lk - Lq (a cache): {alignment(out)}"
+
+    def mha(nw):
+        return attempt(lambda: torch_mha(x, kv, kv, nw, is_causal=True) and "runs")
+
+    return {FRAMEWORKS[0]: lambda: mha(True), FRAMEWORKS[1]: lambda: mha(False), FRAMEWORKS[2]: sd, FRAMEWORKS[3]: hf}
+
+
+def document_row() -> dict:
+    """Two packed documents (2 and 1 tokens) and one padding token, causal: position ids 0 1 0 0, attention_mask
+    1 1 1 0. The padding token's row (row 3) attends to nothing. Each framework gets the mask it would use:
+    transformers' (packed sequences found from the position ids, and the padding), ours converted for torch MHA."""
+    import torch
+    import transformers.masking_utils as mu
+
+    from mha_numpy import masks
+
+    L = 4
+    x, q4, k4, v4 = RNG.standard_normal((B, L, E)), *(RNG.standard_normal((B, H, L, d)) for _ in range(3))
+    keep = masks.document_mask([2, 1], causal=True, L=L)  # (L, L), ours
+    ids, am = torch.tensor([[0, 1, 0, 0]] * B), torch.tensor([[1, 1, 1, 0]] * B).bool()
+    fn = mu.and_masks(mu.causal_mask_function, mu.packed_sequence_mask_function(mu.find_packed_sequence_indices(ids)))
+    hf_bool = mu.sdpa_mask(B, L, L, mask_function=fn, attention_mask=am, allow_is_causal_skip=False).numpy()
+    hf_add = mu.eager_mask(B, L, L, mask_function=fn, attention_mask=am, dtype=torch.float64).numpy()
+    same = "= ours" if np.array_equal(hf_bool, np.broadcast_to(keep, hf_bool.shape)) else "≠ ours"
+
+    def mha(nw):
+        out, w, g, _ = torch_mha(x, x, x, nw, attn_mask=~keep)
+        wt = "" if w is None else f"weights {row_kind(w[0, 0, 3])}, "
+        return f"{wt}context row {rows_state(out[:, 3:])}, d query {rows_state(g[:, 3:])}"
+
+    def sd():
+        out, g = sdpa(q4, k4, v4, hf_bool)
+        return (
+            f"transformers' mask ({same}): context row {rows_state(out[:, :, 3:])}, d query {rows_state(g[:, :, 3:])}"
+        )
+
+    def hf():
+        out, w, g = hf_eager(q4, k4, v4, hf_add)
+        return (
+            f"weights {row_kind(w[0, 0, 3])}, context row {rows_state(out[:, 3:])}, d query {rows_state(g[:, :, 3:])}"
+        )
+
+    return {FRAMEWORKS[0]: lambda: mha(True), FRAMEWORKS[1]: lambda: mha(False), FRAMEWORKS[2]: sd, FRAMEWORKS[3]: hf}
+
+
 # (case, what mha_numpy does (docs/edge-cases.md), the measurements)
 CASES = [
     (
@@ -311,6 +392,23 @@ CASES = [
         "the plain softmax of scores - 1e9: float64 keeps the scores (softmax of the "
         "scores), float32 swallows them (uniform 1/Lk)",
         masked_row("-1e9"),
+    ),  # fmt: skip
+    (
+        "causal with Lq = 3 < Lk = 4",
+        "causal_mask(Lq, Lk, align=...): top-left by default (SDPA's is_causal), bottom-right for a cache "
+        "(align='bottom-right': SDPA's causal_lower_right, FlashAttention, HF with a cache, our KVCache)",
+        causal_alignment(3, 4),
+    ),  # fmt: skip
+    (
+        "causal with Lq = 4 > Lk = 3",
+        "top-left: every row has a key; bottom-right: row 0 has none: zero weights, zero context, zero gradients",
+        causal_alignment(4, 3),
+    ),  # fmt: skip
+    (
+        "fully masked document row (packed documents of 2 and 1 tokens, then a padding token)",
+        "masks.document_mask([2, 1], causal=True, L=4) (or its StructuredMask): the padding row gets zero weights, "
+        "zero context, zero gradients",
+        document_row(),
     ),  # fmt: skip
     ("float32 scores around 1e3", "same as the plain softmax: error < 1e-6, every impl", large_logits(1e3)),
     ("float32 scores around 1e4", "same as the plain softmax: error < 1e-6, every impl", large_logits(1e4)),
@@ -372,6 +470,29 @@ def ours_measured(title: str) -> str:
         "mask of the wrong shape": lambda: forward(mask=np.ones((Lq, Lk + 1), bool)) and "accepted",
         "dropout 1.5": lambda: forward(dropout=1.5) and "accepted",
     }
+
+    def causal(Lq_, Lk_):
+        from mha_numpy import masks
+
+        x, kv = RNG.standard_normal((B, Lq_, E)), RNG.standard_normal((B, Lk_, E))
+        cells = []
+        for align in ("top-left", "bottom-right"):
+            _, cache, g, _ = forward(x, kv, mask=masks.causal_mask(Lq_, Lk_, align=align, structured=True))
+            dead = ~masks.causal_mask(Lq_, Lk_, align=align).any(-1)
+            rows = f", rows without a key: weights {row_kind(cache.attn_weights[0, 0, dead])}" if dead.any() else ""
+            cells.append(f"{align}{rows}")
+        return "; ".join(cells)
+
+    def documents():
+        from mha_numpy import masks
+
+        x = RNG.standard_normal((B, 4, E))
+        _, cache, g, _ = forward(x, x, mask=masks.document_mask([2, 1], causal=True, L=4, structured=True))
+        return f"weights {row_kind(cache.attn_weights[0, 0, 3])}, d query {rows_state(g['query'][:, 3:])}"
+
+    runs["causal with Lq = 3 < Lk = 4"] = lambda: causal(3, 4)
+    runs["causal with Lq = 4 > Lk = 3"] = lambda: causal(4, 3)
+    runs["fully masked document row"] = documents
     run = next((f for prefix, f in runs.items() if title.startswith(prefix)), None)
     return attempt(run) if run else "(not measured here: tests/)"
 

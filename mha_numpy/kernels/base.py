@@ -18,7 +18,9 @@ chunked kernel starts each row's running max and sum from it (m = sink, ℓ = 1)
 a kernel implements on checked arguments; ``MultiHeadAttention`` checks early (before any arithmetic)
 and calls ``run`` itself. ``score_mods`` are elementwise changes of the scores (``ScoreMod``, e.g. a
 soft-cap), applied in order after the bias and before the mask, on whatever block of scores a kernel
-holds (the whole tensor, one head, one tile).
+holds (the whole tensor, one head, one tile). A mask may be a ``masks.StructuredMask`` (a bool mask given by
+its rule): a kernel that holds whole score tensors builds its entries (``np.asarray(mask)``: the vectorized and
+the naive kernels do), a tiled one asks the rule for its tiles (the chunked kernel).
 
 The cache contract (``CACHE_ATTRIBUTES``; ``tests/test_kernels.py`` checks it for every registered kernel):
 every kernel's cache has
@@ -52,6 +54,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .._checks import as_generator, check_dropout, check_mask, check_qkv, default_scale
+from ..masks import StructuredMask
 
 CACHE_ATTRIBUTES = ("kernel", "scores", "masked_scores", "attn_weights", "dropout_mask", "lse")
 
@@ -73,7 +76,9 @@ class ScoreMod:
 class AttentionArgs:
     """The checked arguments of one attention call (shapes broadcast to (B, H, Lq, Lk)).
 
-    mask: None, bool (True = may attend) or float (added).   bias: None or float (added, differentiable).
+    mask: None, bool (True = may attend), float (added) or a ``masks.StructuredMask`` (bool, given by its rule: the
+    chunked kernel classifies its tiles from the rule, the others build its entries).
+    bias: None or float (added, differentiable).
     dropout_p: in [0, 1).   keep: a given bool keep-mask (B, H, Lq, Lk), or None.   rng: draws the rest.
     score_mods: ``ScoreMod`` s applied in order after the bias, before the mask.
     sinks: None or (H,) float, each head's sink logit in every row's softmax denominator (differentiable).
@@ -113,6 +118,8 @@ class AttentionArgs:
             tail = np.full((*a.shape[:3], n), fill, dtype=a.dtype)  # (b, h, lq, n)
             return np.concatenate([a, tail], axis=-1)  # (b, h, lq, length + n)
 
+        if isinstance(self.mask, StructuredMask):
+            return replace(self, mask=self.mask.append_keys(n), bias=extend(self.bias, 0.0))
         allowed = True if self.mask is not None and self.mask.dtype == np.bool_ else 0.0
         return replace(self, mask=extend(self.mask, allowed), bias=extend(self.bias, 0.0))
 
@@ -145,7 +152,13 @@ def check_args(
     ``add_bias_kv``, ``add_zero_attn``), default all Lk. sinks: None or (H,) float in ``dtype`` (differentiated).
     """
     shape = tuple(int(n) for n in shape)
-    mask = check_mask(mask, shape if mask_keys is None else (*shape[:3], int(mask_keys)))
+    mask_shape = shape if mask_keys is None else (*shape[:3], int(mask_keys))
+    if isinstance(mask, StructuredMask):  # its rule is kept: its entries are never checked, nor built here
+        if mask.shape[2:] != mask_shape[2:] or mask.batch not in (1, shape[0]):
+            raise ValueError(f"mask is a StructuredMask of shape {mask.shape}; the scores' (B, H, Lq, Lk) = "
+                             f"{mask_shape} need (1 or B, 1, Lq, Lk) exactly")  # fmt: skip
+    else:
+        mask = check_mask(mask, mask_shape)
     bias = check_mask(bias, shape, name="bias", allow_bool=False, dtype=dtype)
     if sinks is not None:
         sinks = check_mask(sinks, (shape[1],), name="sinks", allow_bool=False, dtype=dtype)

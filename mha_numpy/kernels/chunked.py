@@ -45,7 +45,9 @@ So a key's pivot entry is d_lse_i - Σ_{j≠j*} dS_ij - dS_sink. The sink itself
 0, so its dS has no cancellation (dS_sink = -P_sink D, D = rowsum(dO ∘ O) ~ (1 - P_sink) |dO| |V|, rounded
 relative to itself), even when the sink takes a row's whole weight. dσ_h = Σ over the head's rows of dS_sink.
 
-Masks (bool True = may attend, or float added) are cut into the same tiles: a tile with no
+Masks (bool True = may attend, or float added) are cut into the same tiles (a ``masks.StructuredMask``, given
+by its rule, is never built: its ``classify`` gives most tiles' states, only a partial tile's entries are made,
+and its ``key_range`` / ``query_range`` limit the tiles visited, so a window costs O(L · window)): a tile with no
 allowed position is skipped entirely (so a causal mask skips the blocks above the diagonal), a
 tile with every position allowed is not touched, and a tile with both is cut in four, and again,
 down to 128 × 128 parts (``_Tiles.parts``): a causal diagonal tile costs little more than its lower
@@ -82,6 +84,7 @@ import numpy as np
 
 from .. import functional as F
 from .._checks import check_d_context, check_d_lse, positive_int_or_none
+from ..masks import EMPTY, FULL, MIXED, PARTIAL, StructuredMask
 from ..threads import AVAILABLE_CORES, pooled_matmul, run_items
 from .base import AttentionArgs, Kernel
 
@@ -92,7 +95,7 @@ from .base import AttentionArgs, Kernel
 DEFAULT_BLOCK_SIZE = {4: 512, 8: 256}  # by itemsize
 DEFAULT_NUM_THREADS = AVAILABLE_CORES
 
-_EMPTY, _FULL, _PARTIAL = 0, 1, 2  # a mask tile: nothing allowed / everything allowed / mixed
+_EMPTY, _FULL, _PARTIAL = EMPTY, FULL, PARTIAL  # a mask tile: nothing allowed / everything allowed / mixed
 MIN_PART = 128  # the smallest side of a tile cut by ``_Tiles.parts``
 
 
@@ -103,14 +106,18 @@ class _Tiles:
     """The mask, bias and dropout of a group of heads (b, hs), cut into (query block × key block) tiles.
 
     ``hs`` is a slice of heads that share their mask (``_group_size``), so a tile is skipped for all of them
-    or for none; every array here has the group's heads as its first axis.
+    or for none; every array here has the group's heads as its first axis. A ``StructuredMask`` is kept as its
+    rule (``self.rule``): a tile's state comes from the rule, and only a partial tile's entries are built.
     """
 
     def __init__(self, args: AttentionArgs, b: int, hs: slice, seed, states: dict):
         def view(a):
             return None if a is None else np.broadcast_to(a, args.shape)[b, hs]  # (g, Lq, Lk) view
 
-        self.mask, self.bias, self.keep = view(args.mask), view(args.bias), view(args.keep)
+        self.rule = args.mask if isinstance(args.mask, StructuredMask) else None
+        self.mask = self.rule if self.rule is not None else view(args.mask)
+        self.bias, self.keep = view(args.bias), view(args.keep)
+        self.Lq, self.Lk = args.shape[2:]
         self.mods = args.score_mods
         self.sinks = None if args.sinks is None else args.sinks[hs]  # (g,) the heads' sink logits, or None
         self.p, self.seed, self.b, self.hs = args.dropout_p, seed, b, hs
@@ -131,15 +138,43 @@ class _Tiles:
         if self.mask is None:
             return _FULL, None, False
         key = (*self.key, i0, i1, j0, j1)
-        found = self.states.get(key)
+        found, m = self.states.get(key), None
         if found is None:
-            m = self.mask[0, i0:i1, j0:j1]
-            blocked = ~m if m.dtype == np.bool_ else np.isneginf(m)
-            nothing, something = blocked.all(), blocked.any()
-            state = _EMPTY if nothing else (_FULL if m.dtype == np.bool_ and not something else _PARTIAL)
-            found = self.states[key] = (state, something and not nothing)  # one dict item set: thread-safe
+            state = _PARTIAL if self.rule is None else self.rule.classify(self.b, i0, i1, j0, j1)  # the rule: O(1)
+            mixed = state == MIXED  # certainly both: no entry need be looked at
+            state = _PARTIAL if mixed else state
+            if state == _PARTIAL and not mixed:  # perhaps both: the entries tell
+                m = self._entries(i0, i1, j0, j1)
+                blocked = ~m if m.dtype == np.bool_ else np.isneginf(m)
+                nothing, something = blocked.all(), blocked.any()
+                state = _EMPTY if nothing else (_FULL if m.dtype == np.bool_ and not something else _PARTIAL)
+                mixed = something and not nothing
+            found = self.states[key] = (state, mixed)  # one dict item set: thread-safe
         state, mixed = found
-        return state, (self.mask[0, i0:i1, j0:j1] if state == _PARTIAL else None), mixed
+        if state == _PARTIAL and m is None:
+            m = self._entries(i0, i1, j0, j1)
+        return state, (m if state == _PARTIAL else None), mixed
+
+    def _entries(self, i0: int, i1: int, j0: int, j1: int) -> np.ndarray:
+        """The (i1 - i0, j1 - j0) mask tile: a view of the array, or built from the rule."""
+        return self.mask[0, i0:i1, j0:j1] if self.rule is None else self.rule.tile(self.b, i0, i1, j0, j1)
+
+    def key_blocks(self, i0: int, i1: int, bk: int) -> list[int]:
+        """The first keys j0 (multiples of bk) of the key blocks that may hold an allowed key for the queries
+        i0 ... i1 - 1: all of them for an array mask; a structured one's ``key_range`` (and its appended keys),
+        so a window's query block visits O(window / bk) tiles instead of Lk / bk."""
+        if self.rule is None:
+            return list(range(0, self.Lk, bk))
+        lo, hi = self.rule.key_range(self.b, i0, i1)
+        blocks = set(range(lo // bk * bk, hi, bk)) | set(range(self.rule.Lk // bk * bk, self.Lk, bk))
+        return sorted(blocks)
+
+    def query_blocks(self, j0: int, j1: int, bq: int) -> list[int]:
+        """The first queries i0 (multiples of bq) of the query blocks that may attend to a key j0 ... j1 - 1."""
+        if self.rule is None:
+            return list(range(0, self.Lq, bq))
+        lo, hi = self.rule.query_range(self.b, j0, j1)
+        return list(range(lo // bq * bq, hi, bq))
 
     def parts(self, i0: int, i1: int, j0: int, j1: int):
         """The rectangles of the tile [i0, i1) × [j0, j1) that need work: (r0, r1, c0, c1, state, mask tile).
@@ -220,7 +255,7 @@ def _forward_rows(
         ell[...] = np.where(np.isneginf(m), 0.0, 1.0)  # (g, n); a view of acc's last column without dropout
     buf = np.empty((g, n, min(bk, Lk)), dtype=dt)  # the score tile, reused
     scale_drop = 1.0 / (1.0 - tiles.p) if tiles.p > 0 else 1.0
-    for j0 in range(0, Lk, bk):
+    for j0 in tiles.key_blocks(i0, i0 + n, bk):  # every key block (a structured mask: those it may allow)
         for r0, r1, c0, c1, state, mtile in tiles.parts(i0, i0 + n, j0, min(j0 + bk, Lk)):
             rows = slice(r0 - i0, r1 - i0)  # the part's rows within the block
             s = buf[:, : r1 - r0, : c1 - c0]
@@ -308,7 +343,7 @@ def _backward_keys(r: _HeadRows, bq: int, bk: int, j_start: int, j_stop: int, dq
         kb, vb = r.k[:, j0:j1], r.v[:, j0:j1]  # (g, bk, d), (g, bk, dv)
         if not dropout:
             vb = np.concatenate([vb, np.ones((g, j1 - j0, 1), dtype=dt)], axis=2)  # (g, bk, dv + 1) [v, 1]
-        for i0 in range(0, Lq, bq):
+        for i0 in tiles.query_blocks(j0, j1, bq):  # every query block (a structured mask: those it may allow)
             for r0, r1, c0, c1, state, mtile in tiles.parts(i0, min(i0 + bq, Lq), j0, j1):
                 kj, vj = kb[:, c0 - j0 : c1 - j0], vb[:, c0 - j0 : c1 - j0]  # the part's keys, (g, bk, ·)
                 e, dp = e_buf[:, : r1 - r0, : c1 - c0], dp_buf[:, : r1 - r0, : c1 - c0]
@@ -353,7 +388,7 @@ def _key_ranges(tiles: _Tiles, Lq: int, Lk: int, block: int, n: int) -> list[tup
     work = [
         sum(
             tiles.mask_state(i0, min(i0 + block, Lq), j0, min(j0 + block, Lk))[0] != _EMPTY
-            for i0 in range(0, Lq, block)
+            for i0 in tiles.query_blocks(j0, min(j0 + block, Lk), block)
         )
         for j0 in starts
     ]  # non-empty tiles per key block (the states are remembered for the backward itself)

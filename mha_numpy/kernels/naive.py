@@ -53,13 +53,14 @@ class NaiveKernel(Kernel):
     def run(self, q, k, v, args: AttentionArgs):
         B, H, Lq, Lk = args.shape
         keep = args.keep_mask()  # (B, H, Lq, Lk) or None, drawn exactly as the vectorized kernel draws it
+        mask = None if args.mask is None else np.asarray(args.mask)  # a StructuredMask's entries, built once
         context = np.empty((B, H, Lq, v.shape[3]), dtype=q.dtype)
         scores, masked, weights = (np.empty(args.shape, dtype=q.dtype) for _ in range(3))
         heads = {}
         for b in range(B):
             for h in range(H):
                 context[b, h], c = F.attention_steps_forward(
-                    q[b, h], k[b, h], v[b, h], _per_head(args.mask, args.shape, b, h), args.scale,
+                    q[b, h], k[b, h], v[b, h], _per_head(mask, args.shape, b, h), args.scale,
                     args.dropout_p, None if keep is None else keep[b, h], _per_head(args.bias, args.shape, b, h),
                     args.score_mods, sinks=None if args.sinks is None else args.sinks[h],  # the head's logit ()
                 )  # fmt: skip  # (Lq, dv)
