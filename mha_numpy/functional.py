@@ -902,7 +902,8 @@ def attention_steps_backward(d_context: np.ndarray, cache: AttentionCache, d_lse
     if "sinks" in c:
         d_masked, d_sinks = sink_softmax_backward(d_weights, c["softmax"], d_lse)  # (B, H, Lq, Lk), sinks' shape
     else:
-        d_masked, d_sinks = softmax_backward(d_weights, c["softmax"], d_lse), None  # d_lse: lse's gradient joins
+        lse_grad = () if d_lse is None else (d_lse,)  # a softmax_backward(dp, cache) swapped in still fits
+        d_masked, d_sinks = softmax_backward(d_weights, c["softmax"], *lse_grad), None  # d_lse: lse's gradient joins
     d_modded = apply_mask_backward(d_masked, c["mask"])  # (B, H, Lq, Lk)
     d_biased = score_mods_backward(d_modded, c.get("score_mods", ()))  # (B, H, Lq, Lk)
     d_scores, d_bias = score_bias_backward(d_biased, c["bias"])  # (B, H, Lq, Lk), bias shape
