@@ -51,7 +51,7 @@ def test_no_module_level_torch_import_in_the_package():
 def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "pip install -r requirements-dev.txt && python -m pytest" in readme
+    assert "pip install -r requirements-dev.txt && python -m pytest -n 2" in readme
     assert "README.md" in ci and "requirements-dev" in ci
     assert "torch==2.13.0" in (ROOT / "requirements-dev.txt").read_text()
 
