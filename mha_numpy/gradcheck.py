@@ -8,6 +8,7 @@ Run the checks in float64.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -166,7 +167,7 @@ def check_mha(
     mha: MultiHeadAttention,
     query: np.ndarray,
     key: np.ndarray,
-    value: np.ndarray,
+    value: np.ndarray | None = None,
     mask: np.ndarray | None = None,
     training: bool = False,
     d_output: np.ndarray | None = None,
@@ -177,13 +178,22 @@ def check_mha(
 ) -> GradcheckReport:
     """Finite-difference check of every input and parameter gradient of ``mha``.
 
+    ``mha``: a ``MultiHeadAttention`` (query, key, value) or a ``MultiHeadLatentAttention`` (query and key only:
+    its values come from the key's latent; ``value`` must then be None).
     ``d_output`` defaults to a random upstream gradient. With ``training=True`` and dropout,
     the dropout mask sampled by the first forward is held fixed for every perturbed forward.
     The arrays passed in and ``mha.params`` are left as they were. Empty inputs raise ValueError (nothing to check).
     """
-    _check_not_empty(query=query, key=key, value=value)
+    takes_value = "value" in inspect.signature(mha.forward).parameters
+    if takes_value == (value is None):
+        raise ValueError(
+            f"value is {'None' if value is None else f'an array of shape {np.shape(value)}'}: "
+            f"{type(mha).__name__} takes {'query, key and value' if takes_value else 'query and key only'}"
+        )
+    arrays = {"query": query, "key": key, **({"value": value} if takes_value else {})}
+    _check_not_empty(**arrays)
     gen = as_generator(rng)
-    inputs = {"query": np.array(query, copy=True), "key": np.array(key, copy=True), "value": np.array(value, copy=True)}
+    inputs = {name: np.array(x, copy=True) for name, x in arrays.items()}
     out, cache = mha.forward(**inputs, mask=mask, training=training)
     keep = cache.dropout_mask if training else None
     if d_output is None:
@@ -191,7 +201,7 @@ def check_mha(
     grads = mha.backward(d_output, cache)
 
     def run(**xs):
-        return mha.forward(xs["query"], xs["key"], xs["value"], mask=mask, training=training, dropout_mask=keep)[0]
+        return mha.forward(**xs, mask=mask, training=training, dropout_mask=keep)[0]
 
     report = GradcheckReport(atol=atol, rtol=rtol)
     check_function(run, {n: grads[n] for n in inputs}, inputs, d_output, eps, report=report)

@@ -615,7 +615,7 @@ class Attend(Step):
 
 
 class Merge(Step):
-    """merged (B, Lq, H·d): the heads' contexts side by side (the inverse of the split)."""
+    """merged (B, Lq, H·dv): the heads' contexts side by side (the inverse of the split; dv = d but in MLA)."""
 
     names = ("merge",)
 

@@ -454,3 +454,19 @@ def test_a_fresh_module_is_initialised_as_torch_would_and_says_what_it_is():
     assert repr(mla).startswith("MultiHeadLatentAttention(embed_dim=8, num_heads=2, kv_lora_rank=4")
     mla.rope_interleave = False  # an option, checked again; the next call's steps follow it
     assert not mla.steps[3].c.rope_interleave and mla.qk_head_dim == 7 and mla.merged_dim == 4
+
+
+def test_gradcheck_check_mha_takes_mla_with_query_and_key_only():
+    """``gradcheck.check_mha`` checks MLA too (query and key: its values come from the latent); a value given to it,
+    or none to MultiHeadAttention, is a ValueError naming value, before any arithmetic."""
+    from mha_numpy.gradcheck import check_mha
+
+    mla, rng = make(), np.random.default_rng(3)
+    x, y = rng.standard_normal((2, 4, SIZES["embed_dim"])), rng.standard_normal((2, 5, SIZES["embed_dim"]))
+    report = check_mha(mla, x, y, mask=padded_causal(4, 5))
+    assert report.passed, report
+    assert {row.name for row in report.rows} == {"query", "key", *mla.params}
+    with pytest.raises(ValueError, match=r"value is an array of shape \(2, 5, .*query and key only"):
+        check_mha(mla, x, y, y)
+    with pytest.raises(ValueError, match="value is None: MultiHeadAttention takes query, key and value"):
+        check_mha(MultiHeadAttention(4, 2), x[..., :4], x[..., :4])
