@@ -61,7 +61,7 @@ class MHACache:
 
     @property
     def scores(self) -> np.ndarray:
-        """(B, H, Lq, Lk) scaled scores (plus every score term) before the mask."""
+        """(B, H, Lq, Lk) scaled scores (plus every score term) before the mask; with ``softcap=``, after the cap."""
         return self.attention.scores
 
     @property
@@ -329,7 +329,8 @@ class MultiHeadAttention:
         positions: RoPE positions of the tokens, (L,) or (B, L) (self-attention); default 0, 1, ... (after a
             KV cache: its length, length + 1, ...).
         kv_cache: a ``KVCache`` (self-attention, forward only): the call's keys and values are appended and the
-            queries attend to every cached position, causally within the call; Lk above counts them all.
+            queries attend to every cached position, causally within the call; Lk above counts them all. A
+            ``StreamingKVCache`` keeps its sink tokens and window instead (its mask; no ``positions=``).
         """
         stores = False if kv_cache is None else getattr(kv_cache, "stores", True)  # a KVCache's kind, or True
         steps, specs = self._plan(kv_cache=stores)  # this call's data path; refusals here

@@ -244,6 +244,11 @@ class StreamingKVCache(KVCache):
         self.seen = 0  # tokens appended so far, evicted ones included
         self._stream = np.zeros(0, dtype=np.int64)  # (length,) each kept position's index in the stream
 
+    @property
+    def kept(self) -> np.ndarray:
+        """(length,) int64: the place in the stream (0 = the first token appended) of each position kept, in order."""
+        return self._stream.copy()
+
     def __repr__(self) -> str:
         return (
             f"StreamingKVCache(sink_tokens={self.sink_tokens}, window={self.window}, length={self.length}, "

@@ -479,3 +479,16 @@ def test_streaming_cache_keeps_earlier_calls_and_refuses_what_it_cannot_do(rng):
             StreamingKVCache(**bad)
     with pytest.raises(ValueError, match="recompute"):
         MultiHeadAttention(E, NH, recompute=True, rng=0).forward(x, x, x, kv_cache=StreamingKVCache(1, 2))
+
+
+def test_streaming_cache_says_which_stream_positions_it_keeps(rng):
+    """``kept``: the sink tokens and the last window - 1 tokens' places in the stream, after each call (a copy)."""
+    mha = MultiHeadAttention(4, 2, rng=0)
+    cache = StreamingKVCache(sink_tokens=2, window=3)
+    for t in range(7):
+        x = rng.standard_normal((1, 1, 4))
+        mha.forward(x, x, x, kv_cache=cache)
+        expected = [s for s in range(t + 1) if s < 2 or s > t - 2]  # the sinks, the last window - 1 = 2
+        assert cache.kept.tolist() == expected and len(cache) == len(expected)
+    cache.kept[0] = 99
+    assert cache.kept[0] == 0
