@@ -12,8 +12,9 @@ from .conventions import BY_NAME
 from .tolerance import Check, K
 
 RULE = (
-    f"a tensor passes when max|fn - ref| <= {K:g} · max|plain - ref| + {K:g} · (eps + sqrt(n) · eps64) · max|ref|: "
-    "ref = mha_numpy's kernel in float64, plain = the same path in the case's dtype (docs/verify.md)"
+    f"a tensor passes when max|fn - ref| <= {K:g} · max|plain - ref| + {K:g} · (eps · (1 + max|s|) + sqrt(n) · eps64)"
+    " · max|ref|: ref = mha_numpy's kernel in float64, plain = the same path in the case's dtype, s the scores "
+    "(docs/verify.md)"
 )
 STATUSES = ("PASS", "FAIL", "ERROR", "n/a")  # ERROR: the function raised; n/a: it does not take the case
 

@@ -5,20 +5,23 @@ For each tensor T of a case (out, weights, dq, dk, dv), with ref the float64 ref
 and plain our vectorized path run in the case's dtype on the same inputs (``plain``):
 
     error(T)  = max |T_fn - T_ref|
-    budget(T) = k · max |T_plain - T_ref|  +  k · (eps_dtype + sqrt(n) · eps_float64) · max |T_ref|,   k = 2
+    budget(T) = k · max |T_plain - T_ref|  +  k · (eps_dtype · (1 + max |s|) + sqrt(n) · eps_float64) · max |T_ref|,
+    k = 2, s the scores the softmax sees (blocked ones excepted)
 
-The first term is flash-attention's rule (``tests/test_flash_attn.py``: the kernel's error at most twice that of
-a PyTorch implementation in the same dtype, against a float32 reference). The floor's two terms are the two
-errors the first term cannot see. ``eps_dtype · max |T_ref|``: rounding the result once to the dtype, which no
-implementation avoids (flash-attention's ``fwd_atol = 2 · |(ref + 0.3) - 0.3 - ref|``); it matters where the
-plain path happens to be exact (a zero row, a tiny tensor). ``sqrt(n) · eps_float64 · max |T_ref|``: the float64
-reference's own rounding, the probabilistic bound of a chain of inner products of total length n (Higham and
-Mary 2019: error <= lambda sqrt(n) u), with n = d + Lk for out and weights (the scores' sum over d, the softmax's
-and the context's over Lk) and n = d + Lq + Lk for the gradients (dk and dv sum over the queries). In float32 and
-below it is far under the first term; in float64, where the plain path *is* the reference and the first term is
-0, it is the whole budget. max |T_ref| is the tensor's largest entry (a quantity that is zero in theory is judged
-against the largest one, never against its own rounding); a tensor that is zero everywhere is judged against the
-case's largest tensor.
+The first term is flash-attention's rule (``tests/test_flash_attn.py``: the kernel's error at most twice that of a
+PyTorch implementation in the same dtype, against a float32 reference). The floor's two terms are the two errors the
+first term cannot see. ``eps_dtype · max |T_ref|``: rounding the result once to the dtype, which no implementation
+avoids (flash-attention's ``fwd_atol = 2 · |(ref + 0.3) - 0.3 - ref|``); it matters where the plain path happens to
+be exact (a zero row, a tiny tensor). The factor (1 + max |s|): a score s rounded in the dtype is off by up to eps ·
+|s|, and the softmax turns that absolute error of its input into the same relative error of the weights, whatever
+order the function sums in (at logits 1e4 in float64 this is the whole budget). ``sqrt(n) · eps_float64 · max
+|T_ref|``: the float64 reference's own rounding, the probabilistic bound of a chain of inner products of total
+length n (Higham and Mary 2019: error <= lambda sqrt(n) u), with n = d + Lk for out and weights (the scores' sum
+over d, the softmax's and the context's over Lk) and n = d + Lq + Lk for the gradients (dk and dv sum over the
+queries). In float32 and below it is far under the first term; in float64, where the plain path *is* the reference
+and the first term is 0, it is the whole budget. max |T_ref| is the tensor's largest entry (a quantity that is zero
+in theory is judged against the largest one, never against its own rounding); a tensor that is zero everywhere is
+judged against the case's largest tensor.
 
 float16 and bfloat16: NumPy's BLAS has neither, so the plain path runs in float32 and rounds every step's result
 to the dtype (the scores, the masked scores, the weights, after dropout, the output; each gradient step), which is
