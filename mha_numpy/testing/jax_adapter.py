@@ -34,8 +34,11 @@ ARGUMENT_NAMES = {"mask": ("mask", "attn_mask", "bias"), "scale": ("scale",), "i
                   "dropout_p": ("dropout_p",), "dropout_mask": ("dropout_mask",)}  # fmt: skip
 
 
-def from_jax(fn, *, layout=None, mask_convention="attend", dtypes=DTYPES, without=(), name=None) -> Implementation:
-    """A JAX function of the calling convention; layout default "bhld", "blhd" for jax.nn.dot_product_attention."""
+def from_jax(fn, *, layout=None, mask_convention="attend", dtypes=DTYPES, without=(), jit=True,
+             name=None) -> Implementation:  # fmt: skip
+    """A JAX function of the calling convention; layout default "bhld", "blhd" for jax.nn.dot_product_attention.
+    jit: run the forward and its VJP as one ``jax.jit`` program per case (one compilation instead of one per
+    operation: several times faster; a function that cannot be traced is run eagerly)."""
     jax = require("jax", "mha_numpy.testing.from_jax")
     jax.config.update("jax_enable_x64", True)
     import jax.numpy as jnp
@@ -67,12 +70,21 @@ def from_jax(fn, *, layout=None, mask_convention="attend", dtypes=DTYPES, withou
             out, weights = split_output(fn(q_, k_, v_, **kw))
             return out, weights
 
-        grads = None
-        if call.d_out is None:
-            out, weights = forward(q, k, v)
+        def both(q_, k_, v_, d_out_):  # the forward and, given d_out, the VJP: one program
+            if d_out_ is None:
+                return (*forward(q_, k_, v_), None)
+            out, vjp, weights = jax.vjp(forward, q_, k_, v_, has_aux=True)
+            return out, weights, vjp(d_out_)
+
+        d_out = None if call.d_out is None else array(to_layout(call.d_out, layout), call.dtype)
+        if jit:
+            try:
+                out, weights, grads = jax.jit(both)(q, k, v, d_out)
+            except jax.errors.JAXTypeError:  # Python control flow on values: not traceable, run it eagerly
+                out, weights, grads = both(q, k, v, d_out)
         else:
-            out, vjp, weights = jax.vjp(forward, q, k, v, has_aux=True)
-            grads = tuple(from_layout(_numpy(g), layout) for g in vjp(array(to_layout(call.d_out, layout), call.dtype)))
+            out, weights, grads = both(q, k, v, d_out)
+        grads = None if grads is None else tuple(from_layout(_numpy(g), layout) for g in grads)
         return Outcome(from_layout(_numpy(out), layout), _numpy(weights), grads)
 
     label = name or f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}".lstrip(".")
