@@ -129,6 +129,58 @@ def test_two_bugs_at_once_are_both_named():
     assert found and set(found.values()) == {"mask polarity + NaN rows"}, found
 
 
+def _wrapped(change):
+    """The correct example with its keywords changed on the way in: ``change(kw) -> kw`` (forward and VJP alike)."""
+    m = example("correct")
+    return (lambda q, k, v, **kw: m.attention(q, k, v, **change(kw)),
+            lambda q, k, v, d_out, **kw: m.attention_vjp(q, k, v, d_out, **change(kw)))  # fmt: skip
+
+
+def _bool_as_float(kw):
+    mask = kw.get("mask")
+    return {**kw, "mask": mask.astype(np.float32)} if mask is not None and mask.dtype == bool else kw
+
+
+# alternative -> (the function doing it, the cases it must fail)
+VARIANTS = {
+    "scale forgotten": (lambda: _wrapped(lambda kw: {**kw, "scale": 1.0}), lambda c: c.real_scale != 1.0),
+    "scale ignored": (lambda: _wrapped(lambda kw: {**kw, "scale": None}), lambda c: c.scale is not None),
+    "mask added": (lambda: _wrapped(_bool_as_float), lambda c: c.mask not in (None, "bias") and c.form == "bool"),
+    "keep-mask inverted": (
+        lambda: _wrapped(lambda kw: {**kw, "dropout_mask": ~kw["dropout_mask"]} if "dropout_mask" in kw else kw),
+        lambda c: c.dropout_p > 0,
+    ),
+    "dropout no rescale": (lambda: _wrapped(lambda kw: {**kw, "dropout_p": 0.0}), lambda c: c.dropout_p > 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_every_other_alternative_is_named_where_it_changes_the_numbers(name):
+    make, wrong = VARIANTS[name]
+    fn, vjp = make()
+    found = failures(T.verify_attention(fn, vjp, cases=SMALL))
+    assert set(found) == {c.id for c in SMALL if wrong(c) and c.dtype in ("float32", "float64")}, found
+    assert set(found.values()) == {name}, found
+
+
+def test_weights_after_dropout_and_a_backward_scale_twice_are_named():
+    m = example("correct")
+
+    def dropped(q, k, v, **kw):
+        out, w = m.attention(q, k, v, **kw)
+        return out, w if kw.get("dropout_mask") is None else w * kw["dropout_mask"] / (1 - kw["dropout_p"])
+
+    def twice(q, k, v, d_out, scale=None, **kw):
+        dq, dk, dv = m.attention_vjp(q, k, v, d_out, scale=scale, **kw)
+        s = q.shape[-1] ** -0.5 if scale is None else scale
+        return dq * s, dk * s, dv
+
+    found = failures(T.verify_attention(dropped, m.attention_vjp, cases=SMALL, only="dropout"))
+    assert found and set(found.values()) == {"weights after dropout"}, found
+    found = failures(T.verify_attention(m.attention, twice, cases=SMALL, only="float64"))
+    assert found and set(found.values()) == {"backward scale twice"}, found
+
+
 def test_a_function_that_raises_is_an_error_of_that_case_not_of_the_tool():
     def attention(q, k, v, mask=None):
         if mask is not None:

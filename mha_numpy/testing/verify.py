@@ -26,6 +26,7 @@ from .tolerance import check, largest, max_error, plain
 
 MATCH_SLACK = 2.0  # a match is within twice the case's budget, scaled to the variant's magnitude
 PRECISION_SLACK = 10.0  # "p inside": within p's budget, and the worst error at least a tenth of our path's in p
+MEANINGFUL = 0.1  # ... and our path in p still computes the thing: its error under a tenth of the largest entry
 LESS_EXACT = 10.0  # "less exact": no convention matches, every tensor within this many budgets
 
 
@@ -152,6 +153,8 @@ def detect(got: dict, x, case: Case, checks: dict, mask_convention: str) -> str 
     for p in LOWER[case.dtype]:  # the numbers are right (or a convention's), but only to a lower precision
         low = replace(case, dtype=p)
         at_p = check(got, ours, plain(x, low, backward="dq" in got), low)
+        if any(c.plain_error > MEANINGFUL * largest(ours.values[n]) for n, c in at_p.items()):
+            continue  # our path in p is noise here (e.g. logits 1e4 in float16): it would match anything
         if all(c.passed for c in at_p.values()) and checks[worst].error >= at_p[worst].plain_error / PRECISION_SLACK:
             return f"{p} inside"
         low_budgets = {n: c.budget for n, c in at_p.items()}
@@ -187,7 +190,7 @@ def _explains(conv, got: dict, x, case: Case, budgets: dict, ours, scales: dict)
     then the gradients."""
     variant = reference(x, case, conv, backward=False)
     forward = [n for n in ("out", "weights") if n in got]
-    if not _matches(got, variant, budgets, forward, scales):
+    if not _matches(got, variant, budgets, forward, scales, ours.max_logit):
         return False
     if "dq" in got:
         variant = reference(x, case, conv, backward=True)
@@ -195,18 +198,21 @@ def _explains(conv, got: dict, x, case: Case, budgets: dict, ours, scales: dict)
     # and ``conv`` changes something here: ours against all of the variant's entries (its dont_care ones too: a
     # uniform row's pass-through dq may be the only visible difference in a low dtype)
     everywhere = Tensors(variant.values)
-    return _matches(got, variant, budgets, names, scales) and not _matches(ours.values, everywhere, budgets, names,
-                                                                           scales)  # fmt: skip
+    same = _matches(got, variant, budgets, names, scales, ours.max_logit)
+    return same and not _matches(ours.values, everywhere, budgets, names, scales)
 
 
-def _matches(got: dict, t, budgets: dict, names, scales: dict) -> bool:
+def _matches(got: dict, t, budgets: dict, names, scales: dict, logit: float = 0.0) -> bool:
     """Whether ``got`` equals ``t`` on ``names``: each tensor within MATCH_SLACK times its budget, the budget grown
     by the ratio of t's largest entry to the reference's (``scales``) where t's is larger (errors scale with it; a
-    tensor of t that is zero in theory by the ratio of the largest of all of t's tensors to the reference's)."""
+    tensor of t that is zero in theory by the ratio of the largest of all of t's tensors to the reference's), and
+    by the ratio of t's largest logit to the reference's (``logit``) where t's is larger (the scale forgotten at
+    logits 1e4: 8e4, rounded 8 times as coarsely)."""
     theirs = {n: largest(t.values[n]) for n in names}
     overall = max(theirs.values()) / max(max(scales[n] for n in names), 1e-300)
+    logits = max(1.0, (1.0 + t.max_logit) / (1.0 + logit))
     for n in names:
         grow = theirs[n] / scales[n] if theirs[n] > 0 and scales[n] > 0 else overall
-        if max_error(got[n], t.values[n], t.dont_care.get(n)) > MATCH_SLACK * budgets[n] * max(1.0, grow):
+        if max_error(got[n], t.values[n], t.dont_care.get(n)) > MATCH_SLACK * budgets[n] * max(1.0, grow) * logits:
             return False
     return True
