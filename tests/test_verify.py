@@ -336,3 +336,10 @@ def test_the_report_is_a_table_a_dict_for_json_and_an_html_page():
     assert set(row["tensors"]) == {"out", "weights", "dq", "dk", "dv"} and row["detected_text"].startswith("is_causal")
     page = report.to_html()
     assert page.startswith("<!DOCTYPE html>") and page.count('<tr class="fail">') == n and "<script" not in page
+
+
+def test_docs_verify_names_every_alternative_and_the_rule():
+    text = (ROOT / "docs" / "verify.md").read_text()
+    missing = [a.name for a in T.ALTERNATIVES if a.name not in text]
+    assert not missing, f"docs/verify.md does not explain {missing}"
+    assert "k · max |T_plain − T_ref|" in text and "eps · (1 + max|s|)" in text and "k = 2" in text
