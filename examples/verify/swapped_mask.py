@@ -2,8 +2,9 @@
 where the calling convention says True = may attend (SDPA's and ours).
 
     python -m mha_numpy verify examples/verify/swapped_mask.py:attention
-    -> FAIL on every case with a bool mask, detected "mask polarity" (with "NaN rows" or not, where the flipped mask
-       leaves a row with no key); the float masks and the cases without a mask pass.
+    -> FAIL on every case with a bool mask (13 of the quick matrix), detected "mask polarity"; the float masks and
+       the cases without a mask pass. (A row the flipped mask leaves without keys is zero here, as in correct.py;
+       a function that also gave NaN there would be named "mask polarity + NaN rows".)
 """
 
 import numpy as np
