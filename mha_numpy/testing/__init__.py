@@ -8,7 +8,7 @@ or ``python -m mha_numpy verify MODULE:FUNCTION [--torch | --jax]``. The calling
 tolerance rule (derived: k = 2 times our plain path's error in the same dtype, plus a floor) and the detection
 of conventions are in docs/verify.md. One job a file:
 
-    cases        the matrix (``matrix("quick" | "full")``) and each case's inputs
+    cases        the matrix (``matrix("quick" | "full")``, ``shrink`` for a fast CI) and each case's inputs
     extra_masks  the two masks the matrix needs that mha_numpy.masks lacks (packed documents, blocked rows)
     dtypes       float64, float32, float16, bfloat16 by name; rounding to them in NumPy
     conventions  the float64 reference, and the reference under each alternative convention
@@ -24,7 +24,7 @@ torch and JAX are imported only inside the adapters' functions: ``import mha_num
 from __future__ import annotations
 
 from .adapters import MASK_CONVENTIONS, Call, Implementation, NotSupported, Outcome, from_numpy, kernel
-from .cases import FEATURES, MASK_KINDS, Case, CaseInputs, matrix
+from .cases import FEATURES, MASK_KINDS, Case, CaseInputs, matrix, shrink
 from .ci import assert_attention_close, attention_cases
 from .conventions import ALTERNATIVES, Convention, reference
 from .jax_adapter import from_jax
@@ -35,5 +35,5 @@ from .verify import run_case, verify_attention
 
 __all__ = ["verify_attention", "run_case", "attention_cases", "assert_attention_close", "from_numpy", "from_torch",
            "torch_function", "torch_mha", "hf_attention", "from_jax", "kernel", "Implementation", "Call", "Outcome",
-           "NotSupported", "Case", "CaseInputs", "matrix", "MASK_KINDS", "FEATURES", "MASK_CONVENTIONS",
+           "NotSupported", "Case", "CaseInputs", "matrix", "shrink", "MASK_KINDS", "FEATURES", "MASK_CONVENTIONS",
            "ALTERNATIVES", "Convention", "reference", "K", "Check", "CaseResult", "VerifyReport"]  # fmt: skip
