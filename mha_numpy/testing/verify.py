@@ -25,7 +25,8 @@ from .report import CaseResult, VerifyReport
 from .tolerance import check, largest, max_error, plain
 
 MATCH_SLACK = 2.0  # a match is within twice the case's budget, scaled to the variant's magnitude
-PRECISION_SLACK = 10.0  # "p inside": within p's budget, and the worst error at least a tenth of our path's in p
+PRECISION_SLACK = 100.0  # "p inside": within p's budget, the worst error at least 1/100 of our path's in p (a
+# single step in p, as HF eager's float32 softmax of float64 scores, errs ten times less than our whole path in p)
 MEANINGFUL = 0.1  # ... and our path in p still computes the thing: its error under a tenth of the largest entry
 LESS_EXACT = 10.0  # "less exact": no convention matches, every tensor within this many budgets
 
@@ -197,9 +198,9 @@ def _explains(conv, got: dict, x, case: Case, budgets: dict, ours, scales: dict)
     names = list(got)
     # and ``conv`` changes something here: ours against all of the variant's entries (its dont_care ones too: a
     # uniform row's pass-through dq may be the only visible difference in a low dtype)
-    everywhere = Tensors(variant.values)
+    everywhere = Tensors(variant.values, max_logit=variant.max_logit)  # the same allowance both ways
     same = _matches(got, variant, budgets, names, scales, ours.max_logit)
-    return same and not _matches(ours.values, everywhere, budgets, names, scales)
+    return same and not _matches(ours.values, everywhere, budgets, names, scales, ours.max_logit)
 
 
 def _matches(got: dict, t, budgets: dict, names, scales: dict, logit: float = 0.0) -> bool:
