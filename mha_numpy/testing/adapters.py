@@ -231,7 +231,7 @@ def kernel(impl: str = "vectorized", **options) -> Implementation:
         out, cache = k_obj.forward(call.q, K, V, mask, call.scale, call.dropout_p, dropout_mask=call.dropout_mask)
         grads = None
         if call.d_out is not None:
-            dq, dK, dV, _ = k_obj.backward(call.d_out, cache)
+            dq, dK, dV = k_obj.backward(call.d_out, cache)[:3]  # (dq, dk, dv, d_bias, ...): the first three
             grads = (dq, F.repeat_kv_backward(dK, c_k), F.repeat_kv_backward(dV, c_v))
         return Outcome(out, cache.attn_weights, grads)
 
