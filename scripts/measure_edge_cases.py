@@ -423,6 +423,109 @@ CASES = [
 ]
 
 
+# --------------------------------------------------------------------------- mha_numpy verify's conventions (issue 23)
+# A block of its own: rows measured through mha_numpy.testing (the verify tool) on one small case each.
+
+
+def _verify_adapters():
+    """The four columns as mha_numpy.testing implementations."""
+    import torch
+    from transformers.models.bert.modeling_bert import eager_attention_forward
+
+    from mha_numpy.testing import from_torch, hf_attention, torch_mha
+
+    sdpa = from_torch(torch.nn.functional.scaled_dot_product_attention)
+    return dict(zip(FRAMEWORKS, (torch_mha(True), torch_mha(False), sdpa, hf_attention(eager_attention_forward))))
+
+
+def verified(case_kwargs: dict, describe=None) -> dict:
+    """Run one mha_numpy.testing case (float64, B = 2, H = 2, d = 2 unless given) on each framework: PASS, or FAIL
+    with the convention the tool detects, or n/a with why. ``describe(impl, result) -> str`` may say more."""
+    from mha_numpy.testing import Case, run_case
+
+    kw = {"group": "edge", "dtype": "float64", "B": B, "H": H, "Hkv": H, "Lq": Lq, "Lk": Lk, "d": d, **case_kwargs}
+    case = Case(**kw)
+
+    def one(name):
+        def measure():
+            impl = _verify_adapters()[name]
+            r = run_case(impl, case)
+            if r.status == "n/a":
+                return f"n/a ({r.message})"
+            if describe is not None:
+                return describe(impl, r)
+            return r.status if not r.failed else f"{r.status}: {r.detected or r.message}"
+
+        return measure
+
+    return {f: one(f) for f in FRAMEWORKS}
+
+
+def finite_min_row_gradient(impl, result) -> str:
+    """A row fully masked by finfo.min: the forward is the uniform softmax; is the query's gradient that of it?"""
+    forward = "forward uniform (right)" if result.checks["out"].passed else "forward wrong"
+    if result.status == "PASS":
+        return f"{forward}, gradients right"
+    from mha_numpy.testing import reference
+
+    ref = reference(result.case.inputs(), result.case).values
+    wrong = [n for n in ("dq", "dk", "dv") if not result.checks[n].passed]
+    off = min(result.checks[n].error / np.abs(ref[n]).max() for n in wrong)
+    size = "more than 1e-2" if off > 1e-2 else _err(off)
+    return f"{forward}, {', '.join(wrong)} wrong (by {size} of their largest entry): no known convention"
+
+
+def dropout_weights(p: float = 0.5) -> dict:
+    """Are the returned attention weights those before dropout (ours) or after? Rows summing to 1 = before."""
+
+    def mha(nw):
+        out, w, _, m = torch_mha(X, KV, KV, nw, dropout=p)
+        return "returns no weights" if w is None else _row_sums(w)
+
+    def sd():
+        return "returns no weights"
+
+    def hf():
+        import torch
+        from transformers.models.bert.modeling_bert import eager_attention_forward
+
+        module = torch.nn.Module().train()
+        _, w = eager_attention_forward(module, _t(Q4), _t(K4), _t(V4), None, dropout=p)
+        return _row_sums(w.detach().numpy())
+
+    return {FRAMEWORKS[0]: lambda: mha(True), FRAMEWORKS[1]: lambda: mha(False), FRAMEWORKS[2]: sd, FRAMEWORKS[3]: hf}
+
+
+def _row_sums(w) -> str:
+    sums = np.asarray(w).sum(axis=-1)
+    return "before dropout (rows sum to 1)" if np.allclose(sums, 1) else "after dropout (rows do not sum to 1)"
+
+
+VERIFY_CASES = [
+    (
+        "verify: is_causal=True with Lq = 3 < Lk = 4 (a KV cache)",
+        "bottom-right: query i sees keys j <= i + Lk - Lq",
+        verified({"is_causal": True}),
+    ),  # fmt: skip
+    (
+        "verify: a row fully masked by finfo.min (float mask), forward and backward",
+        "uniform weights 1/Lk and their exact gradients (a finite mask is a bias)",
+        verified({"mask": "blocked rows", "form": "finfo.min", "dtype": "float32"}, finite_min_row_gradient),
+    ),  # fmt: skip
+    (
+        "verify: a row fully masked by a bool mask, forward and backward",
+        "zero weights, zero output, zero gradients",
+        verified({"mask": "blocked rows"}),
+    ),  # fmt: skip
+    (
+        "verify: returned attention weights with dropout p = 0.5",
+        "before dropout (the cache's attn_weights; the dropped ones are attn_weights * dropout_mask / (1 - p))",
+        dropout_weights(),
+    ),  # fmt: skip
+]
+CASES += VERIFY_CASES
+
+
 def ours_measured(title: str) -> str:
     """What mha_numpy's MultiHeadAttention does now on the same case (``--measure-ours``), for the lead's check."""
     from mha_numpy import MultiHeadAttention

@@ -1,0 +1,201 @@
+"""``python -m mha_numpy verify MODULE:FUNCTION``: run an attention implementation over the case matrix against
+mha_numpy's float64 reference and print the report (``mha_numpy.testing``; docs/verify.md)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+from ._args import UsageError, writing
+
+EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_CANNOT_IMPORT = 0, 1, 2, 3
+EXIT_CODES = (
+    "exit codes: 0 = every case ran passed (n/a cases, which the function does not take, do not count); 1 = a case "
+    "failed or the function raised on it; 2 = usage error (a bad target or option, torch or JAX missing); 3 = the "
+    "module could not be imported (it raised)."
+)
+LIBRARIES = {"torch": "torch", "transformers": "torch", "jax": "jax"}  # a target in these modules: that adapter
+
+
+def _list(s: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in s.split(",") if x.strip())
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "verify",
+        help="check any attention implementation against the float64 reference; name what a failing case does",
+        description="Run FUNCTION (in MODULE, a module name or a .py file) over a matrix of attention cases "
+        "(head dims, "
+        "Lq != Lk, padding, every mask convention, causal top-left and bottom-right, sliding windows, "
+        "documents, fully masked rows, GQA, dropout with a given keep-mask, scale, large logits, float64 to "
+        "bfloat16), forward and backward, against mha_numpy's kernel in float64. A case passes when each "
+        "tensor's error is at most 2 times that of mha_numpy's plain path in the same dtype, plus a floor "
+        "from the dtype's epsilon (docs/verify.md). A failing case is re-run under the known alternative "
+        "conventions (mask polarity, causal alignment, NaN or uniform fully masked rows, dropout, scale, GQA "
+        "layout, backward scale, softmax without max) and the one that matches is named. A NumPy function "
+        "follows the calling convention fn(q, k, v, mask=None, scale=None, is_causal=False, dropout_p=0.0, "
+        "dropout_mask=None) on (B, H, L, d) arrays; its backward is FUNCTION_vjp(q, k, v, d_out, **the same) "
+        "if MODULE has one (or --vjp).",
+        epilog=EXIT_CODES,
+    )
+    p.add_argument(
+        "target", metavar="MODULE:FUNCTION", help="e.g. my_kernels:attention or examples/verify/x.py:attention"
+    )
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument("--torch", action="store_true", help="FUNCTION takes torch tensors (autograd for the backward); "
+                      "also torch.nn:MultiheadAttention and Hugging Face attention functions")  # fmt: skip
+    kind.add_argument("--jax", action="store_true", help="FUNCTION takes JAX arrays (jax.vjp for the backward)")
+    p.add_argument("--vjp", metavar="NAME", help="the backward of a NumPy function in MODULE (default FUNCTION_vjp)")
+    p.add_argument("--cases", choices=["quick", "full"], default="quick", help="the matrix (default %(default)s)")
+    p.add_argument("--only", metavar="TEXT", help="run only the cases whose id contains TEXT (e.g. is_causal)")
+    p.add_argument("--layout", choices=["bhld", "blhd"], help="(B, H, L, d) (default) or (B, L, H, d)")
+    p.add_argument("--mask-convention", choices=["attend", "ignore", "additive", "finite-min", "hf-01"],
+                   help="how FUNCTION reads a mask (default attend: bool True = may attend, or a float added; "
+                   "ignore: torch MHA's True = ignore; finite-min: HF eager's 0 / finfo.min; hf-01: HF's (B, Lk) "
+                   "1 = keep)")  # fmt: skip
+    p.add_argument("--dtypes", type=_list, help="dtypes FUNCTION takes, e.g. float32,bfloat16")
+    p.add_argument("--without", type=_list, default=(), help="features FUNCTION lacks (n/a, not failures): any of "
+                   "mask, is_causal, scale, dropout, gqa, backward")  # fmt: skip
+    p.add_argument("--device", help="torch device for --torch (default cpu)")
+    p.add_argument("--sdpa-backend", choices=["math", "flash_attention", "efficient_attention", "cudnn_attention"],
+                   help="run a --torch function under torch.nn.attention.sdpa_kernel(this backend)")  # fmt: skip
+    p.add_argument("--json", metavar="FILE", help="also write the report as JSON (- : to stdout, instead of the table)")
+    p.add_argument("--html", metavar="FILE", help="also write the report as one HTML page")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..testing import Implementation, from_jax, from_numpy, from_torch, verify_attention
+
+    for option, path in (("--json", args.json), ("--html", args.html)):
+        _check_output(option, path)
+    module_name, obj, vjp = load_target(args.target, args.vjp)
+    kind = "torch" if args.torch else "jax" if args.jax else LIBRARIES.get(module_name.split(".")[0], "numpy")
+    options = {k: v for k, v in (("layout", args.layout), ("mask_convention", args.mask_convention),
+               ("dtypes", args.dtypes), ("without", args.without or None)) if v is not None}  # fmt: skip
+    torch_only = {k: v for k, v in (("device", args.device), ("sdpa_backend", args.sdpa_backend)) if v is not None}
+    if torch_only and kind != "torch":
+        raise UsageError(f"argument --{next(iter(torch_only)).replace('_', '-')}: applies to --torch functions only")
+    try:
+        if isinstance(obj, Implementation):
+            if options or torch_only or vjp is not None:
+                raise UsageError(f"{args.target} is an adapted Implementation: it takes no adapter options")
+            impl = obj
+        elif kind == "torch":
+            impl = from_torch(obj, **options, **torch_only)
+        elif kind == "jax":
+            impl = from_jax(obj, **options)
+        else:
+            impl = from_numpy(obj, vjp, **options, name=args.target)
+        progress = _progress if sys.stderr.isatty() and args.json != "-" else None
+        report = verify_attention(impl, cases=args.cases, only=args.only, progress=progress)
+    except ValueError as e:  # a bad option value for the adapter, or --only matching nothing
+        message = str(e)
+        option = next((o for o in ("dtypes", "without", "layout", "mask_convention", "sdpa_backend", "only")
+                       if message.startswith(o)), None)  # fmt: skip
+        raise UsageError(f"argument --{option.replace('_', '-')}: {message}" if option else message) from None
+    if args.json != "-":
+        print(report)
+    _write(args, report)
+    return EXIT_PASSED if report.passed else EXIT_FAILED
+
+
+def load_target(target: str, vjp_name: str | None):
+    """MODULE:FUNCTION -> (module name, the object, its NumPy VJP or None); UsageError or exit 3 when it cannot."""
+    module_part, sep, attr = target.rpartition(":")
+    if not sep or not module_part or not attr:
+        raise UsageError(f"argument MODULE:FUNCTION: expected e.g. my_kernels:attention, got {target!r}")
+    module = _import(module_part)
+    obj = _attribute(module, module_part, attr)
+    if vjp_name is not None:
+        vjp = _attribute(module, module_part, vjp_name, "--vjp")
+    else:
+        vjp = getattr(module, f"{attr}_vjp", None)
+    if not callable(obj) and not _is_implementation(obj):
+        raise UsageError(f"argument MODULE:FUNCTION: {target} is a {type(obj).__name__}, not a function")
+    return module.__name__, obj, vjp
+
+
+def _is_implementation(obj) -> bool:
+    from ..testing import Implementation
+
+    return isinstance(obj, Implementation)
+
+
+def _import(module_part: str):
+    path = Path(module_part)
+    if module_part.endswith(".py") or "/" in module_part:
+        if not path.is_file():
+            raise UsageError(f"argument MODULE:FUNCTION: no such file: {module_part}")
+        name = "_verify_target_" + "".join(c if c.isalnum() else "_" for c in path.stem)
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        sys.path.insert(0, str(path.resolve().parent))  # its own helper modules next to it
+        runner = lambda: spec.loader.exec_module(module)  # noqa: E731
+    else:
+        runner, module = None, None
+    try:
+        if runner is not None:
+            runner()
+            return module
+        return importlib.import_module(module_part)
+    except ModuleNotFoundError as e:
+        if runner is None and e.name and module_part.startswith(e.name):
+            raise UsageError(f"argument MODULE:FUNCTION: no module named {e.name!r}") from None
+        _cannot_import(module_part, e)
+    except BaseException as e:  # noqa: BLE001 - whatever it raises (SystemExit too) while importing: one line, exit 3
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        _cannot_import(module_part, e)
+
+
+def _cannot_import(module_part: str, e: BaseException):
+    message = " ".join(str(e).split())[:200]
+    print(f"verify: importing {module_part} raised {type(e).__name__}: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_CANNOT_IMPORT)
+
+
+def _attribute(module, module_part: str, attr: str, option: str = "MODULE:FUNCTION"):
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"argument {option}: {module_part} has no {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _check_output(option: str, path: str | None) -> None:
+    """A file to write must be writable before the run: not a directory, its directory existing."""
+    if path is None or path == "-":
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"argument {option}: {path!r} is a directory, give a file name")
+    if not p.parent.is_dir():
+        raise UsageError(f"argument {option}: the directory of {path!r} does not exist")
+
+
+def _write(args, report) -> None:
+    if args.json == "-":
+        print(json.dumps(report.to_dict(), indent=1))
+    elif args.json:
+        with writing("--json", args.json):
+            Path(args.json).write_text(json.dumps(report.to_dict(), indent=1))
+        print(f"wrote {args.json}")
+    if args.html:
+        with writing("--html", args.html):
+            Path(args.html).write_text(report.to_html(), encoding="utf-8")
+        print(f"wrote {args.html}", file=sys.stderr if args.json == "-" else sys.stdout)
+
+
+def _progress(i: int, n: int, result) -> None:
+    """One line on stderr, rewritten after each case; cleared after the last."""
+    line = f"verify [{i}/{n}] {result.status:<5} {result.case.id}"[:100]
+    end = "\r" + " " * 100 + "\r" if i == n else ""
+    print(f"\r{line:<100}{end}", end="", file=sys.stderr, flush=True)
