@@ -16,6 +16,16 @@ def random_like(shape, dtype, rng) -> np.ndarray:
     return as_generator(rng).standard_normal(shape).astype(dtype)
 
 
+def decode_calls(L: int, prefill: int, chunk: int = 1) -> list[tuple[int, int]]:
+    """The decoding cross-checks' calls: positions [a, b) of each, a prefill of ``prefill`` tokens, then ``chunk``
+    tokens a call up to L. ValueError naming prefill or chunk."""
+    if not 1 <= prefill <= L:
+        raise ValueError(f"prefill must lie in [1, L={L}], got {prefill}")
+    if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+        raise ValueError(f"chunk must be a positive int, got {chunk!r}")
+    return [(0, prefill)] + [(t, min(t + chunk, L)) for t in range(prefill, L, chunk)]
+
+
 def heads(torch_x, num_heads: int):
     """torch (B, L, E) -> (B, H, L, d), the same split as ours (head h = features h*d ... (h+1)*d - 1)."""
     B, L, E = torch_x.shape

@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import masks as M
 from ..kv_cache import KVCache
-from ._harness import add_grad_rows, random_like
+from ._harness import add_grad_rows, decode_calls, random_like
 from ._lazy import require
 from .llama import torch_cos_sin
 from .names import NameMap, params_from_state
@@ -265,11 +265,7 @@ def crosscheck_decoder_kv_cache(
     x, dtype, d = _checked(kind, module, mha, hidden_states), mha.dtype, mha.head_dim
     rtol = rtol_for(dtype, rtol)
     B, L, E = x.shape
-    if not 1 <= prefill <= L:
-        raise ValueError(f"prefill must lie in [1, L={L}], got {prefill}")
-    if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
-        raise ValueError(f"chunk must be a positive int, got {chunk!r}")
-    calls = [(0, prefill)] + [(t, min(t + chunk, L)) for t in range(prefill, L, chunk)]
+    calls = decode_calls(L, prefill, chunk)
     am = None if attention_mask is None else np.asarray(attention_mask)
     window = module.sliding_window
 

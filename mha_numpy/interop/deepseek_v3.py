@@ -40,7 +40,7 @@ import numpy as np
 from .. import masks as M
 from ..kv_cache import LatentCache
 from ..latent import MultiHeadLatentAttention
-from ._harness import additive_tensor, random_like
+from ._harness import additive_tensor, decode_calls, random_like
 from ._lazy import require
 from .convert import numpy_dtype_of
 from .llama import hf_rope_theta, torch_cos_sin
@@ -308,9 +308,7 @@ def crosscheck_hf_deepseek_v3_cache(
     rtol = rtol_for(dtype, rtol)
     x = np.asarray(hidden_states).astype(dtype, copy=False)
     B, L, _ = x.shape
-    if not 1 <= prefill <= L:
-        raise ValueError(f"prefill must lie in [1, L={L}], got {prefill}")
-    calls = [(0, prefill)] + [(t, t + 1) for t in range(prefill, L)]
+    calls = decode_calls(L, prefill)
 
     cache = LatentCache()
     ours = np.concatenate([mla.forward(x[:, a:b], kv_cache=cache)[0] for a, b in calls], axis=1)

@@ -39,7 +39,7 @@ import numpy as np
 from .. import masks as M
 from ..attention import MultiHeadAttention
 from ..kv_cache import KVCache
-from ._harness import add_grad_rows, random_like
+from ._harness import add_grad_rows, decode_calls, random_like
 from ._lazy import require
 from .convert import module_with_params, numpy_dtype_of
 from .llama import hf_rope_theta, torch_cos_sin
@@ -237,9 +237,7 @@ def crosscheck_hf_diffllama_kv_cache(
     rtol = rtol_for(dtype, rtol)
     x = np.asarray(hidden_states).astype(dtype, copy=False)
     B, L, E = x.shape
-    if not 1 <= prefill <= L:
-        raise ValueError(f"prefill must lie in [1, L={L}], got {prefill}")
-    calls = [(0, prefill)] + [(t, t + 1) for t in range(prefill, L)]
+    calls = decode_calls(L, prefill)
 
     kv = KVCache()
     ours = np.concatenate([mha.forward(x[:, a:b], x[:, a:b], x[:, a:b], kv_cache=kv)[0] for a, b in calls], axis=1)

@@ -43,7 +43,7 @@ from .. import functional as F
 from .. import masks as M
 from ..attention import MultiHeadAttention
 from ..kv_cache import KVCache
-from ._harness import add_grad_rows, random_like
+from ._harness import add_grad_rows, decode_calls, random_like
 from ._lazy import require
 from .convert import module_with_params, numpy_dtype_of
 from .llama import hf_rope_theta
@@ -237,9 +237,7 @@ def crosscheck_hf_gpt_oss_kv_cache(
     rtol = rtol_for(dtype, rtol)
     x = np.asarray(hidden_states).astype(dtype, copy=False)
     B, L, E = x.shape
-    if not 1 <= prefill <= L:
-        raise ValueError(f"prefill must lie in [1, L={L}], got {prefill}")
-    steps = [(0, prefill)] + [(t, t + 1) for t in range(prefill, L)]
+    steps = decode_calls(L, prefill)
 
     kv = KVCache()
     ours = np.concatenate(

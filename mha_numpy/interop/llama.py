@@ -31,7 +31,7 @@ from .. import functional as F
 from .. import masks as M
 from ..attention import MultiHeadAttention
 from ..kv_cache import KVCache
-from ._harness import add_grad_rows, random_like
+from ._harness import add_grad_rows, decode_calls, random_like
 from ._lazy import require
 from .convert import module_with_params, numpy_dtype_of
 from .names import HF_LLAMA_NAME_MAP, params_from_state
@@ -201,9 +201,7 @@ def crosscheck_hf_llama_kv_cache(
     rtol = rtol_for(dtype, rtol)
     x = np.asarray(hidden_states).astype(dtype, copy=False)
     B, L, E = x.shape
-    if not 1 <= prefill <= L:
-        raise ValueError(f"prefill must lie in [1, L={L}], got {prefill}")
-    steps = [(0, prefill)] + [(t, t + 1) for t in range(prefill, L)]
+    steps = decode_calls(L, prefill)
 
     kv = KVCache()
     ours = np.concatenate([mha.forward(x[:, a:b], x[:, a:b], x[:, a:b], kv_cache=kv)[0] for a, b in steps], axis=1)
