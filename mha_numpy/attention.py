@@ -280,31 +280,6 @@ class MultiHeadAttention:
         f.matmul = f.kernel.matmul  # the projections' products run on the kernel's threads (mha_numpy/threads.py)
         return f
 
-    def _check_cache(self, d_output, cache) -> np.ndarray:
-        if not isinstance(cache, (MHACache, RecomputeCache)):
-            raise ValueError(
-                f"cache must be the MHACache returned by this module's forward, got {type(cache).__name__}"
-            )
-        if cache.owner is not self:
-            raise ValueError("cache was made by another MultiHeadAttention: pass the cache of this module's forward")
-        refused = [step.option for step in cache.plan if not step.differentiable]
-        if refused:
-            raise ValueError(
-                f"backward through a call with {refused[0]} is not supported: the cache is state (forward only)"
-            )
-        d_output = as_float_array(d_output, "d_output", ndim=3)
-        if isinstance(cache, RecomputeCache):
-            B, Lq = cache.flow.query.shape[:2]  # query (B, Lq, E)
-        else:
-            B, Lq = cache.context.shape[0], cache.context.shape[2]  # context (B, H, Lq, d)
-        expected = (B, Lq, self.config.embed_dim)
-        if d_output.shape != expected or d_output.dtype != self.config.dtype:
-            raise ValueError(
-                f"d_output has shape {d_output.shape} and dtype {d_output.dtype}; expected {expected} and "
-                f"{self.config.dtype} like the output"
-            )
-        return d_output
-
     # ------------------------------------------------------------------ forward / backward
 
     def forward(
@@ -349,12 +324,44 @@ class MultiHeadAttention:
         ``params`` key with that parameter's shape. For self-attention (the same array passed
         as query, key and value) its gradient is grads["query"] + grads["key"] + grads["value"].
         """
-        d_output = self._check_cache(d_output, cache)
-        if isinstance(cache, RecomputeCache):  # recompute each head group's forward, then its backward
-            grads = {name: np.zeros_like(p) for name, p in self.params.items()}
-            inputs = flow.recompute_backward(cache, d_output, grads)
-            return {**inputs, **grads}
-        kernel = cache.attention.kernel  # the kernel that ran the forward, and its product for the projections
-        g = Flow(output=d_output, P={}, kernel=kernel, matmul=kernel.matmul, attention=cache.attention)
-        flow.backward(cache.plan, g, cache.steps)  # every step, in reverse
-        return {"query": g.query, "key": g.key, "value": g.value, **{name: g.P[name] for name in self.params}}
+        return backward_through_plan(self, d_output, cache, ("query", "key", "value"))
+
+
+def backward_through_plan(module, d_output: np.ndarray, cache, inputs: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The backward of a module whose forward walked a plan of steps (``MultiHeadAttention``, and
+    ``MultiHeadLatentAttention`` with inputs ("query", "key")): the cache and d_output checked before any
+    arithmetic, then every step in reverse (or, for a ``RecomputeCache``, each head group recomputed first).
+
+    -> {each of ``inputs``: its gradient, and one per ``module.params`` key}."""
+    kind = type(module).__name__
+    if not isinstance(cache, (MHACache, RecomputeCache)):
+        raise ValueError(
+            f"cache must be the cache returned by this module's forward (an MHACache), got {type(cache).__name__}"
+        )
+    if cache.owner is not module:
+        raise ValueError(
+            f"cache must be the cache returned by this module's forward: this one was made by another {kind}"
+        )
+    refused = [step.option for step in cache.plan if not step.differentiable]
+    if refused:
+        raise ValueError(
+            f"backward through a call with {refused[0]} is not supported: the cache is state (forward only)"
+        )
+    d_output = as_float_array(d_output, "d_output", ndim=3)
+    if isinstance(cache, RecomputeCache):
+        B, Lq = cache.flow.query.shape[:2]  # query (B, Lq, E)
+    else:
+        B, Lq = cache.context.shape[0], cache.context.shape[2]  # context (B, H, Lq, dv)
+    expected = (B, Lq, module.config.embed_dim)
+    if d_output.shape != expected or d_output.dtype != module.config.dtype:
+        raise ValueError(
+            f"d_output has shape {d_output.shape} and dtype {d_output.dtype}; expected {expected} and "
+            f"{module.config.dtype} like the output"
+        )
+    if isinstance(cache, RecomputeCache):  # recompute each head group's forward, then its backward
+        grads = {name: np.zeros_like(p) for name, p in module.params.items()}
+        return {**flow.recompute_backward(cache, d_output, grads), **grads}
+    kernel = cache.attention.kernel  # the kernel that ran the forward, and its product for the projections
+    g = Flow(output=d_output, P={}, kernel=kernel, matmul=kernel.matmul, attention=cache.attention)
+    flow.backward(cache.plan, g, cache.steps)  # every step, in reverse
+    return {**{name: getattr(g, name) for name in inputs}, **{name: g.P[name] for name in module.params}}

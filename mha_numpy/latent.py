@@ -18,8 +18,8 @@ import numpy as np
 
 from . import flow
 from ._checks import as_float_array, as_generator
-from .attention import MHACache
-from .flow import Flow, RecomputeCache
+from .attention import MHACache, backward_through_plan
+from .flow import Flow
 from .kernels import check_args, get_kernel
 from .latent_steps import LatentConfig, build_latent_steps
 from .steps import describe
@@ -204,26 +204,4 @@ class MultiHeadLatentAttention:
         For self-attention (key None) the input's gradient is grads["query"] + grads["key"]: the query's path and
         the latent's, as ``MultiHeadAttention`` returns its three.
         """
-        if not isinstance(cache, (MHACache, RecomputeCache)) or cache.owner is not self:
-            raise ValueError("cache must be the cache returned by this module's forward")
-        refused = [step.option for step in cache.plan if not step.differentiable]
-        if refused:
-            raise ValueError(
-                f"backward through a call with {refused[0]} is not supported: the cache is state (forward only)"
-            )
-        d_output = as_float_array(d_output, "d_output", ndim=3)
-        if isinstance(cache, RecomputeCache):
-            B, Lq = cache.flow.query.shape[:2]  # query (B, Lq, E)
-        else:
-            B, Lq = cache.context.shape[0], cache.context.shape[2]  # context (B, H, Lq, dv)
-        expected = (B, Lq, self.config.embed_dim)
-        if d_output.shape != expected or d_output.dtype != self.config.dtype:
-            raise ValueError(f"d_output has shape {d_output.shape} and dtype {d_output.dtype}; expected {expected}")
-        if isinstance(cache, RecomputeCache):
-            grads = {name: np.zeros_like(p) for name, p in self.params.items()}
-            inputs = flow.recompute_backward(cache, d_output, grads)
-            return {**inputs, **grads}
-        kernel = cache.attention.kernel
-        g = Flow(output=d_output, P={}, kernel=kernel, matmul=kernel.matmul, attention=cache.attention)
-        flow.backward(cache.plan, g, cache.steps)
-        return {"query": g.query, "key": g.key, **{name: g.P[name] for name in self.params}}
+        return backward_through_plan(self, d_output, cache, ("query", "key"))
