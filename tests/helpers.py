@@ -41,6 +41,22 @@ def grad_check(forward, backward, inputs, names, seed=0, allow_zero=True):
     return report
 
 
+def grad_check_self_attention(mha, x, mask=None):
+    """``grad_check`` of a module's self-attention on x (B, L, E) under ``mask``: the input (its three paths summed)
+    and every parameter, against a random upstream gradient."""
+
+    def forward(query, **params):
+        mha.params.update(params)
+        return mha.forward(query, query, query, mask=mask)
+
+    def backward(d_out, cache):
+        grads = mha.backward(d_out, cache)
+        return (grads["query"] + grads["key"] + grads["value"], *(grads[n] for n in mha.params))
+
+    inputs = dict(query=x, **{n: p.copy() for n, p in mha.params.items()})
+    return grad_check(forward, backward, inputs, ["query", *mha.params])
+
+
 def cpu_ticks() -> dict[int, int]:
     """{thread id: user + system clock ticks} of every thread of this process (Linux /proc)."""
     import os  # noqa: PLC0415 - only the thread tests need it

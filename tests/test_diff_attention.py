@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import grad_check, require_torch
+from helpers import grad_check, grad_check_self_attention, require_torch
 from reference import attention
 
 from mha_numpy import KVCache, MultiHeadAttention, interop, kernels, masks
@@ -145,17 +145,7 @@ def test_every_gradient_against_finite_differences(impl, rope):
     mha = make(H=4, Hkv=2, d=2, impl=impl, rope_theta=rope)
     x = np.random.default_rng(5).standard_normal((2, 4, 8))
     mask = mask_of("causal+padding", 2, 4, 4)
-    names = ["query", *mha.params]
-
-    def forward(query, **params):
-        mha.params.update(params)
-        return mha.forward(query, query, query, mask=mask)
-
-    def backward(d_out, cache):
-        grads = mha.backward(d_out, cache)
-        return (grads["query"] + grads["key"] + grads["value"], *(grads[n] for n in mha.params))
-
-    report = grad_check(forward, backward, dict(query=x, **{n: p.copy() for n, p in mha.params.items()}), names)
+    report = grad_check_self_attention(mha, x, mask)
     assert all(not report[n].zero_gradient for n in LAMBDAS)  # each λ vector's gradient was really checked
 
 
@@ -190,16 +180,7 @@ def test_it_combines_with_the_other_steps(impl, other):
     mha = make(H=4, Hkv=2, d=2, impl=impl, rope_theta=10.0, **OTHERS[other])
     x = np.random.default_rng(9).standard_normal((2, 4, 8))
     mask = mask_of("causal+padding", 2, 4, 4)
-
-    def forward(query, **params):
-        mha.params.update(params)
-        return mha.forward(query, query, query, mask=mask)
-
-    def backward(d_out, cache):
-        grads = mha.backward(d_out, cache)
-        return (grads["query"] + grads["key"] + grads["value"], *(grads[n] for n in mha.params))
-
-    grad_check(forward, backward, dict(query=x, **{n: p.copy() for n, p in mha.params.items()}), ["query", *mha.params])
+    grad_check_self_attention(mha, x, mask)
     if other != "rel_bias":
         full, kv = mha.forward(x, x, x, mask=masks.causal_mask(4))[0], KVCache()
         steps = [mha.forward(x[:, t : t + 1], x[:, t : t + 1], x[:, t : t + 1], kv_cache=kv)[0] for t in range(4)]

@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import grad_check, require_torch
+from helpers import grad_check_self_attention, require_torch
 
 from mha_numpy import functional as F
 from mha_numpy import interop, kernels, masks
@@ -155,17 +155,7 @@ def test_the_imported_module_passes_finite_differences_under_a_sliding_padded_ma
     mha.kernel = kernels.get_kernel("chunked", block_size=2)
     x = np.random.default_rng(6).standard_normal((2, 5, 8))
     mask = interop.decoder_attention.layer_mask(2, 5, 5, 2, [[1] * 5, [1, 1, 1, 1, 0]])
-    names = ["query", *mha.params]
-
-    def forward(query, **params):
-        mha.params.update(params)
-        return mha.forward(query, query, query, mask=mask)
-
-    def backward(d_out, cache):
-        grads = mha.backward(d_out, cache)
-        return (grads["query"] + grads["key"] + grads["value"], *(grads[n] for n in mha.params))
-
-    grad_check(forward, backward, dict(query=x, **{n: p.copy() for n, p in mha.params.items()}), names)
+    grad_check_self_attention(mha, x, mask)
 
 
 # --------------------------------------------------------------------------- the checks can fail

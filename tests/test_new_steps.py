@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import grad_check
+from helpers import grad_check, grad_check_self_attention
 
 from mha_numpy import KVCache, MultiHeadAttention, kernels, masks
 from mha_numpy import functional as F
@@ -63,17 +63,7 @@ def test_forward_matches_the_reference_and_every_gradient_checks(step, impl, rng
     ref_out, ref_w = reference(mha, x, mask)
     assert np.abs(out - ref_out).max() <= 1e-12 * np.abs(ref_out).max()
     assert np.abs(cache.attn_weights - ref_w).max() <= 1e-13
-    names = ["query", *mha.params]
-
-    def forward(query, **params):
-        mha.params.update(params)
-        return mha.forward(query, query, query, mask=mask)
-
-    def backward(d_out, cache):
-        grads = mha.backward(d_out, cache)
-        return (grads["query"] + grads["key"] + grads["value"], *(grads[n] for n in mha.params))
-
-    grad_check(forward, backward, dict(query=x, **{n: p.copy() for n, p in mha.params.items()}), names)
+    grad_check_self_attention(mha, x, mask)
 
 
 @pytest.mark.parametrize("impl", list(KERNELS))

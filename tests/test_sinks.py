@@ -19,7 +19,15 @@ from functools import partial
 import numpy as np
 import pytest
 from conftest import MASK_KINDS, make_mask
-from helpers import SATURATION_GAP, SATURATION_MASKS, error_against_exact, grad_check, rel_err, saturated_case
+from helpers import (
+    SATURATION_GAP,
+    SATURATION_MASKS,
+    error_against_exact,
+    grad_check,
+    grad_check_self_attention,
+    rel_err,
+    saturated_case,
+)
 from reference import attention, exact_attention_backward, exact_lse
 
 from mha_numpy import KVCache, MultiHeadAttention, StreamingKVCache, kernels, masks
@@ -275,17 +283,7 @@ def test_the_module_with_sinks_matches_the_reference_and_every_gradient_checks(i
     out, cache = mha.forward(x, x, x, mask=mask)
     ref_out, ref_w = reference_module(mha, x, mask)
     assert rel_err(out, ref_out) <= 1e-12 and np.abs(cache.attn_weights - ref_w).max() <= 1e-13
-    names = ["query", *mha.params]
-
-    def forward(query, **params):
-        mha.params.update(params)
-        return mha.forward(query, query, query, mask=mask)
-
-    def backward(d_out, cache):
-        grads = mha.backward(d_out, cache)
-        return (grads["query"] + grads["key"] + grads["value"], *(grads[n] for n in mha.params))
-
-    grad_check(forward, backward, dict(query=x, **{n: p.copy() for n, p in mha.params.items()}), names)
+    grad_check_self_attention(mha, x, mask)
 
 
 @pytest.mark.parametrize("impl", list(MODULE_KERNELS))
