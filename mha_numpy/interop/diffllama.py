@@ -41,8 +41,7 @@ from ..attention import MultiHeadAttention
 from ..kv_cache import KVCache
 from ._harness import add_grad_rows, decode_calls, random_like
 from ._lazy import require
-from .convert import module_with_params, numpy_dtype_of
-from .llama import hf_rope_theta, torch_cos_sin
+from .llama import from_llama_like, llama_like_sizes, torch_cos_sin
 from .names import HF_LLAMA_NAME_MAP, NameMap, params_from_state
 from .report import CrosscheckReport, rtol_for
 
@@ -61,28 +60,15 @@ def from_hf_diffllama_attention(module: DiffLlamaAttention) -> MultiHeadAttentio
     config, λ_init from ``layer_idx``, the pair norm's eps from ``groupnorm``. Causality is not part of the module:
     pass ``masks.causal_mask(L)`` (or use a ``KVCache``), as DiffLlamaModel's mask does.
     """
-    names = ("q_proj", "k_proj", "v_proj", "o_proj", "groupnorm", *LAMBDAS)
-    if not all(hasattr(module, n) for n in names) or not hasattr(module, "config"):
-        raise ValueError(f"module must be a transformers DiffLlamaAttention (q/k/v/o_proj, lambdas), got {module!r}")
-    cfg, layer = module.config, module.layer_idx
-    E, H, Hkv, d = module.q_proj.in_features, cfg.num_attention_heads, cfg.num_key_value_heads, module.head_dim
-    if not np.isclose(module.scaling, d**-0.5, rtol=1e-15):
-        raise ValueError(f"DiffLlamaAttention.scaling={module.scaling} is not 1/sqrt(head_dim); not modelled")
+    cfg, E, H, Hkv, d = llama_like_sizes(module, "DiffLlamaAttention", needs=("groupnorm", *LAMBDAS))
+    layer = module.layer_idx
     if not isinstance(layer, int) or not math.isclose(module.lambda_init, 0.8 - 0.6 * math.exp(-0.3 * layer)):
         raise ValueError(f"lambda_init={module.lambda_init} is not 0.8 - 0.6 exp(-0.3 layer_idx), layer_idx={layer}")
     norm = module.groupnorm
     if norm.weight is not None or norm.eps is None or tuple(norm.normalized_shape) != (2 * d,):
         raise ValueError(f"groupnorm must be an RMSNorm over 2·head_dim = {2 * d} without weight and with eps: {norm}")
-    has_bias = [getattr(module, n).bias is not None for n in names[:4]]
-    if len(set(has_bias)) != 1:
-        raise ValueError(f"q/k/v/o_proj biases must all be present or all absent, got {dict(zip(names, has_bias))}")
-    bias = has_bias[0]
-    name_map = {ours: entry for ours, entry in HF_DIFFLLAMA_NAME_MAP.items() if bias or not ours.startswith("b_")}
-    params = params_from_state(dict(module.named_parameters()), name_map)
-    options = dict(num_kv_heads=Hkv, rope_theta=hf_rope_theta(cfg), head_dim=d, diff_attention=True,
-                   diff_layer_idx=layer, diff_norm_eps=float(norm.eps))  # fmt: skip
-    dtype = numpy_dtype_of(module.q_proj.weight.dtype)
-    return module_with_params(E, H, bias, E, E, float(cfg.attention_dropout), dtype, params, **options)
+    return from_llama_like(module, "DiffLlamaAttention", HF_DIFFLLAMA_NAME_MAP, diff_attention=True,
+                           diff_layer_idx=layer, diff_norm_eps=float(norm.eps))  # fmt: skip
 
 
 class _Float32IsFloat64:

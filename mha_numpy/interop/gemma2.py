@@ -34,16 +34,13 @@ import numpy as np
 
 from ..attention import MultiHeadAttention
 from ._lazy import require
-from .convert import module_with_params, numpy_dtype_of
 from .decoder_attention import DecoderAttention, crosscheck_decoder_attention, crosscheck_decoder_kv_cache
-from .llama import hf_rope_theta
-from .names import HF_LLAMA_NAME_MAP, params_from_state
+from .llama import from_llama_like, llama_like_sizes
+from .names import HF_LLAMA_NAME_MAP
 from .report import CrosscheckReport
 
 if TYPE_CHECKING:  # annotations only
     from transformers.models.gemma2.modeling_gemma2 import Gemma2Attention
-
-_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def _name_map(bias: bool):
@@ -62,20 +59,10 @@ def from_hf_gemma2_attention(module: Gemma2Attention) -> MultiHeadAttention:
     attn_logit_softcapping (None: no cap). Causality and a sliding layer's window are not part of the module: pass
     ``decoder_attention.layer_mask(B, Lq, Lk, module.sliding_window)`` as the mask (or a ``KVCache`` with it).
     """
-    if not all(hasattr(module, n) for n in (*_NAMES, "config", "scaling", "attn_logit_softcapping")):
-        raise ValueError(f"module must be a transformers Gemma2Attention (q/k/v/o_proj, softcap), got {module!r}")
-    cfg = module.config
-    E, H, Hkv, d = module.q_proj.in_features, cfg.num_attention_heads, cfg.num_key_value_heads, module.head_dim
-    has_bias = [getattr(module, n).bias is not None for n in _NAMES]
-    if len(set(has_bias)) != 1:
-        raise ValueError(f"q/k/v/o_proj biases must all be present or all absent, got {dict(zip(_NAMES, has_bias))}")
-    bias = has_bias[0]
-    params = params_from_state(dict(module.named_parameters()), _name_map(bias))
+    llama_like_sizes(module, "Gemma2Attention", needs=("scaling", "attn_logit_softcapping"))
     cap = module.attn_logit_softcapping
-    options = dict(num_kv_heads=Hkv, rope_theta=hf_rope_theta(cfg), head_dim=d, scale=float(module.scaling),
-                   softcap=None if cap is None else float(cap))  # fmt: skip
-    dtype = numpy_dtype_of(module.q_proj.weight.dtype)
-    return module_with_params(E, H, bias, E, E, float(cfg.attention_dropout), dtype, params, **options)
+    return from_llama_like(module, "Gemma2Attention", HF_LLAMA_NAME_MAP, scale=module.scaling,
+                           softcap=None if cap is None else float(cap))  # fmt: skip
 
 
 def _imported(module, kernel, recompute: bool) -> MultiHeadAttention:

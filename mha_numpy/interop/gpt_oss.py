@@ -45,8 +45,7 @@ from ..attention import MultiHeadAttention
 from ..kv_cache import KVCache
 from ._harness import add_grad_rows, decode_calls, random_like
 from ._lazy import require
-from .convert import module_with_params, numpy_dtype_of
-from .llama import hf_rope_theta
+from .llama import from_llama_like
 from .names import HF_LLAMA_NAME_MAP, params_from_state
 from .report import CrosscheckReport, rtol_for
 
@@ -63,23 +62,8 @@ def from_hf_gpt_oss_attention(module: GptOssAttention) -> MultiHeadAttention:
     The same weights and sinks. Causality and the sliding window are not part of the module: pass ``layer_mask``'s
     mask (or decode with a ``KVCache`` and that mask), as GptOssModel's masks do.
     """
-    names = ("q_proj", "k_proj", "v_proj", "o_proj")
-    if not all(hasattr(module, n) for n in names) or not hasattr(module, "sinks") or not hasattr(module, "config"):
-        raise ValueError(f"module must be a transformers GptOssAttention (q/k/v/o_proj, sinks, config), got {module!r}")
-    cfg = module.config
-    E, H, Hkv, d = module.q_proj.in_features, cfg.num_attention_heads, cfg.num_key_value_heads, module.head_dim
-    if not np.isclose(module.scaling, d**-0.5, rtol=1e-15):
-        raise ValueError(f"GptOssAttention.scaling={module.scaling} is not 1/sqrt(head_dim); not modelled")
-    has_bias = [getattr(module, n).bias is not None for n in names]
-    if len(set(has_bias)) != 1:
-        raise ValueError(f"q/k/v/o_proj biases must all be present or all absent, got {dict(zip(names, has_bias))}")
-    bias = has_bias[0]
-    dtype = numpy_dtype_of(module.q_proj.weight.dtype)
-    name_map = {ours: entry for ours, entry in HF_GPT_OSS_NAME_MAP.items() if bias or not ours.startswith("b_")}
-    params = params_from_state(dict(module.named_parameters()), name_map)
-    dropout = float(getattr(cfg, "attention_dropout", 0.0))
-    options = dict(num_kv_heads=Hkv, rope_theta=hf_rope_theta(cfg), head_dim=d, sinks=True)  # refuses YaRN
-    return module_with_params(E, H, bias, E, E, dropout, dtype, params, **options)
+    # hf_rope_theta refuses YaRN's rope scaling
+    return from_llama_like(module, "GptOssAttention", HF_GPT_OSS_NAME_MAP, needs=("sinks",), sinks=True)
 
 
 def layer_mask(module: GptOssAttention, Lq: int, Lk: int | None = None, attention_mask=None) -> np.ndarray:

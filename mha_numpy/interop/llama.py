@@ -55,6 +55,44 @@ def hf_rope_theta(config) -> float:
     return float(theta)
 
 
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def llama_like_sizes(module, kind: str, needs: tuple[str, ...] = ()) -> tuple:
+    """A Llama-like attention (Llama, Gemma 2, Qwen3, gpt-oss, DiffLlama) checked to be one -> (config, E, H, Hkv, d).
+
+    ValueError naming ``kind`` when q/k/v/o_proj, config or one of ``needs`` is missing."""
+    names = (*PROJECTIONS, "config", *needs)
+    if not all(hasattr(module, n) for n in names):
+        raise ValueError(f"module must be a transformers {kind} ({', '.join(names)}), got {module!r}")
+    cfg = module.config
+    return cfg, module.q_proj.in_features, cfg.num_attention_heads, cfg.num_key_value_heads, module.head_dim
+
+
+def from_llama_like(module, kind: str, name_map: dict, needs=(), scale=None, **options) -> MultiHeadAttention:
+    """What every Llama-like importer shares: the module checked (``llama_like_sizes(module, kind, needs)``); the
+    scaling 1/√d unless ``scale`` is given (then it is the module's ``scale=``); the projections' biases all
+    present or all absent; the weights through ``name_map`` (its b_* entries only with biases); GQA, RoPE and
+    head_dim from the config, with ``options`` (the model's own steps)."""
+    cfg, E, H, Hkv, d = llama_like_sizes(module, kind, needs)
+    if scale is None and not np.isclose(module.scaling, d**-0.5, rtol=1e-15):
+        raise ValueError(f"{kind}.scaling={module.scaling} is not 1/sqrt(head_dim); not modelled")
+    has_bias = [getattr(module, n).bias is not None for n in PROJECTIONS]
+    if len(set(has_bias)) != 1:
+        raise ValueError(
+            f"q/k/v/o_proj biases must all be present or all absent, got {dict(zip(PROJECTIONS, has_bias))}"
+        )
+    bias = has_bias[0]
+    name_map = {ours: entry for ours, entry in name_map.items() if bias or not ours.startswith("b_")}
+    params = params_from_state(dict(module.named_parameters()), name_map)
+    dropout = float(getattr(cfg, "attention_dropout", 0.0))
+    dtype = numpy_dtype_of(module.q_proj.weight.dtype)
+    options = dict(num_kv_heads=Hkv, rope_theta=hf_rope_theta(cfg), head_dim=d, **options)  # d need not be E / H
+    if scale is not None:
+        options["scale"] = float(scale)
+    return module_with_params(E, H, bias, E, E, dropout, dtype, params, **options)
+
+
 def from_hf_llama_attention(module: LlamaAttention) -> MultiHeadAttention:
     """Hugging Face ``LlamaAttention`` -> ``MultiHeadAttention(num_kv_heads=..., rope_theta=...)``, same weights.
 
@@ -62,23 +100,7 @@ def from_hf_llama_attention(module: LlamaAttention) -> MultiHeadAttention:
     ``head_dim`` option), GQA from ``num_key_value_heads``, RoPE from the config. Causality is not part of the
     module: pass ``masks.causal_mask(L)`` (or use a ``KVCache``), as LlamaModel's mask does.
     """
-    names = ("q_proj", "k_proj", "v_proj", "o_proj")
-    if not all(hasattr(module, n) for n in names) or not hasattr(module, "config"):
-        raise ValueError(f"module must be a transformers LlamaAttention (q/k/v/o_proj and config), got {module!r}")
-    cfg = module.config
-    E, H, Hkv, d = module.q_proj.in_features, cfg.num_attention_heads, cfg.num_key_value_heads, module.head_dim
-    if not np.isclose(module.scaling, d**-0.5, rtol=1e-15):
-        raise ValueError(f"LlamaAttention.scaling={module.scaling} is not 1/sqrt(head_dim); not modelled")
-    has_bias = [getattr(module, n).bias is not None for n in names]
-    if len(set(has_bias)) != 1:
-        raise ValueError(f"q/k/v/o_proj biases must all be present or all absent, got {dict(zip(names, has_bias))}")
-    bias = has_bias[0]
-    dtype = numpy_dtype_of(module.q_proj.weight.dtype)
-    name_map = {ours: entry for ours, entry in HF_LLAMA_NAME_MAP.items() if bias or ours.startswith("W_")}
-    params = params_from_state(dict(module.named_parameters()), name_map)
-    dropout = float(getattr(cfg, "attention_dropout", 0.0))
-    options = dict(num_kv_heads=Hkv, rope_theta=hf_rope_theta(cfg), head_dim=d)  # d need not be E / H
-    return module_with_params(E, H, bias, E, E, dropout, dtype, params, **options)
+    return from_llama_like(module, "LlamaAttention", HF_LLAMA_NAME_MAP)
 
 
 def torch_cos_sin(torch, positions: np.ndarray, head_dim: int, theta: float, dtype):

@@ -36,16 +36,13 @@ import numpy as np
 
 from ..attention import MultiHeadAttention
 from ._lazy import require
-from .convert import module_with_params, numpy_dtype_of
 from .decoder_attention import DecoderAttention, crosscheck_decoder_attention, crosscheck_decoder_kv_cache
-from .llama import hf_rope_theta
-from .names import HF_LLAMA_NAME_MAP, params_from_state
+from .llama import from_llama_like, llama_like_sizes
+from .names import HF_LLAMA_NAME_MAP
 from .report import CrosscheckReport
 
 if TYPE_CHECKING:  # annotations only
     from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention
-
-_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 HF_QWEN3_NAME_MAP = {**HF_LLAMA_NAME_MAP, "q_norm": ("q_norm.weight", None), "k_norm": ("k_norm.weight", None)}
 """Qwen3Attention's parameters as ours (the projections' biases exist only with ``attention_bias=True``)."""
@@ -87,26 +84,13 @@ def from_hf_qwen3_attention(module: Qwen3Attention) -> MultiHeadAttention:
     Causality and a sliding layer's window are not part of the module: pass
     ``decoder_attention.layer_mask(B, Lq, Lk, module.sliding_window)`` as the mask (or a ``KVCache`` with it).
     """
-    if not all(hasattr(module, n) for n in (*_NAMES, "config", "q_norm", "k_norm")):
-        raise ValueError(f"module must be a transformers Qwen3Attention (q/k/v/o_proj, q/k_norm), got {module!r}")
-    cfg = module.config
-    E, H, Hkv, d = module.q_proj.in_features, cfg.num_attention_heads, cfg.num_key_value_heads, module.head_dim
-    if not np.isclose(module.scaling, d**-0.5, rtol=1e-15):
-        raise ValueError(f"Qwen3Attention.scaling={module.scaling} is not 1/sqrt(head_dim); not modelled")
+    d = llama_like_sizes(module, "Qwen3Attention", needs=("q_norm", "k_norm"))[-1]
     if module.q_norm.weight.shape != (d,) or module.k_norm.weight.shape != (d,):
         raise ValueError(f"q_norm, k_norm must be per head, ({d},); got {tuple(module.q_norm.weight.shape)}")
     eps = {module.q_norm.variance_epsilon, module.k_norm.variance_epsilon}
     if len(eps) != 1:
         raise ValueError(f"q_norm and k_norm have different eps {sorted(eps)}; the module has one qk_norm_eps")
-    has_bias = [getattr(module, n).bias is not None for n in _NAMES]
-    if len(set(has_bias)) != 1:
-        raise ValueError(f"q/k/v/o_proj biases must all be present or all absent, got {dict(zip(_NAMES, has_bias))}")
-    bias = has_bias[0]
-    params = params_from_state(dict(module.named_parameters()), _name_map(bias))
-    options = dict(num_kv_heads=Hkv, rope_theta=hf_rope_theta(cfg), head_dim=d, qk_norm=True,
-                   qk_norm_eps=float(eps.pop()))  # fmt: skip
-    dtype = numpy_dtype_of(module.q_proj.weight.dtype)
-    return module_with_params(E, H, bias, E, E, float(cfg.attention_dropout), dtype, params, **options)
+    return from_llama_like(module, "Qwen3Attention", HF_QWEN3_NAME_MAP, qk_norm=True, qk_norm_eps=float(eps.pop()))
 
 
 def _imported(module, kernel, recompute: bool) -> MultiHeadAttention:
