@@ -60,7 +60,7 @@ def from_hf_diffllama_attention(module: DiffLlamaAttention) -> MultiHeadAttentio
     config, λ_init from ``layer_idx``, the pair norm's eps from ``groupnorm``. Causality is not part of the module:
     pass ``masks.causal_mask(L)`` (or use a ``KVCache``), as DiffLlamaModel's mask does.
     """
-    cfg, E, H, Hkv, d = llama_like_sizes(module, "DiffLlamaAttention", needs=("groupnorm", *LAMBDAS))
+    d = llama_like_sizes(module, "DiffLlamaAttention", needs=("groupnorm", *LAMBDAS))[-1]
     layer = module.layer_idx
     if not isinstance(layer, int) or not math.isclose(module.lambda_init, 0.8 - 0.6 * math.exp(-0.3 * layer)):
         raise ValueError(f"lambda_init={module.lambda_init} is not 0.8 - 0.6 exp(-0.3 layer_idx), layer_idx={layer}")
