@@ -403,13 +403,16 @@ def ratio_rows(args) -> list[dict]:
 
 def memory_target(args) -> dict:
     """chunked forward + backward at B=1, L=16384, E=256, H=4, float32: tracemalloc peak beyond the
-    output and gradients (the inputs and parameters exist before tracing starts); by default and with
-    ``recompute=True`` (head by head, the cache keeping only the inputs)."""
+    output and gradients (the inputs and parameters exist before tracing starts); by default, with
+    ``recompute=True`` (head by head, the cache keeping only the inputs), and ``impl="auto"`` with no other
+    argument (its memory budget turns recompute on by itself: kernels/auto.py)."""
     L = 4096 if args.quick else 16384
     variant = "chunked-t2" if args.threads >= 2 else "chunked-t1"
     mem = numpy_peak_mib(variant, 1, L, 256, 4, np.float32)
     lean = numpy_peak_mib(variant, 1, L, 256, 4, np.float32, recompute=True)
-    res = dict(L=L, **mem, recompute_peak=lean["peak"], recompute_beyond=lean["beyond"])
+    auto = numpy_peak_mib("auto", 1, L, 256, 4, np.float32)  # no flag: the kernel's memory budget decides
+    res = dict(L=L, **mem, recompute_peak=lean["peak"], recompute_beyond=lean["beyond"], auto_peak=auto["peak"],
+               auto_beyond=auto["beyond"])  # fmt: skip
     res.update(score_tensor_mib=score_bytes(1, 4, L, 4) / MiB)
     if args.torch:  # the same measure for torch: RSS growth minus its output and gradients
         torch_peak = torch_peaks_mib(["torch-mha"], 1, [L], 256, 4, np.float32, args.threads).get(f"torch-mha/{L}")
@@ -422,7 +425,8 @@ def memory_target(args) -> dict:
     print(
         f"memory target: chunked fwd+bwd at L={L}, E=256, H=4, float32: peak {mem['peak']:.1f} MiB, "
         f"{mem['beyond']:.1f} MiB beyond output and gradients; with recompute=True: peak {lean['peak']:.1f} MiB, "
-        f"{lean['beyond']:.1f} MiB beyond; one score tensor: {res['score_tensor_mib']:.0f} MiB"
+        f"{lean['beyond']:.1f} MiB beyond; impl='auto' with no flag: peak {auto['peak']:.1f} MiB, "
+        f"{auto['beyond']:.1f} MiB beyond; one score tensor: {res['score_tensor_mib']:.0f} MiB"
     )
     return res
 

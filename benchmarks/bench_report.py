@@ -150,6 +150,9 @@ def targets(rows, mem, extra: dict) -> list[str]:
 
         lean = (f"with recompute=True: peak {mem['recompute_peak']:.1f} MiB, {mem['recompute_beyond']:.1f} MiB "
                 f"beyond: **{verdict(mem['recompute_beyond'])}**; " if "recompute_beyond" in mem else "")  # fmt: skip
+        lean += (f"impl='auto' with no flag (its memory budget): peak {mem['auto_peak']:.1f} MiB, "
+                 f"{mem['auto_beyond']:.1f} MiB beyond: **{verdict(mem['auto_beyond'])}**; "
+                 if "auto_beyond" in mem else "")  # fmt: skip
         lines.append(
             f"- memory at L={mem['L']}, E=256, H=4, float32: chunked peak {mem['peak']:.1f} MiB, "
             f"{mem['beyond']:.1f} MiB beyond output and gradients (≤ 64 MiB at L=16384): **{verdict(mem['beyond'])}**; "

@@ -119,6 +119,11 @@ class MultiHeadAttention:
       time, the cache keeps only the inputs, and the backward recomputes each group's forward. Same outputs and
       gradients (to rounding); sampled dropout draws its own keep-masks per group (``cache.dropout_mask`` shows
       them); no ``kv_cache``.
+    - ``memory_budget`` (bytes; None: the kernel's default, 64 MiB on ``impl="auto"``, none on the others): a call
+      whose backward would keep more than this (Q, K, V, the context, their gradients and the kernel's score
+      arrays: ``flow.kept_bytes``) runs as ``recompute=True`` does, so that ``impl="auto"`` needs no flag at long
+      sequences (49 MiB instead of 129 beyond the output and gradients at L = 16384, E = 256, H = 4, float32). A
+      call that cannot recompute (a KV cache, differential attention) runs the default path.
 
     ``forward(..., kv_cache=KVCache())`` decodes incrementally (forward only). Options can be read as attributes
     (``mha.num_kv_heads``) and changed by assignment (``mha.dropout = 0.1``, checked again), and so can the kernel
@@ -310,10 +315,20 @@ class MultiHeadAttention:
         stores = False if kv_cache is None else getattr(kv_cache, "stores", True)  # a KVCache's kind, or True
         steps, specs = self._plan(kv_cache=stores)  # this call's data path; refusals here
         f = self._begin(steps, specs, query, key, value, mask, training, dropout_mask, positions, kv_cache)
-        if self.config.recompute:  # head group by head group, keeping only the inputs (flow.py)
+        if self.config.recompute or self._over_budget(steps, f, stores):  # head group by head group (flow.py)
             return flow.recompute_forward(steps, f, specs)
         s = flow.forward(steps, f)  # every step, in order
         return f.output, MHACache(f.Q, f.K, f.V, f.attention, f.context, s, owner=self, plan=steps)
+
+    def _over_budget(self, steps, f: Flow, stores: bool) -> bool:
+        """Whether this call would keep more for its backward than the memory budget (``memory_budget``, or the
+        kernel's default: 64 MiB on ``impl="auto"``) and can run as ``recompute=True`` does instead (no KV cache,
+        every step groupwise)."""
+        budget = self.config.memory_budget
+        budget = self.kernel.default_memory_budget if budget is None else budget
+        if budget is None or stores or not all(step.groupwise for step in steps):
+            return False
+        return flow.kept_bytes(f) > budget
 
     __call__ = forward
 

@@ -176,6 +176,18 @@ def group_flow(f: Flow, hs: slice, specs: dict, seed) -> Flow:
                    self_attention=False)  # fmt: skip  # one projection at a time: see GroupGradFlow
 
 
+def kept_bytes(f: Flow) -> int:
+    """The bytes the call ``f`` holds for its backward beyond its inputs, output and gradients, without recompute:
+    Q (B, H, Lq, d), K and V (B, Hkv, Lk, d), the context (B, H, Lq, d), each once kept by the forward and once as
+    its gradient in the backward (the eight (L, E) arrays measured in docs/performance.md, "Memory"), and the
+    (B, H, Lq, Lk) arrays the call's kernel keeps (``Kernel.score_arrays``: 3 vectorized, 0 chunked).
+    ``MultiHeadAttention`` compares it with its memory budget (``AttentionConfig.memory_budget``)."""
+    B, H, Lq, Lk = f.args.shape
+    d, itemsize = f.owner.config.head_dim, f.owner.config.dtype.itemsize
+    activations = 2 * B * d * (2 * H * Lq + 2 * f.Hkv * Lk)  # (Q, context) and (K, V), with their gradients
+    return itemsize * (activations + f.kernel.score_arrays * B * H * Lq * Lk)
+
+
 def recompute_forward(steps, f: Flow, specs: dict):
     """The output of the call ``f`` (checked), group by group -> (output (B, Lq, E), RecomputeCache)."""
     cache = RecomputeCache(steps, f, specs, f.args.seed())

@@ -127,7 +127,9 @@ class AttentionConfig:
     extra key/value; sinks: a learned logit per head in every row's softmax denominator (gpt-oss's attention
     sinks); diff_attention: differential attention (DiffLlama; heads p and p + H/2 make a pair whose two
     maps are subtracted with a learned λ; λ_init from diff_layer_idx; an RMSNorm of eps diff_norm_eps per pair);
-    recompute: keep only the inputs and recompute each head group in the backward.
+    recompute: keep only the inputs and recompute each head group in the backward; memory_budget (bytes, None: the
+    kernel's ``default_memory_budget``, 64 MiB for ``impl="auto"``, else none): a call whose backward would keep
+    more than this (``flow.kept_bytes``) runs as ``recompute=True`` does, when its steps allow it.
     """
 
     embed_dim: int
@@ -153,6 +155,7 @@ class AttentionConfig:
     diff_layer_idx: int = 0
     diff_norm_eps: float = 1e-5
     recompute: bool = False
+    memory_budget: int | None = None
 
     def __post_init__(self) -> None:
         E = _positive_int(self.embed_dim, "embed_dim")
@@ -174,6 +177,7 @@ class AttentionConfig:
             qk_norm_eps=_positive_or_none(self.qk_norm_eps, "qk_norm_eps"),
             diff_layer_idx=_non_negative_int(self.diff_layer_idx, "diff_layer_idx"),
             diff_norm_eps=_positive_or_none(self.diff_norm_eps, "diff_norm_eps"),
+            memory_budget=None if (m := self.memory_budget) is None else _non_negative_int(m, "memory_budget"),
             **{name: _flag(getattr(self, name), name) for name in
                ("bias", "qk_norm", "alibi", "add_bias_kv", "add_zero_attn", "sinks", "diff_attention", "recompute")},
         )  # fmt: skip

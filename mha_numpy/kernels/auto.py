@@ -7,6 +7,12 @@ sequences (fewer passes over memory, two threads, tiles skipped under a causal m
 and also at short sequences in a batch (B = 8, L = 128 or B = 32, L = 64), where it groups the heads of one
 batch item into one work item and runs the items on two threads, while the vectorized kernel's batched
 products over (B, H) run on one core (NumPy calls BLAS once per small matrix, and BLAS does not thread those).
+
+Memory, too: a ``MultiHeadAttention`` on this kernel runs a call as ``recompute=True`` does (one head group at a
+time, nothing of size L × E kept for the backward) when the default path would keep more than ``MEMORY_BUDGET``
+(64 MiB) for its backward, as ``flow.kept_bytes`` counts it; ``memory_budget=`` on the module sets another budget
+(bytes; for any kernel). At L = 16384, E = 256, H = 4, float32 that is 49 MiB beyond the output and the gradients
+instead of 129 (docs/performance.md, "Memory"); the price is about a third more time, only at such shapes.
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ from .chunked import ChunkedKernel
 from .vectorized import VectorizedKernel
 
 MIN_CHUNKED_SCORES = 2**18  # B · H · Lq · Lk (scores of the whole call) from which the chunked kernel is used
+MEMORY_BUDGET = 64 * 2**20  # bytes a call may keep for its backward before the module recomputes (flow.kept_bytes)
 
 
 class AutoKernel(Kernel):
     """Delegates each call to the vectorized or the chunked kernel; the cache carries the one it chose."""
 
     name = "auto"
+    default_memory_budget = MEMORY_BUDGET  # a module on this kernel recomputes a call that would keep more
 
     def __init__(self, min_chunked_scores: int = MIN_CHUNKED_SCORES):
         self.min_chunked_scores = min_chunked_scores

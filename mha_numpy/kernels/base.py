@@ -179,6 +179,8 @@ class Kernel:
     """Base of every kernel: ``forward`` = checks + ``run``; subclasses implement ``run`` and ``backward``."""
 
     name = "kernel"
+    score_arrays = 3  # (B, H, Lq, Lk) arrays a call's cache keeps (scores, masked scores, weights): flow.kept_bytes
+    default_memory_budget = None  # bytes a module's call may keep for its backward before it recomputes (None: any)
 
     def forward(
         self, q, k, v, mask=None, scale=None, dropout_p=0.0, rng=None, dropout_mask=None, bias=None, score_mods=(),

@@ -498,6 +498,7 @@ class ChunkedKernel(Kernel):
     """Blocked online softmax, memory O(L · block); ``block_size`` and ``num_threads`` None = measured defaults."""
 
     name = "chunked"
+    score_arrays = 0  # tiles only: nothing of size Lq × Lk is kept
 
     def __init__(self, block_size: int | None = None, num_threads: int | None = None):
         self.block_size, self.num_threads = block_size, num_threads
