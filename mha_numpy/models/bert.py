@@ -280,7 +280,9 @@ class BertModel:
         x, c_ln = LY.layer_norm_forward(x, P["embeddings.LayerNorm.weight"], P["embeddings.LayerNorm.bias"], eps)  # F2
         keep = masks_used.get("embeddings")
         x, c_drop = (x, None) if keep is None else F.dropout_forward(x, self.config.hidden_dropout_prob, keep_mask=keep)
-        mask = masks.padding_mask(attention_mask=attention_mask)  # HF 1 = keep -> ours (B, 1, 1, L), True = attend
+        # HF 1 = keep -> ours (B, 1, 1, L), True = attend; none at all when nothing is padded: a mask of only True
+        # changes no score (where(True, s, -inf) is s) and costs two passes over every layer's (B, H, L, L) scores
+        mask = None if attention_mask.all() else masks.padding_mask(attention_mask=attention_mask)
         hidden_states, attentions, layer_caches = [x], [], []
         for i, layer in enumerate(self.layers):
             site = {r: masks_used[f"encoder.layer.{i}.{s}"] for r, s in DROPOUT_SITES.items()} if masks_used else None
