@@ -981,8 +981,8 @@ def merge_attention_forward(contexts, lses, order: str = "flat"):
         lse = log Σ_s exp(lse_s)      w_s = exp(lse_s - lse)      C = Σ_s w_s C_s
 
     A row where every partial is empty gets a zero context and lse -inf, never NaN; a partial empty for a row
-    gets weight 0 there (its context is not read). A NaN stays NaN. The weights are float64, the weighted sum in
-    the contexts' dtype (float32 stays float32).
+    gets weight 0 there (a kernel gives it a zero context). A NaN stays NaN, in a context even where its weight
+    is 0. The weights are float64, the weighted sum in the contexts' dtype (float32 stays float32).
     order: how the S partials are combined, all equal in exact arithmetic (they round differently):
     "flat" one S-way merge (one max, one sum); "sequential" folds them in one by one, ((1, 2), 3), ..., as a ring
     does step by step; "tree" merges neighbours pairwise, ((1, 2), (3, 4)), ..., in log2 S levels.
