@@ -913,3 +913,120 @@ def attention_steps_backward(d_context: np.ndarray, cache: AttentionCache, d_lse
 
 # Short alias: the functional "call" is the forward half of the pair.
 scaled_dot_product_attention = scaled_dot_product_attention_forward
+
+
+# --------------------------------------------------------------------------- merging partial attention
+#
+# Attention over keys split into disjoint sets (key blocks, KV-cache shards, a ring's ranks) is S partial results
+# (C_s, lse_s): C_s = Σ_{j∈s} exp(S_ij - lse_s) V_j, each normalised over its own keys, and lse_s their row's
+# log-sum-exp (a kernel's ``cache.lse``). The whole row's lse is log Σ_s exp(lse_s), and each partial weighs
+# w_s = exp(lse_s - lse) in the whole softmax, so C = Σ_s w_s C_s exactly: a softmax over the S partials, whose
+# "scores" are their lses. Derivation: docs/derivation.md § 27.
+
+MERGE_ORDERS = ("flat", "sequential", "tree")
+
+
+def _check_partials(contexts, lses) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """contexts: S >= 1 arrays (B, H, Lq, dv) of one shape and dtype (a list, or one (S, B, H, Lq, dv) array);
+    lses: S arrays (B, H, Lq) -> (contexts, lses as float64), or ValueError naming the argument and its shape."""
+    for name, parts in (("contexts", contexts), ("lses", lses)):
+        if isinstance(parts, (str, bytes)) or not hasattr(parts, "__len__") or len(parts) == 0:
+            raise ValueError(f"{name} must be a non-empty sequence of arrays (one per partial), got {parts!r:.60}")
+    if len(contexts) != len(lses):
+        raise ValueError(f"contexts has {len(contexts)} partials but lses has {len(lses)}: one lse per context")
+    C = [as_float_array(c, f"contexts[{s}]", ndim=4) for s, c in enumerate(contexts)]
+    L = [as_float_array(lse, f"lses[{s}]") for s, lse in enumerate(lses)]
+    for s, (c, lse) in enumerate(zip(C, L)):
+        if c.shape != C[0].shape or c.dtype != C[0].dtype:
+            raise ValueError(f"contexts[{s}] is {c.dtype} {c.shape} but contexts[0] is {C[0].dtype} {C[0].shape}")
+        if lse.shape != c.shape[:3]:
+            raise ValueError(f"lses[{s}] has shape {lse.shape}; expected {c.shape[:3]} (B, H, Lq) like contexts[{s}]")
+    return C, [lse.astype(np.float64, copy=False) for lse in L]
+
+
+def _merge_weights(L: list[np.ndarray]):
+    """S lses (B, H, Lq) float64 -> (lse (B, H, Lq), w (S, B, H, Lq)): the whole row's lse and each partial's weight."""
+    lse_s = np.stack(L)  # (S, B, H, Lq) float64
+    m = lse_s.max(axis=0)  # (B, H, Lq), NaN if a partial's lse is NaN
+    m = np.where(np.isneginf(m), 0.0, m)  # every partial empty for the row: shift by 0, exp(-inf) = 0
+    e = np.exp(lse_s - m)  # F1: (S, B, H, Lq) in [0, 1], 0 for a partial empty for the row
+    total = e.sum(axis=0)  # F2: (B, H, Lq), 0 only where every partial is empty
+    with np.errstate(divide="ignore"):  # log 0 = -inf: the row has no key at all
+        lse = m + np.log(total)  # F2: (B, H, Lq) the whole row's log-sum-exp
+    return lse, e / np.where(total == 0, 1.0, total)  # F3: (S, B, H, Lq) w_s = exp(lse_s - lse), 0 for an empty row
+
+
+def _merge(C: list[np.ndarray], L: list[np.ndarray]):
+    """The S-way merge on checked partials -> (context, lse, w): w (S, B, H, Lq) float64 each partial's weight."""
+    lse, w = _merge_weights(L)  # F1-F3
+    context = np.zeros_like(C[0])  # (B, H, Lq, dv) in the contexts' dtype
+    for w_s, c_s in zip(w.astype(C[0].dtype), C):
+        context += w_s[..., None] * c_s  # F4: (B, H, Lq, 1) * (B, H, Lq, dv), C = Σ_s w_s C_s
+    return context, lse, w
+
+
+def _merge_two(a, b):
+    """Two partials (C, lse) -> their merge (C, lse)."""
+    return _merge([a[0], b[0]], [a[1], b[1]])[:2]
+
+
+def merge_attention_forward(contexts, lses, order: str = "flat"):
+    """Merge S partial attentions over disjoint key sets into the attention over their union, exactly.
+
+    contexts: S arrays (B, H, Lq, dv) (a list, or one (S, B, H, Lq, dv) array), each softmax-normalised over its own
+    keys; lses: S arrays (B, H, Lq), each row's log-sum-exp over those keys (a kernel's ``cache.lse``; -inf where
+    the partial has no allowed key for the row).
+    -> (context (B, H, Lq, dv) in the contexts' dtype, lse (B, H, Lq) float64), cache.
+
+        lse = log Σ_s exp(lse_s)      w_s = exp(lse_s - lse)      C = Σ_s w_s C_s
+
+    A row where every partial is empty gets a zero context and lse -inf, never NaN; a partial empty for a row
+    gets weight 0 there (a kernel gives it a zero context). A NaN stays NaN, in a context even where its weight
+    is 0. The weights are float64, the weighted sum in the contexts' dtype (float32 stays float32).
+    order: how the S partials are combined, all equal in exact arithmetic (they round differently):
+    "flat" one S-way merge (one max, one sum); "sequential" folds them in one by one, ((1, 2), 3), ..., as a ring
+    does step by step; "tree" merges neighbours pairwise, ((1, 2), (3, 4)), ..., in log2 S levels.
+    The backward is the same for every order (the gradient of the exact merge).
+    """
+    C, L = _check_partials(contexts, lses)
+    if order not in MERGE_ORDERS:
+        raise ValueError(f"order must be one of {MERGE_ORDERS}, got {order!r}")
+    if order == "flat" or len(C) == 1:
+        context, lse, w = _merge(C, L)
+    else:
+        parts = list(zip(C, L))  # (C_s, lse_s) each
+        if order == "sequential":  # the running result, then the next partial
+            merged = parts[0]
+            for part in parts[1:]:
+                merged = _merge_two(merged, part)
+        else:  # "tree": one level merges neighbours pairwise, an odd one out goes up as it is
+            while len(parts) > 1:
+                parts = [
+                    _merge_two(*parts[i : i + 2]) if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)
+                ]
+            merged = parts[0]
+        context, lse = merged
+        w = _merge_weights(L)[1]  # (S, B, H, Lq) the weights, for the backward (as e / total: they sum to 1)
+    return (context, lse), (C, w)
+
+
+def merge_attention_backward(d_context: np.ndarray, cache, d_lse: np.ndarray | None = None):
+    """d_context: (B, H, Lq, dv) -> (d_contexts: S arrays (B, H, Lq, dv), d_lses: S arrays (B, H, Lq) float64).
+
+    d_lse: None, or (B, H, Lq) the gradient of the merged lse. The merge is a softmax over the partials whose scores
+    are their lses, so its VJP is the softmax's, with dp_s = rowsum(dC ∘ C_s) and d_lse joining the row term:
+
+        dC_s = w_s dC        d lse_s = w_s (dp_s - (Σ_t w_t dp_t - d_lse))
+
+    A partial empty for a row (w_s = 0) gets zero gradients there; so does every partial of an empty row.
+    """
+    C, w = cache
+    d_context = check_d_context(d_context, C[0].shape, C[0].dtype)  # no silent broadcast
+    d_lse = check_d_lse(d_lse, C[0].shape[:3], np.float64)
+    d_contexts = [w_s[..., None].astype(c.dtype) * d_context for w_s, c in zip(w, C)]  # ← F4: (B, H, Lq, dv) each
+    dp = np.stack([np.einsum("...d,...d->...", d_context, c, dtype=np.float64) for c in C])  # ← F4: (S, B, H, Lq)
+    row_dot = (w * dp).sum(axis=0)  # ← F3: (B, H, Lq) Σ_t w_t dp_t
+    if d_lse is not None:
+        row_dot -= d_lse  # ← F2: ∂ lse / ∂ lse_s = w_s, folded into the row term
+    d_lses = w * (dp - row_dot)  # ← F3, F1: (S, B, H, Lq) w_s (dp_s - (Σ w dp - d_lse))
+    return d_contexts, list(d_lses)

@@ -243,7 +243,19 @@ def check_functional(
 def check_pair(pair: P.Pair, case: P.Case, rng: np.random.Generator, eps: float, report: GradcheckReport) -> None:
     """Add the rows ``case.label:input`` for each gradient the pair's backward owes on ``case`` (random d_out)."""
     out, cache = pair.forward(*case.values())
-    d_out = rng.standard_normal(np.shape(out))
-    for name, grad in P.gradients(pair, pair.backward(d_out, cache), case).items():
-        numerical = numerical_gradient(lambda _x: pair.forward(*case.values())[0], case.array(name), d_out, eps)
-        report.add(f"{case.label}:{name}", grad, numerical)
+    if isinstance(out, tuple):  # several outputs (merge_attention: context, lse): backward(d_out, cache, *d_rest)
+        d_outs = [rng.standard_normal(np.shape(o)) for o in out]
+        result = pair.backward(d_outs[0], cache, *d_outs[1:])
+        d_out = np.concatenate([d.ravel() for d in d_outs])  # the loss is Σ over every output of out ∘ d_out
+
+        def run(_x):
+            return np.concatenate([np.ravel(o) for o in pair.forward(*case.values())[0]])
+    else:
+        d_out = rng.standard_normal(np.shape(out))
+        result = pair.backward(d_out, cache)
+
+        def run(_x):
+            return pair.forward(*case.values())[0]
+
+    for name, grad in P.gradients(pair, result, case).items():
+        report.add(f"{case.label}:{name}", grad, numerical_gradient(run, case.array(name), d_out, eps))

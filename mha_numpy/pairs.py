@@ -387,6 +387,15 @@ def diff_combine_sample(s: Sizes, rng):
     return [Case("diff_combine", [("context", context), ("lam", lam), ("lambda_init", 0.47), ("eps", 1e-5)])]
 
 
+def merge_attention_sample(s: Sizes, rng):
+    """Three partials over disjoint key sets, one of them empty for a row (lse -inf, context 0): stacked arrays
+    (S, B, H, Lq, ·), so that each entry can be perturbed. No row is empty for all (its lse -inf has no
+    finite difference; tests/test_merge.py checks it)."""
+    contexts, lses = _randn(rng, 3, s.B, s.H, s.Lq, s.d), 2 * _randn(rng, 3, s.B, s.H, s.Lq)
+    contexts[1, 0, 0, 0], lses[1, 0, 0, 0] = 0.0, -np.inf  # partial 1 has no key for this row: weight 0
+    return [Case("merge_attention", [("contexts", contexts), ("lses", lses)])]
+
+
 def mean_pool_sample(s: Sizes, rng):
     keep = np.ones((s.B, s.Lq), np.int64)
     keep[-1, s.Lq // 2 :] = 0  # padding in the last sequence
@@ -496,6 +505,13 @@ PAIRS: list[Pair] = [
         ("context", "lam"),
         sample=diff_combine_sample,
     ),
+    Pair(
+        "merge_attention",
+        F.merge_attention_forward,
+        F.merge_attention_backward,
+        ("contexts", "lses"),
+        sample=merge_attention_sample,
+    ),  # two outputs (context, lse): the backward takes d_context, cache, d_lse
 ]
 
 
