@@ -63,7 +63,7 @@ def check_args(args, size: int) -> None:
 
 
 def _mb(n: int) -> str:
-    return f"{n / 2**20:.2f} MB"
+    return f"{n / 2**20:.2f} MiB"
 
 
 def run(args: argparse.Namespace) -> int:
