@@ -17,17 +17,18 @@ from mha_numpy.distributed import Ring, Sharding, ring_attention_backward, ring_
 from mha_numpy.distributed.mpi import world
 from mha_numpy.kernels import get_kernel
 
-# (layout, causal, padding, H, Hkv, per-rank kernel, dtype); B = 2, d = 4, dv = 3, L = 4 chunks per rank's share
+# (layout, causal, padding, H, Hkv, per-rank kernel, merge order, dtype); B = 2, d = 4, dv = 3, L/P = 4 per chunk
 CASES = [
-    ("contiguous", False, False, 2, 2, "vectorized", np.float64),
-    ("contiguous", True, False, 2, 2, "vectorized", np.float64),
-    ("zigzag", True, False, 2, 2, "vectorized", np.float64),
-    ("zigzag", False, False, 2, 2, "vectorized", np.float64),
-    ("contiguous", True, True, 4, 2, "vectorized", np.float64),  # padding + GQA
-    ("zigzag", True, True, 4, 1, "vectorized", np.float64),  # padding + multi-query
-    ("zigzag", False, True, 4, 2, "chunked", np.float64),  # padding + GQA, the chunked kernel per piece
-    ("contiguous", False, True, 2, 1, "vectorized", np.float64),
-    ("zigzag", True, False, 2, 2, "vectorized", np.float32),  # float32 stays float32
+    ("contiguous", False, False, 2, 2, "vectorized", "sequential", np.float64),
+    ("contiguous", True, False, 2, 2, "vectorized", "sequential", np.float64),
+    ("zigzag", True, False, 2, 2, "vectorized", "sequential", np.float64),
+    ("zigzag", True, True, 4, 2, "vectorized", "tree", np.float64),
+    ("zigzag", False, False, 2, 2, "vectorized", "sequential", np.float64),
+    ("contiguous", True, True, 4, 2, "vectorized", "sequential", np.float64),  # padding + GQA
+    ("zigzag", True, True, 4, 1, "vectorized", "sequential", np.float64),  # padding + multi-query
+    ("zigzag", False, True, 4, 2, "chunked", "sequential", np.float64),  # the chunked kernel per piece
+    ("contiguous", False, True, 2, 1, "vectorized", "flat", np.float64),
+    ("zigzag", True, False, 2, 2, "vectorized", "sequential", np.float32),  # float32 stays float32
 ]
 
 
@@ -78,12 +79,13 @@ def main() -> int:
     ring = Ring(comm)
     P, rank = ring.size, ring.rank
     failures = 0
-    for i, (layout, causal, padding, H, Hkv, kernel, dtype) in enumerate(CASES):
+    for i, (layout, causal, padding, H, Hkv, kernel, order, dtype) in enumerate(CASES):
         sharding = Sharding(P, layout)
         L = 4 * sharding.n_chunks
         q, k, v, d_ctx, d_lse, key_valid = whole_inputs(i, 2, H, Hkv, L, 4, 3, padding, dtype)
         mine = [sharding.shard(x, rank) for x in (q, k, v, d_ctx, d_lse)]
-        (ctx, lse), cache = ring_attention_forward(*mine[:3], ring, sharding, causal, key_valid, kernel=kernel)
+        (ctx, lse), cache = ring_attention_forward(*mine[:3], ring, sharding, causal, key_valid, kernel=kernel,
+                                                   order=order)  # fmt: skip
         dq, dk, dv = ring_attention_backward(mine[3], cache, ring, d_lse=mine[4])
         parts = comm.gather((ctx, lse, dq, dk, dv), root=0)
         if rank != 0:
@@ -96,8 +98,9 @@ def main() -> int:
         ok = all(e <= tol for e in errors.values())
         failures += not ok
         worst = max(errors, key=errors.get)
-        print(f"{'ok  ' if ok else 'FAIL'} P={P} {layout:10} causal={causal!s:5} padding={padding!s:5} H={H} Hkv={Hkv} "
-              f"{kernel:10} {np.dtype(dtype).name}: worst {worst} {errors[worst]:.1e} (tol {tol:.0e})")  # fmt: skip
+        case = f"P={P} {layout:10} causal={causal!s:5} padding={padding!s:5} H={H} Hkv={Hkv} {kernel:10} {order:10}"
+        verdict = "ok  " if ok else "FAIL"
+        print(f"{verdict} {case} {np.dtype(dtype).name}: worst {worst} {errors[worst]:.1e} (tol {tol:.0e})")
     if rank == 0:
         print(f"ALL OK {len(CASES)} cases" if failures == 0 else f"{failures} of {len(CASES)} cases FAILED")
     return int(comm.bcast(failures, root=0) > 0)

@@ -1,8 +1,8 @@
 """Ring attention over MPI (mha_numpy.distributed): against the single-process kernel, under real mpiexec.
 
 One mpiexec launch per rank count runs every case (tests/ring_cases.py: contiguous and zigzag, causal and not,
-padding, GQA, float64 to 1e-12 and float32). MPI comes from requirements-dev.txt (mpi4py + MPICH's wheel): a
-machine where mpiexec cannot start FAILS these tests, it never skips them.
+padding, GQA, both merge orders, float64 to 1e-12 and float32). MPI comes from requirements-dev.txt (mpi4py +
+MPICH's wheel): a machine where mpiexec cannot start FAILS these tests, it never skips them.
 """
 
 from __future__ import annotations
@@ -103,5 +103,7 @@ def test_one_rank_ring_is_the_kernel_and_bad_input_is_a_value_error():
         ring_attention_forward(q, k, v, ring, s, key_valid=np.ones((1, 7), dtype=bool))
     with pytest.raises(ValueError, match="multiple of 2"):
         ring_attention_forward(q[:, :, :7], k[:, :, :7], v[:, :, :7], ring, s)
+    with pytest.raises(ValueError, match="order must be one of"):
+        ring_attention_forward(q, k, v, ring, s, order="random")
     with pytest.raises(ValueError, match="sharding is for 2 ranks"):
         ring_attention_forward(q, k, v, ring, Sharding(2, "zigzag"))

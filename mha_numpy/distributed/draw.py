@@ -2,7 +2,8 @@
 
 ``schedule_html(sharding, length, causal)`` -> one offline HTML page (a table, steps × ranks, and one L × L grid of
 chunks per step coloured by the rank that computes each piece). ``schedule_figure`` -> the same grids as a
-matplotlib figure (the ``viz`` extra). Both read ``blocks.schedule``: what is drawn is what the ring computes.
+matplotlib figure (the ``viz`` extra; no pyplot: returned, never shown). Both read ``blocks.schedule``: what is
+drawn is what the ring computes.
 """
 
 from __future__ import annotations
@@ -67,15 +68,14 @@ it computes. Backward: the same walk once more, each block travelling with its d
 def schedule_figure(sharding: Sharding, length: int, causal: bool):
     """A matplotlib figure: one (chunks × chunks) grid per step, each piece coloured by the rank computing it."""
     require("matplotlib", "ring --out (the schedule's figure)")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
 
     P = sharding.size
     cmap = ListedColormap(["#eeeeee", *[COLOURS[r % 8] for r in range(P)]])
-    fig, axes = plt.subplots(1, P, figsize=(2.4 * P + 0.6, 2.8), squeeze=False)
+    fig = Figure(figsize=(2.4 * P + 0.6, 2.8))
+    axes = fig.subplots(1, P, squeeze=False)
     for s, ax in enumerate(axes[0]):
         ax.imshow(owner_grid(sharding, length, causal, s) + 1, cmap=cmap, vmin=0, vmax=P)
         ax.set_title(f"step {s}")
@@ -83,7 +83,7 @@ def schedule_figure(sharding: Sharding, length: int, causal: bool):
         ax.set_xticks([])
         ax.set_yticks([])
     axes[0][0].set_ylabel("query chunk")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=COLOURS[r % 8]) for r in range(P)]
+    handles = [Rectangle((0, 0), 1, 1, color=COLOURS[r % 8]) for r in range(P)]
     fig.legend(handles, [f"rank {r}" for r in range(P)], loc="lower center", ncol=min(P, 8), frameon=False)
     fig.suptitle(f"{sharding.layout}, {'causal' if causal else 'no mask'}: who computes which piece")
     fig.tight_layout(rect=(0, 0.14, 1, 1))

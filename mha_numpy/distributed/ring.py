@@ -90,11 +90,14 @@ def ring_attention_forward(
     """This rank's q (B, H, L/P, d), k (B, Hkv, L/P, d), v (B, Hkv, L/P, dv) -> ((context (B, H, L/P, dv),
     lse (B, H, L/P) float64), cache): its rows of attention over the whole sequence.
 
-    Every rank calls it (collectively) with its own shard. causal: the causal mask over global positions.
+    Every rank calls it (collectively) with its own shard, of the same shape on every rank (a rank that raises
+    leaves the others waiting: MPI's rule). causal: the causal mask over global positions.
     key_valid: None or (B, L) bool over the whole sequence, True = a real key (the same on every rank).
     order: the merge order of the partials ("sequential": as they arrive, "tree", "flat";
     ``functional.merge_attention_forward``)."""
     q, k, v, length, n_rep, key_valid = check_ring_inputs(q, k, v, ring, sharding, key_valid)
+    if order not in F.MERGE_ORDERS:
+        raise ValueError(f"order must be one of {F.MERGE_ORDERS}, got {order!r}")
     kernel = get_kernel(kernel)
     chunks = sharding.local_slices(ring.rank, length)
     contexts, lses = [[] for _ in chunks], [[] for _ in chunks]
