@@ -21,6 +21,7 @@ EXTRAS = {
     "torch": ("torch", "torch"),
     "transformers": ("transformers", "torch"),
     "jax": ("jax", "jax"),  # mha_numpy.testing.from_jax (python -m mha_numpy verify --jax)
+    "mpi4py": ("mpi4py", "mpi"),  # mha_numpy.distributed: ring attention over MPI (python -m mha_numpy ring)
 }
 
 
