@@ -19,7 +19,7 @@ import numpy as np
 
 from ..gradcheck import numerical_gradient
 from ..pairs import Case, Pair, ReturnConventionError, gradients
-from . import bugs, cases
+from . import bugs, capstone, cases
 from . import reference as R
 from .diagnose import compare, matching_bug, scale_of
 from .load import StudentFileError
@@ -202,6 +202,37 @@ def check_online_softmax(student, rng) -> Row:
     return run_cases(function, cases.online_softmax_cases(rng), run_case, student)
 
 
+def check_capstone(student, function: str = capstone.MODEL_BACKWARD) -> Row:
+    """Row for the capstone's whole backward: every gradient of every case of ``capstone.CASES`` against the
+    library's; a FAIL names the first wrong one (the step where the bug is) and the catalogued bug it matches."""
+    student.start(function)
+    for case in capstone.CASES:
+        cache, caches = capstone.model_case(**case)
+        expected = capstone.reference_grads(caches)
+        label = ", ".join(f"{k}={v}" for k, v in case.items())
+        try:
+            with np.errstate(all="ignore"):
+                got = student.call(function, [("cache", cache)], keep_cache=False)
+        except NotImplementedError:
+            return Row(function, NOT_DONE)
+        except (Mutated, StudentFault) as failure:
+            return Row(function, "FAIL", f"{failure} [case {label}]")
+        except StudentFileError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a student's crash (in this process) is a FAIL, not ours
+            message = (str(exc).splitlines() or [""])[0][:100]
+            return Row(function, "FAIL", f"raised {type(exc).__name__}: {message} [case {label}]")
+        if not isinstance(got, dict):
+            return Row(function, "FAIL", f"must return a dict of gradients by name, returned {type(got).__name__}")
+        lines = capstone.compare_grads(got, expected)
+        wrong = capstone.first_wrong(lines)
+        if wrong is not None:
+            why = wrong.problem or f"max diff {wrong.max_diff:.1e}"
+            detail = f"first wrong: {wrong.label} d_{wrong.name} ({why}) [case {label}]"
+            return Row(function, "FAIL", detail, capstone.diagnose(got, cache, expected, wrong))
+    return Row(function, "PASS")
+
+
 def plan(names, only=None) -> list[str]:
     """The functions of ``names`` the checker knows, in the order they are checked (``only``: pair names)."""
     names = set(names)
@@ -211,6 +242,8 @@ def plan(names, only=None) -> list[str]:
             out += [f for f in (f"{pair.name}_forward", f"{pair.name}_backward") if f in names]
     if cases.ONLINE_SOFTMAX in names and (only is None or "online_softmax" in only):
         out.append(cases.ONLINE_SOFTMAX)
+    if capstone.MODEL_BACKWARD in names and (only is None or "capstone_model" in only):
+        out.append(capstone.MODEL_BACKWARD)
     return out
 
 
@@ -233,4 +266,6 @@ def check_student(student, only=None, on_row=None) -> list[Row]:
             done(check_backward(pair, student, passed, np.random.default_rng(1), failed))
     if cases.ONLINE_SOFTMAX in todo:
         done(check_online_softmax(student, np.random.default_rng(2)))
+    if capstone.MODEL_BACKWARD in todo:
+        done(check_capstone(student))
     return rows
