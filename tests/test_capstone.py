@@ -1,6 +1,6 @@
-"""The capstone (exercise 9): its forward is the tiny model's, its reference gradients are the model's backward, the
-checker passes the worked solution, names the FIRST wrong gradient of a buggy one and the catalogued bug, and
-training with the student's backward is the library's training run."""
+"""The capstones (exercises 9 and 10): their forwards are the tiny model's and the pre-norm Block's, their reference
+gradients are those modules' backwards, the checker passes the worked solutions, names the FIRST wrong gradient of a
+buggy one and the catalogued bug, and training with the student's backward is the library's training run."""
 
 from __future__ import annotations
 
@@ -12,17 +12,21 @@ import numpy as np
 import pytest
 
 from mha_numpy import train as T
+from mha_numpy.attention import MultiHeadAttention
 from mha_numpy.checker import capstone as C
+from mha_numpy.checker import capstone_block as K
 from mha_numpy.checker import check_namespace
+from mha_numpy.models.block import Block
 from mha_numpy.models.tiny import TinyAttentionModel
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTION = ROOT / "exercises" / "solutions" / "ex09_capstone_model.py"
+BLOCK_SOLUTION = ROOT / "exercises" / "solutions" / "ex10_capstone_block.py"
 
 
 def _namespace(source: str) -> dict:
     namespace: dict = {}
-    exec(compile(source, str(SOLUTION), "exec"), namespace)  # noqa: S102 - the worked solution, or a bug of it
+    exec(compile(source, "student.py", "exec"), namespace)  # noqa: S102 - a worked solution, or a bug of it
     return namespace
 
 
@@ -40,6 +44,20 @@ def test_the_capstone_forward_and_its_reference_gradients_are_the_tiny_models():
         np.testing.assert_allclose(expected[name], g, rtol=0, atol=1e-13 * np.abs(g).max(), err_msg=name)
 
 
+def test_the_block_capstone_forward_and_its_reference_gradients_are_the_pre_norm_blocks():
+    cache, caches = K.block_case(seed=1, B=1, L=4, E=6, H=3, inner=12)
+    params = {name: cache[name].copy() for name in K.PARAMS}
+    block = Block(MultiHeadAttention(6, 3, rng=0), params, K.BLOCK_NAMES, norm_position="pre", norm="layer_norm",
+                  eps=K.EPS, ffn="gelu", approximate="tanh")  # fmt: skip
+    y, block_cache = block.forward(cache["x"])
+    np.testing.assert_allclose(cache["y"], y, rtol=0, atol=1e-14 * np.abs(y).max())
+    d_x, grads = block.backward(cache["d_y"], block_cache)
+    expected = K.block_reference(caches)
+    assert set(expected) == set(K.BLOCK_GRADS) and set(grads) == set(K.PARAMS)
+    for name, g in {"x": d_x, **grads}.items():
+        np.testing.assert_allclose(expected[name], g, rtol=0, atol=1e-13 * np.abs(g).max(), err_msg=name)
+
+
 def test_the_reference_gradient_of_a_weight_matches_finite_differences():
     cache, caches = C.model_case(seed=1, B=3, L=3, E=4, H=1, V=5)
     params = {name: cache[name].copy() for name in C.PARAMS}
@@ -53,12 +71,13 @@ def test_the_reference_gradient_of_a_weight_matches_finite_differences():
     assert np.abs(numerical - dW).max() <= 1e-7 * np.abs(dW).max()
 
 
-def test_the_worked_solution_passes_and_matches_every_intermediate():
-    solution = _namespace(SOLUTION.read_text())
-    report = check_namespace(solution, only=["capstone_model"])
-    assert [(r.function, r.status) for r in report.rows] == [("capstone_model_backward", "PASS")]
-    comparison = C.compare(solution["capstone_model_backward"])
-    assert comparison.wrong is None and len(comparison.lines) == len(C.MODEL_GRADS)
+@pytest.mark.parametrize(("capstone", "path"), [(C.MODEL, SOLUTION), (K.BLOCK, BLOCK_SOLUTION)], ids=["model", "block"])
+def test_the_worked_solution_passes_and_matches_every_intermediate(capstone, path):
+    solution = _namespace(path.read_text())
+    report = check_namespace(solution)
+    assert [(r.function, r.status) for r in report.rows] == [(capstone.function, "PASS")]
+    comparison = C.compare(solution[capstone.function], capstone)
+    assert comparison.wrong is None and len(comparison.lines) == len(capstone.order)
     assert "every gradient matches" in str(comparison)
 
 
@@ -100,26 +119,52 @@ BUGGY = [
     ("pos_not_summed", 'np.add.at(g["pos_emb"], c["positions"], g["pos"])', 'g["pos_emb"] = g["pos"][0]'),
     ("embedding_assign", 'np.add.at(g["tok_emb"], c["tokens"], g["tok"])', 'g["tok_emb"][c["tokens"]] += g["tok"]'),
 ]  # fmt: skip
+NORM = "return rstd * (d_xhat - mean_d - xhat * mean_dx)"
+X_LINE = 'g["x"] = g["h"] + norm(g["xhat1"], c["x"])'
+RSTD_X = 'np.sqrt(c["x"].var(axis=-1, keepdims=True) + eps)'
+MEAN_X = 'g["xhat1"].mean(axis=-1, keepdims=True)'
+SPLIT = 'g[name] = g[name + "h"].transpose(0, 2, 1, 3).reshape(B, L, E)'
+BLOCK_BUGGY = [
+    ("ln_no_mean_terms_h", NORM, "return rstd * d_xhat"),
+    ("ln_no_xhat_term_h", NORM, "return rstd * (d_xhat - mean_d)"),
+    ("ln_no_mean_term_h", NORM, "return rstd * (d_xhat - xhat * mean_dx)"),
+    ("skip_missing_h", 'g["h"] = g["y"] + norm(g["xhat2"], c["h"])', 'g["h"] = norm(g["xhat2"], c["h"])'),
+    ("ln_no_mean_terms_x", X_LINE, f'g["x"] = g["h"] + g["xhat1"] / {RSTD_X}'),
+    ("ln_no_xhat_term_x", X_LINE, f'g["x"] = g["h"] + (g["xhat1"] - {MEAN_X}) / {RSTD_X}'),
+    ("ln_no_mean_term_x", X_LINE, f"{X_LINE} + {MEAN_X} / {RSTD_X}"),
+    ("skip_missing_x", X_LINE, 'g["x"] = norm(g["xhat1"], c["x"])'),
+    ("gamma_not_summed", 'g["gamma2"] = (g["n2"] * c["xhat2"]).sum(axis=(0, 1))', 'g["gamma2"] = g["n2"] * c["xhat2"]'),
+    ("gelu_no_product_rule", 'g["u"] = g["gl"] * (0.5 * (1 + t) + u * d_cdf)', 'g["u"] = g["gl"] * 0.5 * (1 + t)'),
+    ("dw1_transposed", 'g["n2"] = linear(g["u"], c["n2"], c["W_1"], "1")',
+     'g["n2"] = linear(g["u"], c["n2"], c["W_1"], "1")\n    g["W_1"] = g["W_1"].T'),
+    ("split_no_transpose", SPLIT, SPLIT.replace("= g[", '= g[name + "h"].reshape(B, L, E) if name == "q" else g[', 1)),
+    *[b for b in BUGGY if b[0] in ("merge_no_transpose", "dv_untransposed", "softmax_diagonal", "softmax_wrong_axis",
+                                   "scale_forgotten", "scale_divided", "dk_untransposed")],
+]  # fmt: skip
+ALL_BUGGY = [(C.MODEL, SOLUTION, *b) for b in BUGGY] + [(K.BLOCK, BLOCK_SOLUTION, *b) for b in BLOCK_BUGGY]
 
 
-@pytest.mark.parametrize(("key", "line", "buggy"), BUGGY, ids=[b[0] for b in BUGGY])
-def test_a_buggy_backward_fails_at_its_first_wrong_gradient_with_the_diagnosis(key, line, buggy):
-    source = SOLUTION.read_text()
+@pytest.mark.parametrize(("capstone", "path", "key", "line", "buggy"), ALL_BUGGY,
+                         ids=[f"{c.name}-{key}" for c, _, key, _, _ in ALL_BUGGY])  # fmt: skip
+def test_a_buggy_backward_fails_at_its_first_wrong_gradient_with_the_diagnosis(capstone, path, key, line, buggy):
+    source = path.read_text()
     assert line in source, f"the worked solution no longer has {line!r}"
     student = _namespace(source.replace(line, buggy, 1))
-    bug = next(b for b in C.MODEL_BUGS if b.key == key)
-    row = check_namespace(student, only=["capstone_model"])["capstone_model_backward"]
+    bug = next(b for b in capstone.bugs if b.key == key)
+    row = check_namespace(student, only=[capstone.name])[capstone.function]
     assert row.status == "FAIL" and f" d_{bug.name} (" in row.detail, row.detail
     assert row.bug is not None and row.bug.key == key, (row.detail, row.bug)
-    comparison = C.compare(student["capstone_model_backward"])
+    comparison = C.compare(student[capstone.function], capstone)
     assert comparison.wrong.name == bug.name and f"first wrong: {comparison.wrong.label} {bug.name}" in str(comparison)
-    before = C.MODEL_GRADS[: C.MODEL_GRADS.index(bug.name)]
+    grads = [name for _, name in capstone.order]
+    before = grads[: grads.index(bug.name)]
     assert all(line.approximate for line in comparison.lines if line.name in before)
 
 
-def test_every_catalogued_bug_is_tested_and_names_a_gradient():
-    assert {b.key for b in C.MODEL_BUGS} == {key for key, _, _ in BUGGY}
-    assert {b.name for b in C.MODEL_BUGS} <= set(C.MODEL_GRADS)
+@pytest.mark.parametrize(("capstone", "buggy"), [(C.MODEL, BUGGY), (K.BLOCK, BLOCK_BUGGY)], ids=["model", "block"])
+def test_every_catalogued_bug_is_tested_and_names_a_gradient(capstone, buggy):
+    assert {b.key for b in capstone.bugs} == {key for key, _, _ in buggy}
+    assert {b.name for b in capstone.bugs} <= {name for _, name in capstone.order}
 
 
 def test_a_backward_that_writes_into_its_cache_fails_and_a_missing_gradient_is_named():

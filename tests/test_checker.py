@@ -12,6 +12,7 @@ import pytest
 from mha_numpy.checker import NOT_DONE, bugs, check_file, check_namespace
 from mha_numpy.checker import reference as R
 from mha_numpy.checker.cases import PAIRS
+from mha_numpy.checker.runner import CAPSTONES
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "exercises" / "solutions"
@@ -47,6 +48,7 @@ def test_the_solutions_pass_every_function_the_checker_knows():
     report = check_namespace(correct_namespace())
     names = {r.function for r in report.rows}
     expected = {f"{p.name}_{s}" for p in PAIRS for s in ("forward", "backward")} | {"online_softmax_update"}
+    expected |= {c.function for c in CAPSTONES}  # exercises 9 and 10
     assert names == expected, f"the solutions miss {expected - names}"
     assert report.passed, str(report)
 

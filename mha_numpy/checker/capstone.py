@@ -12,7 +12,7 @@ gradients from the library's backward pairs; ``first_wrong`` names the first one
 bug is (everything after it inherits the error), and ``diagnose`` names the catalogued bug it matches, computed
 from the *correct* gradient of that step's output. ``train`` trains notebook 07's task with the student's backward.
 
-The course checker grades ``capstone_model_backward`` on ``CASES`` (``checker.runner.check_capstone``), in a
+The course checker grades ``capstone_model_backward`` on ``MODEL.cases`` (``checker.runner.check_capstone``), in a
 notebook and from ``python -m mha_numpy check``.
 """
 
@@ -32,7 +32,6 @@ from ..train import make_batch
 from .diagnose import RTOL, scale_of
 
 MODEL_BACKWARD = "capstone_model_backward"
-NAMES = (MODEL_BACKWARD,)
 PARAMS = ("tok_emb", "pos_emb", "W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o", "W_out", "b_out")
 
 # (label, the forward line, the names whose gradients this line's backward yields), in the forward's order
@@ -55,17 +54,28 @@ MODEL_STEPS = (
     ("F16", "logits = h @ W_out.T + b_out                 (B, L, V)", ("h", "W_out", "b_out")),
     ("F17", "loss = mean(-log softmax(logits)[targets])   ()  over the N = B*L tokens", ("logits",)),
 )
-# the order in which a backward meets the gradients: the last forward line first
-MODEL_ORDER = tuple((label, name) for label, _, names in reversed(MODEL_STEPS) for name in reversed(names))
+
+
+def backward_order(steps) -> tuple[tuple[str, str], ...]:
+    """(label, name) of every gradient in the order a backward meets them: the last forward line first."""
+    return tuple((label, name) for label, _, names in reversed(steps) for name in reversed(names))
+
+
+def listing(steps) -> str:
+    """A capstone's forward, one line per step, as the notebook shows it."""
+    rows = [re.split(r"\s{2,}", line, maxsplit=1) + [""] for _, line, _ in steps]  # [code, shape and note]
+    width = max(len(code) for code, *_ in rows)
+    return "\n".join(f"{label:>4}  {code:<{width}}  {rest}".rstrip() for (label, *_), (code, rest, *_) in
+                     zip(steps, rows))  # fmt: skip
+
+
+MODEL_ORDER = backward_order(MODEL_STEPS)
 MODEL_GRADS = tuple(name for _, name in MODEL_ORDER)
 
 
 def forward_listing() -> str:
-    """The capstone's forward, one line per step, as the notebook shows it."""
-    rows = [re.split(r"\s{2,}", line, maxsplit=1) + [""] for _, line, _ in MODEL_STEPS]  # [code, shape and note]
-    width = max(len(code) for code, *_ in rows)
-    return "\n".join(f"{label:>4}  {code:<{width}}  {rest}".rstrip() for (label, *_), (code, rest, *_) in
-                     zip(MODEL_STEPS, rows))  # fmt: skip
+    """The model capstone's forward (exercise 9)."""
+    return listing(MODEL_STEPS)
 
 
 # --------------------------------------------------------------------------- the forward, and the reference backward
@@ -93,25 +103,47 @@ def model_forward(params: dict, tokens: np.ndarray, targets: np.ndarray, num_hea
     tok, c["tok"] = LY.embedding_forward(tokens, P["tok_emb"])  # F1: (B, L, E)
     pos, c["pos"] = LY.embedding_forward(positions, P["pos_emb"])  # F2: (B, L, E)
     x = tok + pos  # F3: (B, L, E)
-    q, c["q"] = F.linear_forward(x, P["W_q"], P["b_q"])  # F4: (B, L, E) @ (E, E) -> (B, L, E)
-    k, c["k"] = F.linear_forward(x, P["W_k"], P["b_k"])  # F5
-    v, c["v"] = F.linear_forward(x, P["W_v"], P["b_v"])  # F6
-    qh, c["qh"] = F.split_heads_forward(q, num_heads)  # F7: (B, L, E) -> (B, H, L, D)
-    kh, c["kh"] = F.split_heads_forward(k, num_heads)  # F8
-    vh, c["vh"] = F.split_heads_forward(v, num_heads)  # F9
-    scores, c["scores"] = F.attention_scores_forward(qh, kh, scale)  # F10: (B, H, L, D) @ (B, H, D, L) -> (B, H, L, L)
-    weights, c["weights"] = F.softmax_forward(scores)  # F11: (B, H, L, L)
-    ctx, c["ctx"] = F.attention_context_forward(weights, vh)  # F12: (B, H, L, L) @ (B, H, L, D) -> (B, H, L, D)
-    merged, c["merged"] = F.merge_heads_forward(ctx)  # F13: (B, H, L, D) -> (B, L, E)
-    a, c["a"] = F.linear_forward(merged, P["W_o"], P["b_o"])  # F14: (B, L, E)
-    h = x + a  # F15: (B, L, E)
+    values = dict(tok=tok, pos=pos, x=x, **attention_forward(x, P, num_heads, scale, c))  # F4 ... F14
+    h = x + values["a"]  # F15: (B, L, E)
     logits, c["logits"] = F.linear_forward(h, P["W_out"], P["b_out"])  # F16: (B, L, E) @ (E, V) -> (B, L, V)
     loss, c["loss"] = LY.softmax_cross_entropy_forward(logits, targets)  # F17: ()
-    values = dict(tok=tok, pos=pos, x=x, q=q, k=k, v=v, qh=qh, kh=kh, vh=vh, scores=scores, weights=weights, ctx=ctx,
-                  merged=merged, a=a, h=h, logits=logits, loss=loss)  # fmt: skip
+    values.update(h=h, logits=logits, loss=loss)
     cache = dict(tokens=tokens, targets=targets, positions=positions, num_heads=num_heads, scale=scale)
     cache.update({name: p for name, p in P.items()}, **values)
     return cache, c
+
+
+def attention_forward(x: np.ndarray, P: dict, num_heads: int, scale: float, c: dict) -> dict:
+    """Self-attention as the capstones cut it (q ... a; F4-F14 of the model, F1-F11 of the block), with the library's
+    pairs: x (B, L, E) -> {name: value}; each pair's cache goes into ``c`` under the name of its output."""
+    q, c["q"] = F.linear_forward(x, P["W_q"], P["b_q"])  # (B, L, E) @ (E, E) -> (B, L, E)
+    k, c["k"] = F.linear_forward(x, P["W_k"], P["b_k"])  # (B, L, E)
+    v, c["v"] = F.linear_forward(x, P["W_v"], P["b_v"])  # (B, L, E)
+    qh, c["qh"] = F.split_heads_forward(q, num_heads)  # (B, L, E) -> (B, L, H, D) -> (B, H, L, D)
+    kh, c["kh"] = F.split_heads_forward(k, num_heads)  # (B, H, L, D)
+    vh, c["vh"] = F.split_heads_forward(v, num_heads)  # (B, H, L, D)
+    scores, c["scores"] = F.attention_scores_forward(qh, kh, scale)  # (B, H, L, D) @ (B, H, D, L) -> (B, H, L, L)
+    weights, c["weights"] = F.softmax_forward(scores)  # (B, H, L, L)
+    ctx, c["ctx"] = F.attention_context_forward(weights, vh)  # (B, H, L, L) @ (B, H, L, D) -> (B, H, L, D)
+    merged, c["merged"] = F.merge_heads_forward(ctx)  # (B, H, L, D) -> (B, L, H, D) -> (B, L, E)
+    a, c["a"] = F.linear_forward(merged, P["W_o"], P["b_o"])  # (B, L, E) @ (E, E) -> (B, L, E)
+    return dict(q=q, k=k, v=v, qh=qh, kh=kh, vh=vh, scores=scores, weights=weights, ctx=ctx, merged=merged, a=a)
+
+
+def attention_grads(g: dict, c: dict) -> np.ndarray:
+    """The reference backward of ``attention_forward``: from g["a"], fills ``g`` (merged ... q, W_q ... b_o) with the
+    library's backward pairs and returns the attention's part of d_x (the three paths q, k, v), (B, L, E)."""
+    g["merged"], g["W_o"], g["b_o"] = F.linear_backward(g["a"], c["a"])  # (B, L, E)
+    g["ctx"] = F.merge_heads_backward(g["merged"], c["merged"])  # (B, H, L, D)
+    g["weights"], g["vh"] = F.attention_context_backward(g["ctx"], c["ctx"])  # (B, H, L, L), (B, H, L, D)
+    g["scores"] = F.softmax_backward(g["weights"], c["weights"])  # p * (dp - sum(p * dp))
+    g["qh"], g["kh"] = F.attention_scores_backward(g["scores"], c["scores"])  # (B, H, L, D) each
+    d_x = 0.0
+    for name in ("v", "k", "q"):
+        g[name] = F.split_heads_backward(g[name + "h"], c[name + "h"])  # (B, L, E)
+        d_path, g[f"W_{name}"], g[f"b_{name}"] = F.linear_backward(g[name], c[name])
+        d_x = d_x + d_path  # (B, L, E)
+    return d_x
 
 
 def reference_grads(c: dict) -> dict:
@@ -120,18 +152,8 @@ def reference_grads(c: dict) -> dict:
     g["logits"] = LY.softmax_cross_entropy_backward(1.0, c["loss"])  # ← F17: (B, L, V)
     g["h"], g["W_out"], g["b_out"] = F.linear_backward(g["logits"], c["logits"])  # ← F16
     d_x_skip, g["a"] = LY.add_backward(g["h"])  # ← F15: the residual copies the gradient to both terms
-    g["merged"], g["W_o"], g["b_o"] = F.linear_backward(g["a"], c["a"])  # ← F14
-    g["ctx"] = F.merge_heads_backward(g["merged"], c["merged"])  # ← F13: (B, H, L, D)
-    g["weights"], g["vh"] = F.attention_context_backward(g["ctx"], c["ctx"])  # ← F12
-    g["scores"] = F.softmax_backward(g["weights"], c["weights"])  # ← F11: p * (dp - sum(p * dp))
-    g["qh"], g["kh"] = F.attention_scores_backward(g["scores"], c["scores"])  # ← F10
-    g["v"] = F.split_heads_backward(g["vh"], c["vh"])  # ← F9: (B, L, E)
-    g["k"] = F.split_heads_backward(g["kh"], c["kh"])  # ← F8
-    g["q"] = F.split_heads_backward(g["qh"], c["qh"])  # ← F7
-    d_x_v, g["W_v"], g["b_v"] = F.linear_backward(g["v"], c["v"])  # ← F6
-    d_x_k, g["W_k"], g["b_k"] = F.linear_backward(g["k"], c["k"])  # ← F5
-    d_x_q, g["W_q"], g["b_q"] = F.linear_backward(g["q"], c["q"])  # ← F4
-    g["x"] = d_x_skip + d_x_q + d_x_k + d_x_v  # x fed four paths (F15's skip, F4, F5, F6): their sum
+    d_x_attention = attention_grads(g, c)  # ← F14 ... F4
+    g["x"] = d_x_skip + d_x_attention  # x fed four paths (F15's skip, F4, F5, F6): their sum
     g["tok"], g["pos"] = LY.add_backward(g["x"])  # ← F3
     g["pos_emb"] = LY.embedding_backward(g["pos"], c["pos"])  # ← F2: summed over the batch
     g["tok_emb"] = LY.embedding_backward(g["tok"], c["tok"])  # ← F1: repeated tokens add up
@@ -165,11 +187,12 @@ class Line:
     problem: str = ""  # why it is not approximate (missing, a shape, NaN); "" when it is
 
 
-def compare_grads(got, expected: dict) -> list[Line]:
-    """One Line per gradient of ``MODEL_ORDER``, judged against the largest reference gradient of the case."""
+def compare_grads(got, expected: dict, order=MODEL_ORDER) -> list[Line]:
+    """One Line per gradient of ``order`` ((label, name) pairs), judged against the largest reference gradient of
+    the case."""
     scale = scale_of(list(expected.values()))
     lines = []
-    for label, name in MODEL_ORDER:
+    for label, name in order:
         want = np.asarray(expected[name], dtype=np.float64)
         have = got.get(name) if isinstance(got, dict) else None
         problem = ""
@@ -315,7 +338,7 @@ MODEL_BUGS = (
 )  # fmt: skip
 
 
-def diagnose(got: dict, cache: dict, expected: dict, line: Line) -> CapstoneBug | None:
+def diagnose(got: dict, cache: dict, expected: dict, line: Line, catalogue=MODEL_BUGS) -> CapstoneBug | None:
     """The catalogued bug at ``line``'s step that the student's gradient reproduces (and that differs from the
     correct one on this case), or None."""
     scale = scale_of(list(expected.values()))
@@ -323,7 +346,7 @@ def diagnose(got: dict, cache: dict, expected: dict, line: Line) -> CapstoneBug 
     if have is None:
         return None
     have = np.asarray(have, dtype=np.float64)
-    for bug in MODEL_BUGS:
+    for bug in catalogue:
         if bug.name != line.name:
             continue
         with np.errstate(all="ignore"):
@@ -342,10 +365,42 @@ def _close(a, b, scale) -> bool:
 # --------------------------------------------------------------------------- what the notebook calls
 
 
+@dataclass(frozen=True)
+class Capstone:
+    """One capstone: the student's ``function(cache) -> {name: gradient}``, the forward's ``steps`` (label, line,
+    names), ``make_case(**case) -> (cache, the pairs' caches)``, ``reference(caches) -> gradients``, the checker's
+    ``cases`` (keyword dicts of ``make_case``) and the catalogued ``bugs``."""
+
+    function: str
+    steps: tuple
+    make_case: Callable
+    reference: Callable
+    cases: tuple
+    bugs: tuple
+
+    @property
+    def name(self) -> str:
+        """The name ``check_namespace(..., only=[...])`` takes: "capstone_model", "capstone_block"."""
+        return self.function.removesuffix("_backward")
+
+    @property
+    def order(self) -> tuple[tuple[str, str], ...]:
+        return backward_order(self.steps)
+
+    def run(self, got, case: dict):
+        """-> (lines, first wrong line or None, its bug or None) of ``got`` against the reference of ``case``."""
+        cache, caches = self.make_case(**case)
+        expected = self.reference(caches)
+        lines = compare_grads(got, expected, self.order)
+        wrong = first_wrong(lines)
+        return lines, wrong, (diagnose(got, cache, expected, wrong, self.bugs) if wrong else None)
+
+
 @dataclass
 class Comparison:
     """The table of one case, the first wrong gradient and its diagnosis; ``str`` is what the notebook prints."""
 
+    function: str
     lines: list[Line]
     wrong: Line | None
     bug: CapstoneBug | None
@@ -353,7 +408,7 @@ class Comparison:
 
     def __str__(self) -> str:
         if self.not_done:
-            return f"{MODEL_BACKWARD}: not done yet (it raises NotImplementedError)"
+            return f"{self.function}: not done yet (it raises NotImplementedError)"
         text = table(self.lines)
         if self.wrong is None:
             return text + "\nevery gradient matches the library's backward"
@@ -361,22 +416,23 @@ class Comparison:
         return text + (f"\ndiagnosis: {self.bug.diagnosis()}" if self.bug else "")
 
 
-def compare(backward: Callable, case: dict | None = None) -> Comparison:
-    """Run ``backward(cache)`` on a capstone case (default: the first of ``CASES``) and compare every gradient."""
-    cache, caches = model_case(**(case or CASES[0]))
-    expected = reference_grads(caches)
+def compare(backward: Callable, capstone: Capstone | None = None, case: dict | None = None) -> Comparison:
+    """Run ``backward(cache)`` on a case of ``capstone`` (default: the model's, its first case) and compare every
+    gradient with the reference."""
+    capstone = capstone or MODEL
+    case = case or capstone.cases[0]
     try:
-        got = backward(_copy(cache))
+        got = backward(_copy(capstone.make_case(**case)[0]))
     except NotImplementedError:
-        return Comparison([], None, None, not_done=True)
-    lines = compare_grads(got, expected)
-    wrong = first_wrong(lines)
-    return Comparison(lines, wrong, diagnose(got, cache, expected, wrong) if wrong else None)
+        return Comparison(capstone.function, [], None, None, not_done=True)
+    return Comparison(capstone.function, *capstone.run(got, case))
 
 
 def _copy(cache: dict) -> dict:
     return {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in cache.items()}
 
+
+MODEL = Capstone(MODEL_BACKWARD, MODEL_STEPS, model_case, reference_grads, CASES, MODEL_BUGS)
 
 # --------------------------------------------------------------------------- training with the student's backward
 

@@ -19,14 +19,17 @@ import numpy as np
 
 from ..gradcheck import numerical_gradient
 from ..pairs import Case, Pair, ReturnConventionError, gradients
-from . import bugs, capstone, cases
+from . import bugs, cases
 from . import reference as R
+from .capstone import MODEL, Capstone
+from .capstone_block import BLOCK
 from .diagnose import compare, matching_bug, scale_of
 from .load import StudentFileError
 from .student import Abort, Mutated, StudentFault
 
 FD_RTOL = 1e-5  # central differences with eps = 1e-6 in float64 agree to ~1e-9 of the largest entry
 NOT_DONE = "not done yet"
+CAPSTONES = (MODEL, BLOCK)  # the whole-backward exercises (checker.capstone)
 ONLINE_ARGS = ("m", "l", "acc", "scores", "v")  # online_softmax_update's arguments
 
 
@@ -202,17 +205,16 @@ def check_online_softmax(student, rng) -> Row:
     return run_cases(function, cases.online_softmax_cases(rng), run_case, student)
 
 
-def check_capstone(student, function: str = capstone.MODEL_BACKWARD) -> Row:
-    """Row for the capstone's whole backward: every gradient of every case of ``capstone.CASES`` against the
+def check_capstone(student, capstone: Capstone) -> Row:
+    """Row for a capstone's whole backward: every gradient of every case of ``capstone.cases`` against the
     library's; a FAIL names the first wrong one (the step where the bug is) and the catalogued bug it matches."""
+    function = capstone.function
     student.start(function)
-    for case in capstone.CASES:
-        cache, caches = capstone.model_case(**case)
-        expected = capstone.reference_grads(caches)
+    for case in capstone.cases:
         label = ", ".join(f"{k}={v}" for k, v in case.items())
         try:
             with np.errstate(all="ignore"):
-                got = student.call(function, [("cache", cache)], keep_cache=False)
+                got = student.call(function, [("cache", capstone.make_case(**case)[0])], keep_cache=False)
         except NotImplementedError:
             return Row(function, NOT_DONE)
         except (Mutated, StudentFault) as failure:
@@ -224,12 +226,10 @@ def check_capstone(student, function: str = capstone.MODEL_BACKWARD) -> Row:
             return Row(function, "FAIL", f"raised {type(exc).__name__}: {message} [case {label}]")
         if not isinstance(got, dict):
             return Row(function, "FAIL", f"must return a dict of gradients by name, returned {type(got).__name__}")
-        lines = capstone.compare_grads(got, expected)
-        wrong = capstone.first_wrong(lines)
+        _, wrong, bug = capstone.run(got, case)
         if wrong is not None:
             why = wrong.problem or f"max diff {wrong.max_diff:.1e}"
-            detail = f"first wrong: {wrong.label} d_{wrong.name} ({why}) [case {label}]"
-            return Row(function, "FAIL", detail, capstone.diagnose(got, cache, expected, wrong))
+            return Row(function, "FAIL", f"first wrong: {wrong.label} d_{wrong.name} ({why}) [case {label}]", bug)
     return Row(function, "PASS")
 
 
@@ -242,8 +242,7 @@ def plan(names, only=None) -> list[str]:
             out += [f for f in (f"{pair.name}_forward", f"{pair.name}_backward") if f in names]
     if cases.ONLINE_SOFTMAX in names and (only is None or "online_softmax" in only):
         out.append(cases.ONLINE_SOFTMAX)
-    if capstone.MODEL_BACKWARD in names and (only is None or "capstone_model" in only):
-        out.append(capstone.MODEL_BACKWARD)
+    out += [c.function for c in CAPSTONES if c.function in names and (only is None or c.name in only)]
     return out
 
 
@@ -266,6 +265,7 @@ def check_student(student, only=None, on_row=None) -> list[Row]:
             done(check_backward(pair, student, passed, np.random.default_rng(1), failed))
     if cases.ONLINE_SOFTMAX in todo:
         done(check_online_softmax(student, np.random.default_rng(2)))
-    if capstone.MODEL_BACKWARD in todo:
-        done(check_capstone(student))
+    for c in CAPSTONES:
+        if c.function in todo:
+            done(check_capstone(student, c))
     return rows
