@@ -205,12 +205,14 @@ def check_online_softmax(student, rng) -> Row:
     return run_cases(function, cases.online_softmax_cases(rng), run_case, student)
 
 
-def check_capstone(student, capstone: Capstone) -> Row:
+def check_capstone(student, capstone: Capstone, seed: int | None = None) -> Row:
     """Row for a capstone's whole backward: every gradient of every case of ``capstone.cases`` against the
-    library's; a FAIL names the first wrong one (the step where the bug is) and the catalogued bug it matches."""
+    library's; a FAIL names the first wrong one (the step where the bug is) and the catalogued bug it matches.
+    ``seed``: other random inputs and parameters (the same shapes), e.g. a teacher's hidden cases."""
     function = capstone.function
     student.start(function)
-    for case in capstone.cases:
+    shifted = [case if seed is None else {**case, "seed": seed + case.get("seed", 0)} for case in capstone.cases]
+    for case in shifted:
         label = ", ".join(f"{k}={v}" for k, v in case.items())
         try:
             with np.errstate(all="ignore"):
@@ -246,9 +248,16 @@ def plan(names, only=None) -> list[str]:
     return out
 
 
-def check_student(student, only=None, on_row=None) -> list[Row]:
-    """One Row per function of ``plan(student.names, only)``; ``on_row(row)`` is called as each one is known."""
+def check_student(student, only=None, on_row=None, seed: int | None = None) -> list[Row]:
+    """One Row per function of ``plan(student.names, only)``; ``on_row(row)`` is called as each one is known.
+
+    ``seed``: None, the cases every student sees (seeds 0, 1, 2); an int, other random inputs of the same shapes
+    (the teacher's hidden cases of ``checker.grading``).
+    """
     todo, rows = plan(student.names, only), []
+
+    def rng(i: int) -> np.random.Generator:
+        return np.random.default_rng(i if seed is None else [seed, i])
 
     def done(row: Row) -> Row:
         rows.append(row)
@@ -258,14 +267,14 @@ def check_student(student, only=None, on_row=None) -> list[Row]:
 
     for pair in cases.PAIRS:
         fwd, bwd = f"{pair.name}_forward", f"{pair.name}_backward"
-        fwd_row = done(check_forward(pair, student, np.random.default_rng(0))) if fwd in todo else None
+        fwd_row = done(check_forward(pair, student, rng(0))) if fwd in todo else None
         if bwd in todo:
             passed = fwd_row is not None and fwd_row.status == "PASS"
             failed = fwd_row is not None and fwd_row.status == "FAIL"
-            done(check_backward(pair, student, passed, np.random.default_rng(1), failed))
+            done(check_backward(pair, student, passed, rng(1), failed))
     if cases.ONLINE_SOFTMAX in todo:
-        done(check_online_softmax(student, np.random.default_rng(2)))
+        done(check_online_softmax(student, rng(2)))
     for c in CAPSTONES:
         if c.function in todo:
-            done(check_capstone(student, c))
+            done(check_capstone(student, c, seed))
     return rows
