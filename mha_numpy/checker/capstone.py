@@ -219,8 +219,9 @@ def compare_grads(got, expected: dict, order=MODEL_ORDER) -> list[Line]:
 
 def table(lines: list[Line]) -> str:
     """The ninja's ``cmp`` for every gradient, with our F-labels."""
-    width = max(len(line.name) for line in lines)
-    rows = [f"  {'':4} {'d loss / d':<{width}}  exact  approx  max diff"]
+    head = "d loss / d"
+    width = max(len(head), *(len(line.name) for line in lines))
+    rows = [f"  {'':4} {head:<{width}}  exact  approx  max diff"]
     for line in lines:
         note = f"  {line.problem}" if line.problem else ""
         rows.append(f"  {line.label:>4} {line.name:<{width}}  {str(line.exact):<5}  {str(line.approximate):<6}  "
