@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mha_numpy.checker import NOT_DONE, bugs, check_file, check_namespace
+from mha_numpy.checker import NOT_DONE, CannotRun, bugs, check_file, check_namespace
 from mha_numpy.checker import reference as R
 from mha_numpy.checker.cases import PAIRS
+from mha_numpy.checker.runner import CAPSTONES
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "exercises" / "solutions"
@@ -47,6 +48,7 @@ def test_the_solutions_pass_every_function_the_checker_knows():
     report = check_namespace(correct_namespace())
     names = {r.function for r in report.rows}
     expected = {f"{p.name}_{s}" for p in PAIRS for s in ("forward", "backward")} | {"online_softmax_update"}
+    expected |= {c.function for c in CAPSTONES}  # exercises 9 and 10
     assert names == expected, f"the solutions miss {expected - names}"
     assert report.passed, str(report)
 
@@ -145,6 +147,7 @@ def test_cli_on_the_solutions_exits_0(tmp_path):
         ("student.py", "def softmax_forward(x):\n    return x +\n", "line 2: syntax error", 3),
         ("student.py", "import nope_xyz\n", "failed on import: ModuleNotFoundError", 3),
         ("hand_in.ipynb", "{not json", "is not a notebook", 3),
+        ("hand_in.ipynb", '{"cells": [1, {"cell_type": "code", "source": "x = 1"}]}', "not a list of cell objects", 3),
     ],
 )
 def test_cli_a_file_it_cannot_take_or_run_is_one_line_and_exit_2_or_3(tmp_path, name, content, message, code):
@@ -155,6 +158,17 @@ def test_cli_a_file_it_cannot_take_or_run_is_one_line_and_exit_2_or_3(tmp_path, 
     r = run_cli(str(path))
     assert r.returncode == code, r.stderr
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""
+
+
+@pytest.mark.parametrize("cells", ["5", "[1]", '[{"cell_type": "code"}, "x = 1"]', '{"a": 1}'])
+def test_a_notebook_whose_cells_are_not_cell_objects_cannot_be_run_with_one_line(tmp_path, cells):
+    """Such a file crashed the child process, which was reported as "the process ended: os._exit or a crash"."""
+    from mha_numpy.checker.load import code_cells
+
+    path = tmp_path / "hand_in.ipynb"
+    path.write_text(f'{{"cells": {cells}}}')
+    with pytest.raises(CannotRun, match="hand_in.ipynb is not a notebook"):
+        code_cells(path)
 
 
 def test_cli_a_directory_is_a_usage_error_not_no_such_file(tmp_path):

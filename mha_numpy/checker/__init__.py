@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from . import bugs, cases
 from .load import BadPath, CannotRun, StudentFileError, check_path, load_student
 from .process import DEFAULT_TIMEOUT, ChildProcess
-from .runner import NOT_DONE, Row, check_student, plan
+from .runner import CAPSTONES, NOT_DONE, Row, check_student, plan
 from .student import InProcess
 
 
@@ -79,6 +79,7 @@ class CheckReport:
 
 def _ignored(names, only) -> list[str]:
     known = {f"{p.name}_{side}" for p in cases.PAIRS for side in ("forward", "backward")}
+    known |= {c.function for c in CAPSTONES}
     return [n for n in names if n.endswith(("_forward", "_backward")) and n not in known] if only is None else []
 
 

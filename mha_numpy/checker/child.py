@@ -59,7 +59,9 @@ class Server:
             self.namespace = load_student(path, shown)
         except StudentFileError as e:
             return {"kind": "error", "message": str(e)}
-        return {"kind": "loaded", "names": [n for n, v in self.namespace.items() if callable(v) and n[:1] != "_"]}
+        names = [n for n, v in self.namespace.items() if callable(v) and n[:1] != "_"]
+        modules = {n: str(getattr(self.namespace[n], "__module__", "") or "") for n in names}  # the file's, or not
+        return {"kind": "loaded", "names": names, "modules": modules}
 
     def call(self, function: str, args: list, keep_cache: bool) -> dict:
         fn = self.namespace.get(function)

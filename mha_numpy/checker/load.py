@@ -59,10 +59,12 @@ def code_cells(path: Path, shown: str | None = None) -> list[tuple[str, str]]:
         cells = json.loads(text)["cells"]
     except (ValueError, KeyError, TypeError) as e:
         raise CannotRun(f"{shown} is not a notebook (no cells in its JSON: {e})") from None
+    if not isinstance(cells, list) or not all(isinstance(cell, dict) for cell in cells):
+        raise CannotRun(f"{shown} is not a notebook (its cells are not a list of cell objects)")
     out = []
     for i, cell in enumerate(cells, start=1):
-        source = cell.get("source", "") if isinstance(cell, dict) else ""
-        source = "".join(source) if isinstance(source, list) else str(source)
+        source = cell.get("source", "")
+        source = "".join(map(str, source)) if isinstance(source, list) else str(source)
         if cell.get("cell_type") != "code" or _CHECKER_CELL.search(source):
             continue
         out.append((f"{shown} (cell {i})", _MAGIC.sub(r"\1pass  # an IPython line, skipped", source)))

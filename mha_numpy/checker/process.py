@@ -82,6 +82,7 @@ class ChildProcess:
         if reply["kind"] != "loaded":
             self._kill()
             raise CannotRun(reply.get("message", f"{self.shown} could not be imported"))
+        self.modules = dict(reply.get("modules", {}))  # function name -> the module that defined it
         return list(reply["names"])
 
     def start(self, function: str) -> None:

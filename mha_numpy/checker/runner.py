@@ -21,12 +21,15 @@ from ..gradcheck import numerical_gradient
 from ..pairs import Case, Pair, ReturnConventionError, gradients
 from . import bugs, cases
 from . import reference as R
+from .capstone import MODEL, Capstone
+from .capstone_block import BLOCK
 from .diagnose import compare, matching_bug, scale_of
 from .load import StudentFileError
 from .student import Abort, Mutated, StudentFault
 
 FD_RTOL = 1e-5  # central differences with eps = 1e-6 in float64 agree to ~1e-9 of the largest entry
 NOT_DONE = "not done yet"
+CAPSTONES = (MODEL, BLOCK)  # the whole-backward exercises (checker.capstone)
 ONLINE_ARGS = ("m", "l", "acc", "scores", "v")  # online_softmax_update's arguments
 
 
@@ -202,6 +205,36 @@ def check_online_softmax(student, rng) -> Row:
     return run_cases(function, cases.online_softmax_cases(rng), run_case, student)
 
 
+def check_capstone(student, capstone: Capstone, seed: int | None = None) -> Row:
+    """Row for a capstone's whole backward: every gradient of every case of ``capstone.cases`` against the
+    library's; a FAIL names the first wrong one (the step where the bug is) and the catalogued bug it matches.
+    ``seed``: other random inputs and parameters (the same shapes), e.g. a teacher's hidden cases."""
+    function = capstone.function
+    student.start(function)
+    shifted = [case if seed is None else {**case, "seed": seed + case.get("seed", 0)} for case in capstone.cases]
+    for case in shifted:
+        label = ", ".join(f"{k}={v}" for k, v in case.items())
+        try:
+            with np.errstate(all="ignore"):
+                got = student.call(function, [("cache", capstone.make_case(**case)[0])], keep_cache=False)
+        except NotImplementedError:
+            return Row(function, NOT_DONE)
+        except (Mutated, StudentFault) as failure:
+            return Row(function, "FAIL", f"{failure} [case {label}]")
+        except StudentFileError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a student's crash (in this process) is a FAIL, not ours
+            message = (str(exc).splitlines() or [""])[0][:100]
+            return Row(function, "FAIL", f"raised {type(exc).__name__}: {message} [case {label}]")
+        if not isinstance(got, dict):
+            return Row(function, "FAIL", f"must return a dict of gradients by name, returned {type(got).__name__}")
+        _, wrong, bug = capstone.run(got, case)
+        if wrong is not None:
+            why = wrong.problem or f"max diff {wrong.max_diff:.1e}"
+            return Row(function, "FAIL", f"first wrong: {wrong.label} d_{wrong.name} ({why}) [case {label}]", bug)
+    return Row(function, "PASS")
+
+
 def plan(names, only=None) -> list[str]:
     """The functions of ``names`` the checker knows, in the order they are checked (``only``: pair names)."""
     names = set(names)
@@ -211,12 +244,20 @@ def plan(names, only=None) -> list[str]:
             out += [f for f in (f"{pair.name}_forward", f"{pair.name}_backward") if f in names]
     if cases.ONLINE_SOFTMAX in names and (only is None or "online_softmax" in only):
         out.append(cases.ONLINE_SOFTMAX)
+    out += [c.function for c in CAPSTONES if c.function in names and (only is None or c.name in only)]
     return out
 
 
-def check_student(student, only=None, on_row=None) -> list[Row]:
-    """One Row per function of ``plan(student.names, only)``; ``on_row(row)`` is called as each one is known."""
+def check_student(student, only=None, on_row=None, seed: int | None = None) -> list[Row]:
+    """One Row per function of ``plan(student.names, only)``; ``on_row(row)`` is called as each one is known.
+
+    ``seed``: None, the cases every student sees (seeds 0, 1, 2); an int, other random inputs of the same shapes
+    (the teacher's hidden cases of ``checker.grading``).
+    """
     todo, rows = plan(student.names, only), []
+
+    def rng(i: int) -> np.random.Generator:
+        return np.random.default_rng(i if seed is None else [seed, i])
 
     def done(row: Row) -> Row:
         rows.append(row)
@@ -226,11 +267,14 @@ def check_student(student, only=None, on_row=None) -> list[Row]:
 
     for pair in cases.PAIRS:
         fwd, bwd = f"{pair.name}_forward", f"{pair.name}_backward"
-        fwd_row = done(check_forward(pair, student, np.random.default_rng(0))) if fwd in todo else None
+        fwd_row = done(check_forward(pair, student, rng(0))) if fwd in todo else None
         if bwd in todo:
             passed = fwd_row is not None and fwd_row.status == "PASS"
             failed = fwd_row is not None and fwd_row.status == "FAIL"
-            done(check_backward(pair, student, passed, np.random.default_rng(1), failed))
+            done(check_backward(pair, student, passed, rng(1), failed))
     if cases.ONLINE_SOFTMAX in todo:
-        done(check_online_softmax(student, np.random.default_rng(2)))
+        done(check_online_softmax(student, rng(2)))
+    for c in CAPSTONES:
+        if c.function in todo:
+            done(check_capstone(student, c, seed))
     return rows

@@ -10,9 +10,10 @@ from ._args import positive_float
 
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_CANNOT_RUN = 0, 1, 2, 3
 EXIT_CODES = (
-    "exit codes: 0 = every function found was checked and passed; 1 = a function failed or is not done yet, or none "
-    "was found; 2 = usage error (no such file, a directory, not a .py or .ipynb file, a bad option); 3 = the file "
-    "could not be run (a syntax error, or an error, sys.exit, os._exit or the time limit while importing it)."
+    "exit codes: 0 = every function found was checked and passed (with --submit: the score file was written); 1 = a "
+    "function failed or is not done yet, or none was found; 2 = usage error (no such file, a directory, not a .py or "
+    ".ipynb file, a bad option or cases file); 3 = the file could not be run (a syntax error, or an error, sys.exit, "
+    "os._exit or the time limit while importing it; with --submit the score file is written, every test at 0)."
 )
 OUTPUT_LINES = 10  # at most this many lines of what the student's file printed are shown (on stderr)
 
@@ -28,10 +29,18 @@ def add_parser(sub) -> None:
         "function as soon as it is checked: PASS, not done yet (NotImplementedError), or FAIL with the worst element "
         "and a diagnosis when the error matches a known bug. A function that changes its arguments or its cache in "
         "place, does not return within the time limit, or ends the process, FAILs. What FILE prints goes to stderr, "
-        "apart from the report. Not a sandbox: run files you do not trust in a container.",
+        "apart from the report. Not a sandbox: run files you do not trust in a container. With --submit FILE: grade it "
+        "on the teacher's cases (--cases) and write a score file (--score) for Gradescope / otter-grader.",
         epilog=EXIT_CODES,
     )
-    p.add_argument("file", help="the student's Python file or exercise notebook (.py or .ipynb)")
+    p.add_argument("file", nargs="?", help="the student's Python file or exercise notebook (.py or .ipynb)")
+    teacher = p.add_argument_group("the teacher's mode (docs/course.md, For teachers)")
+    teacher.add_argument("--submit", metavar="FILE", help="grade FILE (instead of checking it) and write a score file")
+    teacher.add_argument("--cases", metavar="CASES.json", help="the teacher's hidden cases: seed, points per function, "
+                         "visibility (default: 1 point per function found, on the students' cases)")  # fmt: skip
+    teacher.add_argument("--score", metavar="OUT.json", default="results.json",
+                         help="where --submit writes Gradescope's results.json, as otter-grader does (default "
+                         "%(default)s)")  # fmt: skip
     p.add_argument(
         "--timeout",
         type=positive_float,
@@ -44,6 +53,14 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..checker import BadPath, StudentFileError, check_file
 
+    if (args.file is None) == (args.submit is None):
+        print("check: give one FILE to check, or --submit FILE to grade it", file=sys.stderr)
+        return EXIT_USAGE
+    if args.submit is None and args.cases is not None:
+        print("check: --cases goes with --submit FILE (the teacher's mode)", file=sys.stderr)
+        return EXIT_USAGE
+    if args.submit is not None:
+        return _submit(args)
     try:
         report = check_file(args.file, timeout=args.timeout, echo=lambda line: print(line, flush=True))
     except BadPath as e:
@@ -65,3 +82,25 @@ def _show_output(path: str, output: str) -> None:
     print(f"{path} printed {len(lines)} line{'s' * (len(lines) != 1)} (not part of the report{more}):", file=sys.stderr)
     for line in lines[:OUTPUT_LINES]:
         print(f"  | {line}", file=sys.stderr)
+
+
+def _submit(args: argparse.Namespace) -> int:
+    """Grade ``args.submit`` on the cases of ``args.cases`` and write the score file ``args.score``."""
+    import json
+    from pathlib import Path
+
+    from ..checker.grading import BadPath, grade_file, read_cases
+
+    try:
+        cases = read_cases(args.cases) if args.cases is not None else None
+        score = Path(args.score)
+        if score.is_dir() or not score.parent.is_dir():
+            raise BadPath(f"--score {score}: not a file in an existing directory")
+        grade = grade_file(args.submit, cases, timeout=args.timeout)
+    except BadPath as e:
+        print(f"check: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    score.write_text(json.dumps(grade.results(), indent=2) + "\n", encoding="utf-8")
+    print(grade)
+    print(f"score file: {score}")
+    return EXIT_CANNOT_RUN if grade.error else EXIT_PASSED

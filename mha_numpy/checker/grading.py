@@ -1,0 +1,222 @@
+"""The teacher's mode: grade a submission on hidden cases and write a score file otter-grader/Gradescope or nbgrader
+can read.
+
+    python -m mha_numpy check --submit hand_in.ipynb --cases cases.json --score results.json
+
+The cases file is the teacher's and is not in the students' copy (``docs/course.md``, "For teachers"):
+
+    {"seed": 8091,                                    # other random inputs, of the same shapes as the students'
+     "points": {"softmax_backward": 2, "capstone_model_backward": 10},   # what is graded, and its worth
+     "visibility": "after_due_date"}                  # optional: Gradescope's visibility of each test
+
+The seed changes every case the checker builds (the values of every pair's inputs and upstream gradients, the
+capstones' tokens, weights and upstream gradients), so an answer that reproduces the students' visible cases and
+not the maths fails. Each function in ``points`` is a test: its points when it PASSes, 0 otherwise (not done, FAIL,
+missing, or the library's own function imported under the exercise's name). Without a cases file, every known
+function the file defines is worth 1 point, on the cases students see.
+
+``Grade.results()`` is Gradescope's results.json, the format otter-grader writes for Gradescope ("score", and one
+entry per test with "name", "score", "max_score", "status", "output", "visibility"). For nbgrader, an autograder
+test cell ends with ``grade_namespace(globals(), cases).points``: nbgrader reads a number in a test cell's output as
+its partial credit (0 ... the cell's points).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .load import BadPath, CannotRun, StudentFileError, check_path, code_cells
+from .process import DEFAULT_TIMEOUT, ChildProcess
+from .runner import CAPSTONES, Row, check_student, plan
+from .student import InProcess
+
+VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")  # Gradescope's
+LIBRARY = "mha_numpy"
+# what the exercises' own cells import from the library: the checker, and train (exercise 9 trains with it)
+ALLOWED = ("mha_numpy.checker", "mha_numpy.train")
+
+
+class BadCases(BadPath):
+    """The teacher's cases file cannot be read: a usage error (one line)."""
+
+
+@dataclass(frozen=True)
+class GradeCases:
+    """What is graded and how: ``seed`` None (the students' cases) or an int; ``points`` None (1 point for every
+    known function found) or {function: points}; ``visibility`` of each test in Gradescope."""
+
+    seed: int | None = None
+    points: dict[str, float] | None = None
+    visibility: str = "visible"
+
+
+def known_functions() -> set[str]:
+    """Every function name the checker grades."""
+    from . import cases
+
+    names = {f"{p.name}_{side}" for p in cases.PAIRS for side in ("forward", "backward")}
+    return names | {cases.ONLINE_SOFTMAX} | {c.function for c in CAPSTONES}
+
+
+def parse_cases(data, source: str = "cases") -> GradeCases:
+    """A GradeCases from the JSON object of a cases file; BadCases with one line naming what is wrong."""
+    if not isinstance(data, dict):
+        raise BadCases(f"{source}: a cases file holds a JSON object, got {type(data).__name__}")
+    unknown = set(data) - {"seed", "points", "visibility"}
+    if unknown:
+        raise BadCases(f"{source}: unknown keys {sorted(unknown)} (a cases file has seed, points, visibility)")
+    seed = data.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise BadCases(f"{source}: seed must be a non-negative integer, got {seed!r}")
+    points = data.get("points")
+    if points is not None:
+        if not isinstance(points, dict) or not points:
+            raise BadCases(f"{source}: points must be an object {{function: points}} with at least one entry")
+        unknown = sorted(set(points) - known_functions())
+        if unknown:
+            raise BadCases(f"{source}: points names functions the checker does not know: {unknown}")
+        for name, value in points.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+                raise BadCases(f"{source}: points[{name!r}] must be a number >= 0, got {value!r}")
+        points = {name: float(value) for name, value in points.items()}
+    visibility = data.get("visibility", "visible")
+    if visibility not in VISIBILITIES:
+        raise BadCases(f"{source}: visibility must be one of {VISIBILITIES}, got {visibility!r}")
+    return GradeCases(seed, points, visibility)
+
+
+def read_cases(path) -> GradeCases:
+    """The teacher's cases file at ``path`` (JSON); BadCases with one line if it cannot be read."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BadCases(f"no such cases file: {path}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise BadCases(f"{path}: not a JSON cases file ({e})") from None
+    return parse_cases(data, str(path))
+
+
+@dataclass
+class Grade:
+    """The graded tests of one submission: ``tests`` (name, points earned, max points, PASS/FAIL/..., detail)."""
+
+    source: str
+    tests: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    error: str = ""  # the file could not be run at all: every test scores 0
+    visibility: str = "visible"
+
+    @property
+    def points(self) -> float:
+        return float(sum(t["score"] for t in self.tests))
+
+    @property
+    def max_points(self) -> float:
+        return float(sum(t["max_score"] for t in self.tests))
+
+    def results(self) -> dict:
+        """Gradescope's results.json (as otter-grader writes it for Gradescope)."""
+        output = [f"{self.source}: {self.points:g} of {self.max_points:g} points"]
+        output += [f"cannot be run: {self.error}"] if self.error else []
+        output += [f"warning: {w}" for w in self.warnings]
+        tests = [
+            {"name": t["name"], "score": t["score"], "max_score": t["max_score"],
+             "status": "passed" if t["status"] == "PASS" else "failed",
+             "output": f"{t['status']}{': ' + t['detail'] if t['detail'] else ''}", "visibility": self.visibility}
+            for t in self.tests
+        ]  # fmt: skip
+        return {"score": self.points, "output": "\n".join(output), "tests": tests,
+                "extra_data": {"mha_numpy": {"warnings": self.warnings, "error": self.error}}}  # fmt: skip
+
+    def __str__(self) -> str:
+        width = max([len(t["name"]) for t in self.tests] or [0])
+        lines = [f"{t['name']:<{width}}  {t['score']:g}/{t['max_score']:g}  {t['status']}" for t in self.tests]
+        lines += [f"cannot be run: {self.error}"] if self.error else []
+        lines += [f"warning: {w}" for w in self.warnings]
+        return "\n".join([*lines, f"{self.points:g} of {self.max_points:g} points"])
+
+
+def _tests(rows: list[Row], modules: dict[str, str], cases: GradeCases, found: list[str]) -> list[dict]:
+    by_name = {r.function: r for r in rows}
+    points = cases.points if cases.points is not None else {name: 1.0 for name in plan(found)}
+    tests = []
+    for name, worth in points.items():
+        row = by_name.get(name)
+        module = modules.get(name, "")
+        if row is None:
+            status, detail = "missing", f"{name} is not defined in the submission"
+        elif module.startswith(LIBRARY + ".") or module == LIBRARY:
+            status, detail = "FAIL", f"{name} is {module}'s own function, imported: not the submission's work"
+        else:
+            status, detail = row.status, row.detail + (f" (diagnosis: {row.diagnosis})" if row.bug else "")
+        score = worth if status == "PASS" else 0.0
+        tests.append({"name": name, "score": score, "max_score": worth, "status": status, "detail": detail})
+    return tests
+
+
+def _only(cases: GradeCases) -> set[str] | None:
+    """The checker's ``only`` (pair names: softmax, online_softmax, capstone_model) for the graded functions."""
+    return None if cases.points is None else {name.rsplit("_", 1)[0] for name in cases.points}
+
+
+def library_imports(sources: list[str]) -> list[str]:
+    """The ``mha_numpy`` modules (outside the checker) the code imports: its reference pairs hold the answers."""
+    found = []
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [f"{node.module}.{a.name}" if node.module == LIBRARY else node.module for a in node.names]
+            found += [n for n in names if n.split(".")[0] == LIBRARY and not n.startswith(ALLOWED)]
+    return sorted(set(found))
+
+
+def _warnings(imports: list[str]) -> list[str]:
+    if not imports:
+        return []
+    return [f"the submission imports {', '.join(imports)}: the library's reference pairs are importable there, "
+            "check by hand that the graded functions are the student's own"]  # fmt: skip
+
+
+def grade_file(path, cases: GradeCases | None = None, timeout: float = DEFAULT_TIMEOUT) -> Grade:
+    """Grade the .py file or notebook at ``path`` in a child process (``check_file``'s isolation and time limit).
+
+    BadPath when ``path`` is not a checkable file; a file that cannot be run gets a Grade with ``error`` set and
+    every test at 0 (so an autograder still writes a score file).
+    """
+    cases = cases or GradeCases()
+    path = check_path(path)
+    grade = Grade(str(path), visibility=cases.visibility)
+    try:
+        grade.warnings = _warnings(library_imports([source for _, source in code_cells(path)]))
+        child = ChildProcess(path, timeout)
+    except CannotRun as e:
+        grade.error = str(e)
+        grade.tests = _tests([], {}, cases, [])
+        return grade
+    try:
+        rows = check_student(child, _only(cases), seed=cases.seed)
+    except StudentFileError as e:
+        grade.error, rows = str(e), []
+    finally:
+        child.close()
+    grade.tests = _tests(rows, child.modules, cases, child.names)
+    return grade
+
+
+def grade_namespace(namespace: dict, cases: GradeCases | dict | None = None) -> Grade:
+    """Grade the functions of a notebook's namespace (``globals()``), in this process: an nbgrader test cell ends
+    with ``grade_namespace(globals(), {"seed": ..., "points": {...}}).points``, its partial credit."""
+    cases = parse_cases(cases) if isinstance(cases, dict) else (cases or GradeCases())
+    student = InProcess(namespace)
+    rows = check_student(student, _only(cases), seed=cases.seed)
+    modules = {name: str(getattr(namespace[name], "__module__", "") or "") for name in student.names}
+    return Grade("the notebook", _tests(rows, modules, cases, student.names), visibility=cases.visibility)
