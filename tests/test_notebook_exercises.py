@@ -108,3 +108,19 @@ def test_no_notebook_reads_the_solutions(path: Path):
     for cell in _code_cells(path):
         code = "\n".join(line.split("#")[0] for line in _text(cell).splitlines())  # comments may name it
         assert "solutions" not in code and "run_path" not in code, f"{path.name} reads a file of the solutions"
+
+
+@pytest.mark.parametrize("path", GIVEN, ids=lambda p: p.name[:2])
+def test_each_exercise_cell_filled_with_its_solution_says_correct(path: Path):
+    """The cells as written, in order in one namespace, with each `name = None` line replaced by the model answer:
+    the verdict each then shows."""
+    namespace = {}
+    for cell in _code_cells(path):
+        for m in CHECK_CALL.finditer(_text(cell)):
+            key, name = m.group(1), m.group(2)
+            *body, last = _text(cell).rstrip().splitlines()
+            filled = [f"{name} = __solution__" if re.match(rf"{name} = None\b", line) else line for line in body]
+            namespace["__solution__"] = SOLUTIONS["SOLUTIONS"][key]
+            exec("\n".join(filled), namespace)  # the notebook's own cell, answered
+            verdict = eval(last, namespace)
+            assert verdict.correct, f"{path.name}: {verdict}"
