@@ -27,5 +27,5 @@ def plot_attention_before_after(before: np.ndarray, after: np.ndarray, tokens: l
         ax.get_xticklabels()[key].set_color("#d62728")
         ax.set_title(f"{what} fine-tuning: {mass:.0%} of the attention on '{word}'", fontsize=10)
     fig.colorbar(im, ax=axes, shrink=0.8, label="attention weight")
-    fig.suptitle(f"layer {layer + 1}, head {head + 1}: the head whose attention to the key word grew most", fontsize=11)
+    fig.suptitle(f"layer {layer}, head {head}: the head whose attention to the key word grew most", fontsize=11)
     return fig

@@ -1,0 +1,97 @@
+"""Model answers to the exercises at the end of the notebooks (``mha_numpy.checker.answers``), derived by hand.
+
+``SOLUTIONS[key]`` is the answer a student would paste into the notebook's ``answer = None`` line; ``MISTAKES[key]``
+is a typical wrong answer (the diagonal shortcut, a forgotten scale, the wrong convention), which the check must reject.
+``tests/test_notebook_exercises.py`` checks both. A teacher who hands out the notebooks leaves this file out.
+"""
+
+import numpy as np
+
+
+def _softmax(x):
+    e = np.exp(np.asarray(x, dtype=float) - np.max(x))
+    return e / e.sum()
+
+
+_s01 = np.array([1.0, 2.0, 3.0]) / np.sqrt(2)  # q·k_j = 1, 2, 3, divided by √d = √2
+_p03 = _softmax([1.0, 2.0, 0.0])
+_dp03 = np.array([1.0, -1.0, 2.0])
+_x03 = np.array([[1.0, 2.0], [0.0, 1.0], [3.0, -1.0]])
+_dy03 = np.array([[1.0, 0.0], [0.0, 2.0], [-1.0, 2.0]])
+_phi1 = np.exp(-0.5) / np.sqrt(2 * np.pi)  # the standard normal density at 1
+_Phi1 = 0.8413447460685429  # the standard normal CDF at 1, Φ(1) = (1 + erf(1/√2)) / 2
+
+
+def _dropout_backward(d_out, cache):
+    """The fix of notebook 10's exercise: the backward multiplies by the same keep_mask / (1 - p) as the forward."""
+    if cache is None:  # p = 0: the forward returned x itself
+        return d_out
+    keep_mask, scale = cache  # scale = 1 / (1 - p)
+    return d_out * keep_mask * scale
+
+
+SOLUTIONS = {
+    "01.scores": _s01,
+    "01.weights": _softmax(_s01),
+    "01.context": _softmax(_s01) @ np.array([[1.0, 0.0], [0.0, 1.0], [2.0, 2.0]]),
+    "02.causal_mask": np.tril(np.ones((4, 4), dtype=bool)),
+    "02.padding_mask": np.array([[True, True, True], [True, False, False]]),
+    "02.masked_rows": np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]),
+    "03.softmax_jacobian": np.diag(_p03) - np.outer(_p03, _p03),
+    "03.softmax_vjp": _p03 * (_dp03 - _p03 @ _dp03),
+    "03.linear_dW": _dy03.T @ _x03,
+    "04.key_padding_mask": np.array([[False, False, True], [False, True, True]]),
+    "04.in_proj_rows": (8, 12),
+    "05.score_bytes": 12 * 4096**2 * 8,  # 1.6 GB for one layer's scores
+    "05.online_softmax": [5.0, np.exp(-4.0) + np.exp(-2.0) + np.exp(-3.0) + 1.0],
+    "05.causal_tiles": 10,  # 4 + 3 + 2 + 1 tiles on and below the diagonal of a 4 × 4 grid
+    "06.moved": [0.09, 0.2],
+    "06.entropy": 0.5,  # log 2 / log 4
+    "07.ce_grad": _softmax([2.0, 1.0, 0.0]) - np.array([1.0, 0.0, 0.0]),
+    "07.reverse_map": np.fliplr(np.eye(4)),
+    "08.residual": np.array([1.0, -1.0]) + np.array([1.0, -1.0]) @ np.array([[1.0, 2.0], [0.0, 1.0]]),
+    "08.gelu_slope": [0.5, _Phi1 + 1.0 * _phi1],
+    "08.layer_norm_sums": [0.0, 0.0],
+    "09.repeat_kv": [3.0, 7.0],
+    "09.rope_score": 0.5,  # cos(2 · π/6)
+    "09.alibi": [-1.5, -1.0, -0.5, 0.0],
+    "10.blind_check": "finite differences",
+    "10.ones_dx": [0.0, 0.0, 0.0],
+    "10.dropout_backward": _dropout_backward,
+    "11.soft_cap": 30 * np.tanh(np.array([10.0, 100.0]) / 30),
+    "11.soft_cap_grad": 1 - np.tanh(np.array([10.0, 100.0]) / 30) ** 2,
+    "11.sink": [1 / 3, 1 / 3],
+}
+
+MISTAKES = {
+    "01.scores": np.array([1.0, 2.0, 3.0]),  # the 1/√d forgotten
+    "01.weights": np.array([1.0, 2.0, 3.0]) / 6,  # normalised without the exp
+    "01.context": np.array([1.0, 1.0]),
+    "02.causal_mask": np.triu(np.ones((4, 4), dtype=bool)),  # the future instead of the past
+    "02.padding_mask": np.array([[1, 1, 1], [1, 0, 0]]),  # HF's 1/0, not bool
+    "02.masked_rows": np.array([[1.0, 0.0, 0.0], [np.nan, np.nan, np.nan]]),  # what a naive softmax gives
+    "03.softmax_jacobian": np.diag(_p03 * (1 - _p03)),  # the diagonal shortcut
+    "03.softmax_vjp": _p03 * (1 - _p03) * _dp03,
+    "03.linear_dW": _x03.T @ _dy03,  # the swapped transpose, (in, out)
+    "04.key_padding_mask": np.array([[True, True, False], [True, False, False]]),  # our convention passed as is
+    "04.in_proj_rows": (4, 8),  # the rows of W_k
+    "05.score_bytes": 12 * 4096**2 * 4,  # float32's bytes
+    "05.online_softmax": [5.0, np.exp(-2.0) + 1.0 + np.exp(-3.0) + 1.0],  # the first block not rescaled
+    "05.causal_tiles": 16,
+    "06.moved": [0.9, 0.1],  # the weights alone
+    "06.entropy": np.log(2),  # not normalised
+    "07.ce_grad": _softmax([2.0, 1.0, 0.0]),
+    "07.reverse_map": np.eye(4),  # the copy task's map
+    "08.residual": np.array([1.0, -1.0]) @ np.array([[1.0, 2.0], [0.0, 1.0]]),  # the skip path forgotten
+    "08.gelu_slope": [0.5, _Phi1],  # the x φ(x) term forgotten
+    "08.layer_norm_sums": [0.0, 1.0],
+    "09.repeat_kv": [1.0, 3.0],  # one head of each group, not the sum
+    "09.rope_score": np.cos(4 * np.pi / 6),  # (i + j)·θ
+    "09.alibi": [1.5, 1.0, 0.5, 0.0],  # a reward for distance
+    "10.blind_check": "a reference pair",
+    "10.ones_dx": [1.0, 1.0, 1.0],
+    "10.dropout_backward": lambda d_out, cache: d_out if cache is None else d_out * cache[0],  # no 1/(1 - p)
+    "11.soft_cap": np.minimum(np.array([10.0, 100.0]), 30.0),  # a hard clip
+    "11.soft_cap_grad": [1.0, 0.0],
+    "11.sink": [0.5, 0.5],  # the plain softmax
+}

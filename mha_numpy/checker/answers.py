@@ -1,0 +1,275 @@
+"""Exercises at the end of every notebook: ``answer = None`` is "not answered yet"; a wrong answer says what is wrong.
+
+    from mha_numpy.checker import answers
+
+    jacobian = None  # your answer: a (3, 3) array
+    answers.check("03.softmax_jacobian", jacobian)  # -> 03.softmax_jacobian: not answered yet ...
+
+``check(key, answer)`` never raises on a wrong or missing answer (a committed notebook runs green with every
+exercise unanswered); it returns a ``Verdict`` whose text the notebook shows. Each question in ``QUESTIONS`` has a
+judge: ``None`` when the answer is right, otherwise one sentence saying what is wrong (the shape, the entry that is
+off, a hint), never the expected value itself. The expected values are computed here, from the library or from an
+independent route (finite differences for a Jacobian), not copied from a notebook's output.
+
+The model solutions are in ``exercises/solutions/notebooks.py``; ``tests/test_notebook_exercises.py`` proves that
+every check accepts its solution and rejects a wrong answer, and that every exercise cell of a notebook names a
+question that exists here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import functional as F
+from ..models import layers
+
+NOT_ANSWERED = "not answered yet"
+CORRECT = "correct"
+WRONG = "wrong"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What ``check`` says of one answer: ``status`` is NOT_ANSWERED, CORRECT or WRONG; ``message`` says why."""
+
+    key: str
+    status: str
+    message: str = ""
+
+    @property
+    def correct(self) -> bool:
+        return self.status == CORRECT
+
+    def __repr__(self) -> str:
+        return f"{self.key}: {self.status}{' — ' + self.message if self.message else ''}"
+
+
+Judge = Callable[[Any], "str | None"]  # None: right; a str: what is wrong
+
+
+def check(key: str, answer: Any) -> Verdict:
+    """Judge ``answer`` to the question ``key`` (e.g. ``"03.softmax_jacobian"``); ``None`` means not answered yet."""
+    if key not in QUESTIONS:
+        raise KeyError(f"no exercise {key!r}; the keys are {sorted(QUESTIONS)}")
+    if answer is None:
+        return Verdict(key, NOT_ANSWERED, "replace None with your answer and run the cell again")
+    problem = QUESTIONS[key](answer)
+    return Verdict(key, CORRECT) if problem is None else Verdict(key, WRONG, problem)
+
+
+# ---- the judges: numbers, exact values, a choice, a function checked by the checker ----
+
+
+def numbers(expected: Callable[[], Any], hint: str = "", rtol: float = 1e-6, atol: float = 1e-9) -> Judge:
+    """A number or an array of numbers, right to ``rtol`` (relative to the largest expected entry) or ``atol``."""
+
+    def judge(answer):
+        try:
+            got = np.asarray(answer, dtype=np.float64)
+        except (TypeError, ValueError):
+            return f"expected a number or an array of numbers, got {type(answer).__name__}"
+        want = np.asarray(expected(), dtype=np.float64)
+        if got.shape != want.shape:
+            return f"your answer has shape {got.shape}, the question asks for shape {want.shape}"
+        tol = atol + rtol * max(1.0, float(np.abs(want).max(initial=0.0)))
+        bad = ~(np.abs(got - want) <= tol)  # a NaN is bad too
+        if not bad.any():
+            return None
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        at = f"entry {list(where)} is wrong (yours: {got[where]:.6g}; {int(bad.sum())} of {bad.size} off)"
+        return (at if where else f"the value is wrong (yours: {float(got):.6g})") + (f". Hint: {hint}" if hint else "")
+
+    return judge
+
+
+def exactly(expected: Callable[[], Any], hint: str = "") -> Judge:
+    """An exact value: an int, a tuple, a bool array (a mask), compared as equal arrays of the same shape and kind."""
+
+    def judge(answer):
+        want = np.asarray(expected())
+        got = np.asarray(answer)
+        if got.shape != want.shape:
+            return f"your answer has shape {got.shape}, the question asks for shape {want.shape}"
+        if want.dtype == bool and got.dtype != bool:
+            return f"expected a bool array (True = may attend), got dtype {got.dtype}"
+        if np.array_equal(got, want):
+            return None
+        if want.ndim == 0:
+            return "not this one" + (f". Hint: {hint}" if hint else "")
+        where = tuple(int(i) for i in np.argwhere(got != want)[0])
+        return f"entry {list(where)} is wrong (yours: {got[where]})" + (f". Hint: {hint}" if hint else "")
+
+    return judge
+
+
+def choice(expected: str, options: tuple[str, ...], hint: str = "") -> Judge:
+    """One of ``options`` (strings)."""
+
+    def judge(answer):
+        if not isinstance(answer, str) or answer not in options:
+            return f"answer with one of {list(options)}"
+        return None if answer == expected else "not this one" + (f". Hint: {hint}" if hint else "")
+
+    return judge
+
+
+def pair_function(name: str, half: str = "backward") -> Judge:
+    """A function ``NAME_backward`` (or ``_forward``) of a pair the checker knows, checked by the checker."""
+
+    def judge(answer):
+        if not callable(answer):
+            return f"expected a function {name}_{half}, got {type(answer).__name__}"
+        from . import check_namespace  # the package imports this module's neighbours; import it when needed
+
+        report = check_namespace({f"{name}_{half}": answer}, only=[name])
+        if report.passed:
+            return None
+        return "the checker says:\n" + "\n".join(report.row_text(r) for r in report.rows)
+
+    return judge
+
+
+# ---- the expected values, each from the library or an independent route ----
+
+
+def _softmax(x):
+    return F.softmax_forward(np.asarray(x, dtype=np.float64))[0]
+
+
+def _jacobian_by_differences(f, x, h=1e-6):
+    """J[i, j] = ∂f_i/∂x_j by central differences (independent of any hand-written backward)."""
+    x = np.asarray(x, dtype=np.float64)
+    cols = []
+    for j in range(x.size):
+        e = np.zeros_like(x)
+        e[j] = h
+        cols.append((f(x + e) - f(x - e)) / (2 * h))
+    return np.stack(cols, axis=1)
+
+
+Q01 = np.array([1.0, 2.0])
+K01 = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+V01 = np.array([[1.0, 0.0], [0.0, 1.0], [2.0, 2.0]])
+
+
+def _scores01():
+    return F.attention_scores_forward(Q01[None, :], K01, 1 / np.sqrt(2))[0][0]  # (1, 2) @ (2, 3) -> (1, 3) -> (3,)
+
+
+X03 = np.array([1.0, 2.0, 0.0])
+DP03 = np.array([1.0, -1.0, 2.0])
+X03_LIN = np.array([[1.0, 2.0], [0.0, 1.0], [3.0, -1.0]])  # (N=3, in=2)
+W03 = np.array([[1.0, -1.0], [2.0, 0.5]])  # (out=2, in=2)
+DY03 = np.array([[1.0, 0.0], [0.0, 2.0], [-1.0, 2.0]])  # (N=3, out=2)
+KEEP04 = np.array([[True, True, False], [True, False, False]])
+S05 = np.array([1.0, 3.0, 2.0, 5.0])
+W08 = np.array([[1.0, 2.0], [0.0, 1.0]])
+DY08 = np.array([1.0, -1.0])
+DK09 = np.array([1.0, 2.0, 3.0, 4.0]).reshape(1, 4, 1, 1)  # (B, H=4, L=1, d=1), two query heads per KV head
+S11 = np.array([10.0, 100.0])
+
+
+def _causal_tiles(L=8, tile=2):
+    allowed = np.tril(np.ones((L, L), dtype=bool))
+    return sum(allowed[i : i + tile, j : j + tile].any() for i in range(0, L, tile) for j in range(0, L, tile))
+
+
+def _gelu_slope(x):
+    h = 1e-6
+    return (layers.gelu(x + h) - layers.gelu(x - h)) / (2 * h)
+
+
+def _layer_norm_sums():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(6)
+    out, cache = layers.layer_norm_forward(x, np.ones(6), np.zeros(6), 1e-12)
+    dx = layers.layer_norm_backward(rng.standard_normal(6), cache)[0]
+    x_hat = (x - x.mean()) / x.std()
+    return [dx.sum(), dx @ x_hat]
+
+
+QUESTIONS: dict[str, Judge] = {
+    # 01: the forward pass
+    "01.scores": numbers(_scores01, "the score is q·k_j divided by √d, with d = 2"),
+    "01.weights": numbers(lambda: _softmax(_scores01()), "softmax of your scores: exp, then divide by the sum"),
+    "01.context": numbers(lambda: _softmax(_scores01()) @ V01, "the weighted sum Σ_j w_j v_j, a vector of 2"),
+    # 02: masks
+    "02.causal_mask": exactly(lambda: np.tril(np.ones((4, 4), dtype=bool)), "query i may see keys 0 … i"),
+    "02.padding_mask": exactly(lambda: np.arange(3) < np.array([[3], [1]]), "sentence 1 has one real token"),
+    "02.masked_rows": numbers(
+        lambda: _softmax([[0.5, -np.inf, -np.inf], [-np.inf, -np.inf, -np.inf]]),
+        "a row with one allowed key puts all its weight there; a row with none gets weights 0, never NaN",
+    ),
+    # 03: the backward pass
+    "03.softmax_jacobian": numbers(
+        lambda: _jacobian_by_differences(_softmax, X03),
+        "J = diag(p) − p pᵀ; every row sums to 0, and the off-diagonal entries are not 0",
+        rtol=1e-6,
+    ),
+    "03.softmax_vjp": numbers(
+        lambda: F.softmax_backward(DP03, F.softmax_forward(X03)[1]), "dx = p ∘ (dp − Σ_j p_j dp_j); it sums to 0"
+    ),
+    "03.linear_dW": numbers(
+        lambda: F.linear_backward(DY03, F.linear_forward(X03_LIN, W03)[1])[1],
+        "dW has W's shape (out, in) and sums over the N rows: dyᵀ x",
+    ),
+    # 04: the PyTorch conventions
+    "04.key_padding_mask": exactly(lambda: ~KEEP04, "torch's key_padding_mask is True where a key is ignored"),
+    "04.in_proj_rows": exactly(lambda: (8, 12), "in_proj_weight stacks W_q, W_k, W_v, each E rows"),
+    # 05: performance
+    "05.score_bytes": exactly(lambda: 1 * 12 * 4096 * 4096 * 8, "B·H·L·L entries of 8 bytes"),
+    "05.online_softmax": numbers(
+        lambda: [S05.max(), np.exp(S05 - S05.max()).sum()],
+        "after each block ℓ ← ℓ·exp(m_old − m_new) + Σ exp(s − m_new); at the end m is the row max",
+    ),
+    "05.causal_tiles": exactly(_causal_tiles, "a tile above the diagonal has no allowed entry; count the others"),
+    # 06: BERT's maps
+    "06.moved": numbers(lambda: np.array([0.9, 0.1]) * np.array([0.1, 2.0]), "‖α_j v_j‖ = α_j ‖v_j‖"),
+    "06.entropy": numbers(lambda: np.log(2) / np.log(4), "entropy −Σ p log p, divided by log(number of tokens)"),
+    # 07: training
+    "07.ce_grad": numbers(
+        lambda: layers.softmax_cross_entropy_backward(
+            1.0, layers.softmax_cross_entropy_forward(np.array([[2.0, 1.0, 0.0]]), np.array([0]))[1]
+        )[0],  # (1, 3) -> (3,)
+        "the gradient of the mean cross-entropy w.r.t. the logits is softmax(logits) − one_hot(target), over N",
+    ),
+    "07.reverse_map": numbers(lambda: np.eye(4)[::-1], "output position i must read input position 3 − i"),
+    # 08: a whole BERT
+    "08.residual": numbers(
+        lambda: DY08 + F.linear_backward(DY08, F.linear_forward(np.zeros(2), W08)[1])[0],
+        "two paths reach x: the skip (dy) and the branch (dy W); add them",
+    ),
+    "08.gelu_slope": numbers(lambda: _gelu_slope(np.array([0.0, 1.0])), "GELU'(x) = Φ(x) + x φ(x)", rtol=1e-7),
+    "08.layer_norm_sums": numbers(_layer_norm_sums, "LayerNorm's output does not change when x shifts or scales"),
+    # 09: today's attention
+    "09.repeat_kv": numbers(
+        lambda: F.repeat_kv_backward(DK09, F.repeat_kv_forward(np.zeros((1, 2, 1, 1)), 2)[1]).ravel(),
+        "each KV head served a group of query heads; its gradient is the sum over its group",
+    ),
+    "09.rope_score": numbers(lambda: np.cos((3 - 1) * np.pi / 6), "the rotated q·k depends only on (i − j)·θ"),
+    "09.alibi": numbers(lambda: -0.5 * (3 - np.arange(4.0)), "the bias is −slope · (i − j), 0 on the diagonal"),
+    # 10: the bug gallery
+    "10.blind_check": choice(
+        "finite differences",
+        ("finite differences", "a reference pair"),
+        "a consistent wrong pair agrees with its own forward",
+    ),
+    "10.ones_dx": numbers(
+        lambda: F.softmax_backward(np.ones(3), F.softmax_forward(X03)[1]),
+        "with dp all ones, dp − Σ_j p_j dp_j is 0 in every entry",
+        atol=1e-12,
+    ),
+    "10.dropout_backward": pair_function("dropout"),
+    # 11: today's attention, part two
+    "11.soft_cap": numbers(lambda: F.soft_cap_forward(S11, 30.0)[0], "cap · tanh(s / cap) with cap = 30"),
+    "11.soft_cap_grad": numbers(
+        lambda: F.soft_cap_backward(np.ones(2), F.soft_cap_forward(S11, 30.0)[1]), "1 − tanh²(s / cap)"
+    ),
+    "11.sink": numbers(
+        lambda: F.sink_softmax_forward(np.zeros(2), np.zeros(()))[0], "the sink adds exp(0) = 1 to the denominator"
+    ),
+}
