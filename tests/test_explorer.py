@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -223,12 +224,38 @@ def test_tour_html_writes_the_explorer_of_the_most_masked_sequence(tmp_path, cap
     assert data["qtok"] == ["q0", "q1", "q2", "q3"] and data["masks"]  # sequence 0, with its fully masked row
 
 
-@pytest.mark.parametrize("command", [["tour"], ["train", "--steps", "1"], ["bert", "text"]])
-def test_html_to_a_missing_directory_is_one_line_and_exit_2(tmp_path, capsys, command):
-    bad = tmp_path / "no" / "x.html"
-    assert main([*command, "--html", str(bad)]) == 2
+def one_line_error(argv, capsys) -> str:
+    """Run the CLI on a mistake: exit 2 (argparse's, or a UsageError's) and one line on stderr, returned."""
+    try:
+        status = main(argv)
+    except SystemExit as e:  # argparse refuses a bad value while parsing
+        status = e.code
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "--html" in err and "does not exist" in err
+    assert status == 2 and err.count("\n") == 0, err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("command", "other"), [(["tour"], "--heads"), (["train", "--steps", "1"], "--lr"), (["bert", "text"], "--layer")]
+)
+def test_html_mistakes_read_as_every_other_flags(tmp_path, capsys, command, other):
+    """``--html`` errors have the other flags' format: ``prog cmd: error: argument --html: ... (see ... --help)``."""
+    prog = f"python -m mha_numpy {command[0]}: error: "
+    html = str(tmp_path / "h.html")
+    assert one_line_error([*command, other, "-1", "--html", html], capsys).startswith(f"{prog}argument {other}: ")
+    err = one_line_error([*command, "--html", str(tmp_path / "no" / "x.html")], capsys)
+    assert err.startswith(prog + "argument --html: ") and "does not exist" in err and err.endswith("--help)")
+    err = one_line_error([*command, "--html", str(tmp_path)], capsys)
+    assert err.startswith(prog + "argument --html: ") and "is a directory" in err
+
+
+def test_html_that_cannot_be_written_is_one_line_naming_the_flag(tmp_path, capsys):
+    prog = "python -m mha_numpy tour: error: argument --html: "
+    err = one_line_error(["tour", "--html", str(tmp_path / ("x" * 300 + ".html"))], capsys)  # a name too long
+    assert err.startswith(prog) and "File name too long" in err
+    if Path("/proc/self").is_dir():  # a directory that exists but takes no new file, even for root
+        err = one_line_error(["tour", "--html", "/proc/mha_numpy_explorer.html"], capsys)
+        assert err.startswith(prog) and "not writable" in err
 
 
 def test_train_html(tmp_path, capsys):
