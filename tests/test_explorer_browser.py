@@ -136,6 +136,8 @@ def test_head_view_draws_one_line_per_visible_pair_above_the_threshold(browser, 
     d = browser.open(bert_page["path"])
     attn = bert_page["attn"]  # (layers, H, L, L)
     H = attn.shape[1]
+    assert lines(d) == expected_lines(attn[0], {0}, 0.01)  # 12 heads: the first alone at first, not a hairball
+    d.find_element(By.ID, "all-heads").click()
     got = lines(d)
     assert got == expected_lines(attn[0], range(H), 0.01)
     assert int(d.find_element(By.ID, "head-svg").get_attribute("data-lines")) == len(got)
@@ -151,6 +153,7 @@ def test_selecting_a_token_and_toggling_a_head(browser, bert_page):
     attn = bert_page["attn"][0]  # layer 0: (H, L, L)
     H, L = attn.shape[0], attn.shape[1]
     all_heads = set(range(H))
+    d.find_element(By.ID, "all-heads").click()
     ActionChains(d).move_to_element(token(d, "q", 3)).perform()  # hover: only token 3's lines
     assert lines(d) == expected_lines(attn, all_heads, 0.01, query=3)
     token(d, "q", 5).click()  # click pins token 5, the mouse stays on it
@@ -413,7 +416,7 @@ def test_hostile_text_shows_literally_and_the_script_runs(browser, hostile_page)
         "return [document.scripts.length, document.querySelectorAll('img, iframe, object, embed').length,"
         " document.querySelectorAll('svg').length, document.body.children.length]"
     )
-    assert counts == [2, 0, 1, 3]  # the two scripts, the head view's svg, #explorer: no element from the text
+    assert counts == [2, 0, 1, 4]  # the two scripts, the head view's svg, #explorer, #tooltip: none from the text
     title, layers = hostile_page["title"], hostile_page["layers"]
     got = d.execute_script(
         CODES + "return {title: c(document.title), h1: c(document.querySelector('h1').textContent),"

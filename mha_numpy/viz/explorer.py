@@ -275,6 +275,45 @@ def _finite(x: np.ndarray, name: str) -> np.ndarray:
     return x
 
 
+def _indices(x, n: int, name: str) -> list[int]:
+    """None (all of 0..n-1) or distinct ints in 0..n-1, in the order given."""
+    if x is None:
+        return list(range(n))
+    if isinstance(x, (int, np.integer)) or isinstance(x, (str, bytes)):
+        raise ValueError(f"{name} must be a list of indices in 0..{n - 1}, got {x!r}")
+    out = [int(i) for i in x]
+    if not out or len(set(out)) != len(out) or not all(0 <= i < n for i in out):
+        raise ValueError(f"{name} must be distinct indices in 0..{n - 1} (at least one), got {list(x)!r}")
+    return out
+
+
+def _position(x, shown: list[int], name: str, among: str) -> int:
+    """The position of index ``x`` among the ``shown`` ones (0 for None)."""
+    if x is None:
+        return 0
+    if int(x) not in shown:
+        raise ValueError(f"{name}={x!r} is not among the {among} shown ({shown})")
+    return shown.index(int(x))
+
+
+DEFAULT_HEADS_MAX = 4  # up to this many heads are all drawn at first; with more, the head view starts with the first
+
+
+def _grads(weight_grads, A: np.ndarray, batch: int, blocked: np.ndarray, note) -> dict:
+    """d(something)/d(attention weights), the shape of ``A`` (layers, H, Lq, Lk) -> per head ints in
+    -1000..1000 of that head's largest |value| ("g"), the largest ("max", 4 significant digits), and ``note``."""
+    G = _finite(_per_layer(weight_grads, "weight_grads", batch), "weight_grads")  # (layers, H, Lq, Lk)
+    if G.shape != A.shape:
+        raise ValueError(f"weight_grads must have the shape of attentions {A.shape}, got {G.shape}")
+    G = np.where(blocked, 0.0, G)  # a blocked weight is fixed at 0: nothing flows through it
+    top = np.abs(G).max(axis=(2, 3))  # (layers, H)
+    top = np.array([[float(f"{t:.4g}") for t in row] for row in top])
+    step = np.where(top > 0, top, 1.0) / 1000
+    ints = [[np.clip(_ints(G[l, h], step[l, h]), -1000, 1000).tolist() for h in range(A.shape[1])]
+            for l in range(A.shape[0])]  # fmt: skip
+    return {"note": "" if note is None else str(note), "max": top.tolist(), "g": ints}
+
+
 def page_data(
     attentions,
     tokens,
@@ -289,6 +328,13 @@ def page_data(
     batch: int = 0,
     layer_names: Sequence[str] | None = None,
     title: str = "Attention explorer",
+    include_layers: Sequence[int] | None = None,
+    include_heads: Sequence[int] | None = None,
+    layer: int | None = None,
+    heads: Sequence[int] | None = None,
+    sentence_b_start: int | None = None,
+    weight_grads=None,
+    grad_note: str | None = None,
 ) -> dict:
     """The checked, rounded data the page draws (see ``explorer_html`` for the arguments)."""
     A = _per_layer(attentions, "attentions", batch)  # (layers, H, Lq, Lk)
@@ -301,18 +347,49 @@ def page_data(
     names = [f"layer {i}" for i in range(nl)] if layer_names is None else [str(n) for n in layer_names]
     if len(names) != nl:
         raise ValueError(f"layer_names has {len(names)} entries but attentions has {nl} layers")
+    keep_l = _indices(include_layers, nl, "include_layers")
+    keep_h = _indices(include_heads, H, "include_heads")
+    init_layer = _position(layer, keep_l, "layer", "layers (include_layers)")
+    if heads is None:  # positions among the heads shown
+        init_heads = list(range(len(keep_h))) if len(keep_h) <= DEFAULT_HEADS_MAX else [0]
+    else:
+        init_heads = [_position(h, keep_h, "heads", "heads (include_heads)") for h in _indices(heads, H, "heads")]
+    if sentence_b_start is not None:
+        b = int(sentence_b_start)
+        if Lq != Lk or qtok != ktok or not 0 < b < Lq:
+            raise ValueError(
+                f"sentence_b_start={sentence_b_start!r} needs self-attention over one token list (Lq = Lk, key_tokens "
+                f"the tokens) and 0 < sentence_b_start < {Lq}; got Lq = {Lq}, Lk = {Lk}"
+            )
+
+    def pick(x: np.ndarray) -> np.ndarray:  # (layers, H, ...) -> the layers and heads shown
+        return x[keep_l][:, keep_h]
+
+    grads = None if weight_grads is None else _grads(weight_grads, A, batch, blocked, grad_note)
+    if grads is not None:
+        grads["max"] = [[grads["max"][l][h] for h in keep_h] for l in keep_l]
+        grads["g"] = [[grads["g"][l][h] for h in keep_h] for l in keep_l]
+    elif grad_note is not None:
+        raise ValueError("grad_note describes weight_grads, which was not given")
+    A_all, blocked_all, added_all = A, blocked, added  # every layer and head: the neuron view's check reads them
+    A, blocked = pick(A), pick(blocked)
     patterns, mask_index = _distinct(blocked, lambda m: "".join("1" if b else "0" for b in m.ravel().tolist()))
 
     data = {
         "title": str(title),
         "qtok": qtok,
         "ktok": ktok,
-        "layers": names,
-        "heads": H,
-        "attn": [[_ints(A[l, h], 1e-3) for h in range(H)] for l in range(nl)],
+        "layers": [names[l] for l in keep_l],
+        "heads": len(keep_h),
+        "headNames": [str(h) for h in keep_h],
+        "initLayer": init_layer,
+        "initHeads": init_heads,
+        "sentenceB": None if sentence_b_start is None else int(sentence_b_start),
+        "attn": [[_ints(A[l, h], 1e-3) for h in range(A.shape[1])] for l in range(A.shape[0])],
         "masks": patterns,  # distinct masks as strings of '0'/'1' (1 = blocked), row-major (Lq, Lk)
         "maskIndex": mask_index,
         "neuron": None,
+        "grad": grads,
     }
     if (queries is None) != (keys is None):
         raise ValueError("queries and keys come together (the neuron view needs both), got only one of them")
@@ -328,19 +405,21 @@ def page_data(
         scale = float(1 / np.sqrt(d) if scale is None else scale)
         if not np.isfinite(scale):
             raise ValueError(f"scale must be a finite number, got {scale}")
-        terms = _biases(biases, A.shape, batch)  # {name: (layers, H, Lq, Lk)}
-        _check_softmax(A, Q, K, scale, terms, added, blocked)
-        q_ints, q_steps = _vectors(Q)
-        k_ints, k_steps = _vectors(K)
+        terms = _biases(biases, A_all.shape, batch)  # {name: (layers, H, Lq, Lk)}
+        _check_softmax(A_all, Q, K, scale, terms, added_all, blocked_all)
+        q_ints, q_steps = _vectors(pick(Q))
+        k_ints, k_steps = _vectors(pick(K))
         neuron = {"d": d, "scale": scale}
         neuron.update(q=q_ints, qStep=q_steps, k=k_ints, kStep=k_steps, vnorm=None)
-        neuron["terms"] = [{"name": name, **_term(t)} for name, t in terms.items()]
-        neuron["mask"] = _term(added) if added.any() else None  # a float mask's finite values
+        neuron["terms"] = [{"name": name, **_term(pick(t))} for name, t in terms.items()]
+        neuron["mask"] = _term(pick(added_all)) if added_all.any() else None  # a float mask's finite values
         if value_norms is not None:
             vn = _finite(np.asarray(value_norms, dtype=np.float64), "value_norms")
             if vn.shape != (nl, H, Lk):
                 raise ValueError(f"value_norms must be (layers, H, Lk) = {(nl, H, Lk)}, got shape {vn.shape}")
-            neuron["vnorm"] = [[[float(f"{v:.4g}") for v in vn[l, h]] for h in range(H)] for l in range(nl)]
+            vn = pick(vn)
+            neuron["vnorm"] = [[[float(f"{v:.4g}") for v in vn[l, h]] for h in range(vn.shape[1])]
+                               for l in range(vn.shape[0])]  # fmt: skip
         data["neuron"] = neuron
     elif value_norms is not None or biases is not None:
         raise ValueError("value_norms and biases need queries and keys (they are shown in the neuron view)")
@@ -381,6 +460,15 @@ def explorer_html(attentions, tokens=None, **options) -> ExplorerPage:
         (B, H, Lq, Lk). A float mask's finite values are a term too (from ``masks``). The neuron view shows
         each term and the softmax of their sum; these weights must be ``attentions`` (ValueError otherwise).
     value_norms: (layers, H, Lk) ||v_j W_o,hᵀ|| for the neuron view's value-weighted switch.
+    include_layers / include_heads: the layers and heads to put on the page (default all; as bertviz's
+        ``include_layers``, they keep a long input's page small and quick); the page names them by their index.
+    layer: the layer shown first (default the first included); heads: the heads the head view draws first
+        (default every head when there are at most 4, else the first: twelve at once are a hairball).
+    sentence_b_start: the index of sentence B's first token for a sentence pair (self-attention): the head
+        view then offers A→A, B→B, A→B and B→A beside all (as bertviz's head view does).
+    weight_grads: d(something)/d(attention weights), the shape of ``attentions`` (same forms), e.g. dP from the
+        backward for an upstream gradient (``explore_attention`` computes it): the gradient view draws it per head;
+        grad_note: one sentence on the page saying what it is the gradient of.
     batch (default 0), layer_names (default "layer 0", ...), title: the rest. Every option is keyword-only and
     is ``page_data``'s (its signature lists them with their defaults); an unknown one raises TypeError.
     Returns an ``ExplorerPage`` (a str; displays inline in a notebook). Raises ValueError naming the
