@@ -266,7 +266,7 @@ function drawHeadView() {
   layout.kw = widest(ks, "") + 8;
   layout.qx = 6 + layout.qw;
   const room = (document.documentElement.clientWidth || 1000) - 60 - layout.qw - layout.kw;
-  layout.kx = layout.qx + Math.max(200, Math.min(520, room * 0.6));  // the lines get the window's width
+  layout.kx = layout.qx + Math.max(200, Math.min(600, room * 0.8));  // the lines get the window's width
   svg.setAttribute("width", layout.kx + layout.kw + 6);
   svg.setAttribute("height", Math.max(r.q[1] - r.q[0], r.k[1] - r.k[0]) * ROW + 30);
   for (const t of [qAxis, ...qs]) t.setAttribute("x", layout.qx - 4);

@@ -107,7 +107,7 @@ def _neuron_arrays(pairs, batch: int, d_outputs=None) -> dict:
         if not 0 <= batch < A.shape[0]:
             raise ValueError(f"batch={batch} out of range for a cache with batch size {A.shape[0]}")
         G = random_upstream(m, c, n) if d_outputs is None else d_outputs[n]
-        grads.append(None if getattr(m, "diff_attention", False) else weight_grads(m, c, G)[batch])
+        grads.append(weight_grads(m, c, G)[batch])
         Q = np.asarray(c.Q, dtype=np.float64)  # (B, H, Lq, d)
         K = _per_head(np.asarray(c.K, dtype=np.float64), m.num_heads)  # (B, H, Lk, d)
         layers.append((A[batch], Q[batch], K[batch], score_terms(m, c, Q, K), value_norms(m, c)[batch]))
@@ -121,7 +121,7 @@ def _neuron_arrays(pairs, batch: int, d_outputs=None) -> dict:
         "biases": biases or None,
         "value_norms": np.stack([vn for *_, vn in layers]),
         "scale": _scale(pairs[0][0]),
-        "weight_grads": None if any(g is None for g in grads) else grads,
+        "weight_grads": grads,
     }
 
 
@@ -155,7 +155,7 @@ def explore_attention(
         masks=mask,
         batch=batch,
         title=title or f"MultiHeadAttention(E={mha.embed_dim}, H={mha.num_heads}): sequence {batch}",
-        grad_note=None if arrays["weight_grads"] is None else GRAD_NOTE.format(what=what),
+        grad_note=GRAD_NOTE.format(what=what),
         **options,
     )
 
