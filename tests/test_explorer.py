@@ -209,6 +209,7 @@ def test_explore_tiny_labels_positions_and_ids():
     model = TinyAttentionModel(vocab_size=5, max_length=4, embed_dim=8, num_heads=2, rng=0)
     data = payload(explore_tiny(model, np.array([3, 1, 4, 1])))
     assert data["qtok"] == ["0:3", "1:1", "2:4", "3:1"] and data["heads"] == 2
+    assert payload(explore_tiny(model, np.array([3, 1, 4, 1]), heads=[1]))["initHeads"] == [1]  # options pass on
     with pytest.raises(ValueError, match=r"tokens must be one sequence.*\(1, 4\)"):
         explore_tiny(model, np.array([[3, 1, 4, 1]]))
 
@@ -548,3 +549,15 @@ def test_explore_attention_and_bert_carry_the_gradient_view():
     data = payload(explore_attention(mha, cache, d_output=G, heads=[1]))
     assert "the d_output given" in data["grad"]["note"] and data["initHeads"] == [1]
     assert "seed 0" in payload(explore_attention(mha, cache))["grad"]["note"]
+
+
+def test_the_docs_python_snippet_runs(tmp_path, monkeypatch):
+    """docs/explorer.md's Python block, as a reader would paste it (it saves explorer.html here)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "explorer.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks
+    monkeypatch.chdir(tmp_path)
+    for code in blocks:
+        exec(compile(code, "docs/explorer.md", "exec"), {})
+    data = payload((tmp_path / "explorer.html").read_text(encoding="utf-8"))
+    assert data["layers"] == ["a", "b"] and data["headNames"] == ["0", "3"] and len(data["ktok"]) == 6

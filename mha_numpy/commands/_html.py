@@ -35,7 +35,8 @@ def add_html_arg(p: argparse.ArgumentParser, what: str) -> None:
         metavar="FILE",
         type=html_file,
         default=None,
-        help=f"also write the interactive explorer of {what} (head, model and neuron views; one offline HTML file)",
+        help=f"also write the interactive explorer of {what} (head, model, neuron and gradient views; one offline "
+        "HTML file)",
     )
 
 

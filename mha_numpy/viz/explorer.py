@@ -1,4 +1,4 @@
-"""The interactive attention explorer: one self-contained HTML page (head, model and neuron views).
+"""The interactive attention explorer: one self-contained HTML page (head, model, neuron and gradient views).
 
 ``explorer_html(attentions, tokens, ...)`` checks the arrays, rounds them, and inlines them with the
 page's script (``explorer.js``) and style (``explorer.css``, both package data next to this file)
@@ -18,6 +18,8 @@ Numbers on the page (the sizes keep a 6-layer, 12-head map of 64 tokens under ab
   floats of 8 significant digits, each distinct (Lq, Lk) map once. The neuron view's score is
   q·k × scale + every term, and its weights their softmax: ``page_data`` checks that this softmax is the
   ``attentions`` it was given (within ``WEIGHT_ATOL``), so the neuron view cannot show other weights.
+- ``weight_grads`` (a gradient of the weights, e.g. dP from the backward) per (layer, head) as ints -1000..1000
+  times that head's largest |value| / 1000 (written with 4 significant digits); 0 where the mask blocks.
 
 Text (tokens, title, layer names) reaches the page only inside the JSON data, which is pure ASCII with
 ``<``, ``>`` and ``&`` written as ``\\u003c``, ``\\u003e``, ``\\u0026`` (so nothing in it can end, comment out or open
@@ -445,7 +447,7 @@ def _asset(name: str) -> str:
 
 
 def explorer_html(attentions, tokens=None, **options) -> ExplorerPage:
-    """One self-contained HTML page with the head, model and neuron views of these attention maps.
+    """One self-contained HTML page with the head, model, neuron and gradient views of these attention maps.
 
     attentions: a list with one (H, Lq, Lk) or (B, H, Lq, Lk) array per layer (as BertOutput.attentions
         or Hugging Face's ``output_attentions``; ``batch`` picks the sequence), or one array (H, Lq, Lk)

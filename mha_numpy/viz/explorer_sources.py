@@ -184,12 +184,12 @@ def explore_bert(model, text: str, *, title: str | None = None, **options) -> Ex
     )
 
 
-def explore_tiny(model, tokens, *, title: str | None = None) -> ExplorerPage:
+def explore_tiny(model, tokens, *, title: str | None = None, **options) -> ExplorerPage:
     """The explorer of a ``TinyAttentionModel`` (e.g. ``mha_numpy.train(...).model``) on one sequence of
-    token ids (L,); the tokens are labelled ``position:id``."""
+    token ids (L,); the tokens are labelled ``position:id``. ``options``: ``explore_attention``'s."""
     ids = np.asarray(tokens)
     if ids.ndim != 1:
         raise ValueError(f"tokens must be one sequence of token ids (L,), got shape {ids.shape}")
     _, cache = model.forward(ids[None, :])
     labels = [f"{i}:{t}" for i, t in enumerate(ids.tolist())]
-    return explore_attention(model.mha, cache.attention, labels, labels, title=title or f"{model}")
+    return explore_attention(model.mha, cache.attention, labels, labels, title=title or f"{model}", **options)
