@@ -561,3 +561,37 @@ def test_the_docs_python_snippet_runs(tmp_path, monkeypatch):
         exec(compile(code, "docs/explorer.md", "exec"), {})
     data = payload((tmp_path / "explorer.html").read_text(encoding="utf-8"))
     assert data["layers"] == ["a", "b"] and data["headNames"] == ["0", "3"] and len(data["ktok"]) == 6
+
+
+# --------------------------------------------------------------------------- several attention sets (encoder-decoder)
+
+
+def test_explorer_sets_html_holds_each_set_with_its_own_tokens():
+    from mha_numpy.viz import explorer_sets_html
+
+    rng = np.random.default_rng(6)
+    enc, dec, cross = (MultiHeadAttention(8, 2, rng=rng) for _ in range(3))
+    src, tgt = rng.standard_normal((1, 5, 8)), rng.standard_normal((1, 3, 8))
+    causal = np.tril(np.ones((3, 3), bool))
+    _, ce = enc.forward(src, src, src)
+    _, cd = dec.forward(tgt, tgt, tgt, mask=causal)
+    _, cc = cross.forward(tgt, src, src)
+    s, t = list("abcde"), ["<s>", "x", "y"]
+    page = explorer_sets_html(
+        {
+            "encoder": explore_attention(enc, ce, s, s),
+            "decoder": dict(attentions=cd.attn_weights, tokens=t, masks=causal),
+            "cross": explore_attention(cross, cc, t, s),
+        },
+        title="seq2seq",
+    )
+    data = payload(page)
+    assert data["title"] == "seq2seq" and [x["name"] for x in data["sets"]] == ["encoder", "decoder", "cross"]
+    enc_d, dec_d, cross_d = data["sets"]
+    assert enc_d["qtok"] == s and dec_d["qtok"] == t and (cross_d["qtok"], cross_d["ktok"]) == (t, s)
+    assert dec_d["neuron"] is None and cross_d["neuron"] is not None and dec_d["masks"]
+    np.testing.assert_array_equal(np.reshape(cross_d["attn"][0][1], (3, 5)) / 1000, np.round(cc.attn_weights[0, 1], 3))
+    with pytest.raises(ValueError, match=r"sets must be a non-empty dict"):
+        explorer_sets_html({})
+    with pytest.raises(ValueError, match=r"sets\['x'\] must be an ExplorerPage or a dict"):
+        explorer_sets_html({"x": "<html>"})

@@ -20,7 +20,7 @@ from helpers import alibi_by_hand, rel_bias_by_hand
 from mha_numpy import MultiHeadAttention
 from mha_numpy import functional as F
 from mha_numpy.__main__ import main
-from mha_numpy.viz import explore_attention, explore_bert, explorer_html
+from mha_numpy.viz import explore_attention, explore_bert, explorer_html, explorer_sets_html
 from mha_numpy.viz.explorer_sources import bert_caches
 
 try:
@@ -122,10 +122,8 @@ def test_no_console_errors_and_no_request_leaves_the_file(browser, page, request
     for view in ("model", "neuron", "grad", "head"):
         d.find_element(By.ID, f"tab-{view}").click()
     ActionChains(d).move_to_element(token(d, "q", 1)).perform()
-    d.find_element(By.ID, "theme").click()  # dark: every view drawn again
-    for view in ("grad", "neuron", "model"):
-        d.find_element(By.ID, f"tab-{view}").click()
-    ActionChains(d).move_to_element(d.find_element(By.CSS_SELECTOR, "canvas.thumb")).perform()
+    d.find_element(By.ID, "tab-model").click()
+    ActionChains(d).move_to_element(d.find_element(By.CSS_SELECTOR, "canvas.thumb")).perform()  # its tooltip
     d.find_element(By.CSS_SELECTOR, "canvas.thumb").click()  # back to the head view
     assert console_errors(d) == []
     assert [u for u in requested_urls(d) if u != path.resolve().as_uri()] == []
@@ -343,8 +341,11 @@ def test_dark_mode_switches_every_colour(browser, mha_page):
     assert d.execute_script(background) == "rgb(21, 22, 26)"
     dark = d.execute_script(pixel, LK)
     assert sum(dark[:3]) < sum(light[:3]) - 200  # the map is drawn again, darker
+    for view in ("grad", "neuron", "head"):  # every view drawn in the dark theme
+        d.find_element(By.ID, f"tab-{view}").click()
     d.find_element(By.ID, "theme").click()
     assert d.execute_script(background) == "rgb(255, 255, 255)"
+    assert console_errors(d) == []
 
 
 # --------------------------------------------------------------------------- filters and sentence pairs
@@ -384,6 +385,34 @@ def test_filters_and_sentence_pair_views(browser, pair_page):
     d.find_element(By.ID, "all-heads").click()
     assert lines(d) == {(i, j, 0 if h == 4 else 1) for i, j, h in expected_lines(A[0], {4, 1}, 0.01)}
     assert console_errors(d) == []
+
+
+def test_encoder_decoder_page_switches_between_its_attention_sets(browser, tmp_path):
+    rng = np.random.default_rng(8)
+    dec, cross = MultiHeadAttention(8, 2, rng=rng), MultiHeadAttention(8, 2, rng=rng)
+    src, tgt = rng.standard_normal((1, 5, 8)), rng.standard_normal((1, 3, 8))
+    causal = np.tril(np.ones((3, 3), bool))
+    _, cd = dec.forward(tgt, tgt, tgt, mask=causal)
+    _, cc = cross.forward(tgt, src, src)
+    s, t = list("abcde"), ["<s>", "x", "y"]
+    sets = {"decoder": explore_attention(dec, cd, t, t, mask=causal), "cross": explore_attention(cross, cc, t, s)}
+    path = tmp_path / "seq2seq.html"
+    explorer_sets_html(sets, title="an encoder-decoder").save(path)
+    d = browser.open(path)
+    tokens = (
+        "return [...document.querySelectorAll('#head-svg text.tok.' + arguments[0] + ' tspan')].map(t => t.textContent)"
+    )
+    assert d.find_element(By.ID, "set").is_displayed()
+    assert d.execute_script(tokens, "q") == t and d.execute_script(tokens, "k") == t
+    token(d, "q", 0).click()  # query 0 of the decoder sees key 0 only
+    assert lines(d) == expected_lines(cd.attn_weights[0], {0, 1}, 0.01, query=0) == {(0, 0, 0), (0, 0, 1)}
+    select(d, "set", 1)  # the cross-attention: the decoder's tokens attend to the encoder's
+    ActionChains(d).move_to_element(d.find_element(By.TAG_NAME, "h1")).perform()  # the mouse off the tokens
+    assert d.execute_script(tokens, "q") == t and d.execute_script(tokens, "k") == s
+    assert lines(d) == expected_lines(cc.attn_weights[0], {0, 1}, 0.01)
+    d.find_element(By.ID, "tab-neuron").click()
+    assert len(neuron_rows(d)) == 5
+    assert d.find_element(By.TAG_NAME, "h1").text == "an encoder-decoder" and console_errors(d) == []
 
 
 # --------------------------------------------------------------------------- masks

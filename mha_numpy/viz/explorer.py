@@ -478,16 +478,45 @@ def explorer_html(attentions, tokens=None, **options) -> ExplorerPage:
     do not match, rows that are not attention weights, or weights that are not the softmax of the scores.
     """
     data = page_data(attentions, tokens, **options)  # the keyword options above, checked there
+    return _page(data, data["title"])
+
+
+def explorer_sets_html(sets: dict, *, title: str = "Attention explorer") -> ExplorerPage:
+    """One page of several attention sets and a select between them, as bertviz's ``encoder_attention``,
+    ``decoder_attention`` and ``cross_attention``: e.g. an encoder–decoder's
+    ``{"encoder": explore_attention(enc_mha, enc_cache, src, src), "decoder": ..., "cross": explore_attention(
+    cross_mha, cross_cache, tgt, src)}``. Each value is an ``ExplorerPage`` (from ``explorer_html`` or an
+    ``explore_*`` builder) or a dict of ``explorer_html``'s arguments; each set keeps its own tokens (query tokens
+    ≠ key tokens for cross-attention), layers, heads, masks and views."""
+    if not isinstance(sets, dict) or not sets:
+        raise ValueError(
+            f"sets must be a non-empty dict {{name: ExplorerPage or explorer_html arguments}}, got {sets!r}"
+        )
+    out = []
+    for name, value in sets.items():
+        if isinstance(value, ExplorerPage) and hasattr(value, "data"):
+            data = dict(value.data)
+        elif isinstance(value, dict):
+            data = page_data(**{"tokens": None, **value})
+        else:
+            raise ValueError(f"sets[{name!r}] must be an ExplorerPage or a dict of explorer_html's arguments")
+        out.append({**data, "name": str(name), "title": str(title)})
+    return _page({"title": str(title), "sets": out}, str(title))
+
+
+def _page(data: dict, title: str) -> ExplorerPage:
+    """The HTML of ``data`` (one set's, or {title, sets}) with the script and the style inlined."""
     payload = _script_json(data)  # never ends, comments out or opens a <script>
-    page = (
+    page = ExplorerPage(
         "<!DOCTYPE html>\n<html lang='en'>\n<head>\n<meta charset='utf-8'>\n"
         "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; "
         "script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:\">\n"
-        f"<title>{_html_text(data['title'])}</title>\n<style>\n{_asset('explorer.css')}</style>\n</head>\n"
+        f"<title>{_html_text(title)}</title>\n<style>\n{_asset('explorer.css')}</style>\n</head>\n"
         f"<body>\n<script id='explorer-data' type='application/json'>{payload}</script>\n"
         f"<script>\n{_asset('explorer.js')}</script>\n</body>\n</html>\n"
     )
-    return ExplorerPage(page)
+    page.data = data  # what the page draws: explorer_sets_html combines pages from it
+    return page
 
 
 def _write(path, page: str) -> Path:
