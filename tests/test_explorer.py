@@ -85,7 +85,9 @@ def test_six_layers_twelve_heads_64_tokens_stay_under_2_mb():
     rng = np.random.default_rng(0)
     Q, K = rng.normal(0, 2, (6, 12, 64, 32)), rng.normal(0, 2, (6, 12, 64, 32))
     A = softmax(Q @ K.swapaxes(-1, -2) / np.sqrt(32))  # (6, 12, 64, 64)
-    page = explorer_html(A, [f"tok{i}" for i in range(64)], queries=Q, keys=K, value_norms=np.ones((6, 12, 64)))
+    G = rng.normal(0, 1, A.shape)  # and a gradient view
+    tokens = [f"tok{i}" for i in range(64)]
+    page = explorer_html(A, tokens, queries=Q, keys=K, value_norms=np.ones((6, 12, 64)), weight_grads=G)
     assert len(page.encode()) < 2_000_000
 
 
@@ -457,7 +459,8 @@ def test_include_layers_and_heads_keep_only_those_with_their_names_and_numbers()
             np.testing.assert_array_equal(np.reshape(data["attn"][n][m], (3, 3)) / 1000, np.round(A[l, h], 3))
             got = unpack(data["neuron"]["q"][n][m], data["neuron"]["qStep"][n][m]).reshape(3, 2)
             assert np.abs(got - Q[l, h]).max() <= data["neuron"]["qStep"][n][m] / 2 * (1 + 1e-9)
-            assert data["grad"]["max"][n][m] == pytest.approx(np.abs(G[l, h]).max(), rel=1e-3)
+            got = unpack(data["grad"]["g"][n][m], data["grad"]["step"][n][m]).reshape(3, 3)
+            assert np.abs(got - G[l, h]).max() <= data["grad"]["step"][n][m] / 2 * (1 + 1e-9)
     assert data["initLayer"] == 0 and data["initHeads"] == [0, 1]  # two heads: both drawn
 
 
@@ -506,10 +509,10 @@ def test_sentence_pair_and_gradients_reach_the_page():
     assert data["sentenceB"] == 2 and data["grad"]["note"] == "what it is"
     shown = np.where(mask, G, 0)  # a blocked weight is fixed at 0: no gradient drawn there
     for h in range(2):
-        top = data["grad"]["max"][0][h]
-        assert top == pytest.approx(np.abs(shown[0, h]).max(), rel=1e-3)
-        got = np.reshape(data["grad"]["g"][0][h], (5, 5)) / 1000 * top
-        assert np.abs(got - shown[0, h]).max() <= top * 6e-4  # thousandths of the largest, and 4 digits of it
+        step = data["grad"]["step"][0][h]
+        assert 2047 * step == pytest.approx(np.abs(shown[0, h]).max(), rel=1e-7)  # the largest is ±2047 steps
+        got = unpack(data["grad"]["g"][0][h], step).reshape(5, 5)
+        assert np.abs(got - shown[0, h]).max() <= step / 2 * (1 + 1e-9) and not got[:, 4].any()
 
 
 def test_weight_grads_are_the_gradient_of_g_dot_output_written_out():

@@ -322,7 +322,7 @@ def test_gradient_view_shows_dp_of_the_backward_and_masked_cells(browser, mha_pa
         text = hover_cell(d, maps[h], i, j, LQ, LK)
         got = float(text.split("dL/dα = ")[1].split(",")[0])
         top = np.abs(np.where(mask[0, 0], dP[h], 0)).max()
-        assert abs(got - dP[h, i, j]) <= top * 6e-4 + abs(dP[h, i, j]) * 5e-3  # thousandths of the top, 3 digits
+        assert abs(got - dP[h, i, j]) <= top / 2047 + abs(dP[h, i, j]) * 5e-3  # 12 bits of the top, 3 digits
     assert hover_cell(d, maps[0], 0, PAD_KEY, LQ, LK).endswith("masked (α fixed at 0)")
 
 

@@ -5,8 +5,8 @@
 //   layers, heads    layer names, number of heads; headNames: each head's label (its index in the model)
 //   initLayer, initHeads  the layer and the heads (positions) the head view starts with
 //   sentenceB        null, or the index of sentence B's first token (a sentence pair: A→B, B→A, ... filters)
-//   grad             null, or {note, max[l][h], g[l][h]}: d(loss)/d(weights) per head, row-major (Lq, Lk) ints
-//                    -1000..1000 of that head's largest |value| max[l][h]
+//   grad             null, or {note, g[l][h], step[l][h]}: d(loss)/d(weights) per head, row-major (Lq, Lk),
+//                    packed as q and k (two base-64 characters an int, times step; the largest is ±2047)
 //   attn[l][h]       attention weights in thousandths, row-major (Lq, Lk)
 //   masks, maskIndex distinct masks as '0'/'1' strings (1 = blocked); maskIndex[l][h] = index or -1
 //   neuron           null, or {d, scale, q[l][h], qStep[l][h], k[l][h], kStep[l][h], vnorm[l][h] or null,
@@ -441,7 +441,11 @@ function build(D, current) {  // the page of one attention set D (SETS[current])
                                         ["−max", "0", "+max"], "dL/dα ") : null;
   const gradGrid = el("div", { id: "grad-grid" }, views.grad);
 
-  function gradValue(l, h, i, j) { return (D.grad.g[l][h][i * LK + j] / 1000) * D.grad.max[l][h]; }
+  function gradValue(l, h, i, j) {      // packed as q and k: two base-64 characters, times the head's step
+    const p = D.grad.g[l][h];
+    const at = 2 * (i * LK + j);
+    return (64 * B64.indexOf(p[at]) + B64.indexOf(p[at + 1]) - 2048) * D.grad.step[l][h];
+  }
 
   function drawGradView() {
     if (!D.grad || gradGrid.childElementCount) return;
@@ -452,10 +456,10 @@ function build(D, current) {  // the page of one attention set D (SETS[current])
     for (let h = 0; h < H; h++) {
       const fig = el("figure", { class: "grad-map" }, gradGrid);
       el("figcaption", { style: `color:${headColor(h)}` }, fig,
-         `head ${D.headNames[h]}: max |dL/dα| = ${D.grad.max[l][h].toPrecision(3)}`);
+         `head ${D.headNames[h]}: max |dL/dα| = ${(2047 * D.grad.step[l][h]).toPrecision(3)}`);
       const c = el("canvas", { class: "thumb grad", width: LK * cell, height: LQ * cell, "data-layer": l,
                                "data-head": h }, fig);
-      const top = D.grad.max[l][h] || 1;
+      const top = 2047 * D.grad.step[l][h];  // the largest |value| (its int is ±2047)
       drawMap(c, cell, (i, j) => (blocked(l, h, i, j) ? maskedColor(i, j) : gradColor(gradValue(l, h, i, j) / top)));
       c.addEventListener("mousemove", (e) => {
         const at = cellAt(c, e, cell);

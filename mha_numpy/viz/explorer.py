@@ -18,8 +18,8 @@ Numbers on the page (the sizes keep a 6-layer, 12-head map of 64 tokens under ab
   floats of 8 significant digits, each distinct (Lq, Lk) map once. The neuron view's score is
   q·k × scale + every term, and its weights their softmax: ``page_data`` checks that this softmax is the
   ``attentions`` it was given (within ``WEIGHT_ATOL``), so the neuron view cannot show other weights.
-- ``weight_grads`` (a gradient of the weights, e.g. dP from the backward) per (layer, head) as ints -1000..1000
-  times that head's largest |value| / 1000 (written with 4 significant digits); 0 where the mask blocks.
+- ``weight_grads`` (a gradient of the weights, e.g. dP from the backward) packed as q and k are (12 bits of
+  each head's largest |value|); 0 where the mask blocks.
 
 Text (tokens, title, layer names) reaches the page only inside the JSON data, which is pure ASCII with
 ``<``, ``>`` and ``&`` written as ``\\u003c``, ``\\u003e``, ``\\u0026`` (so nothing in it can end, comment out or open
@@ -301,19 +301,13 @@ def _position(x, shown: list[int], name: str, among: str) -> int:
 DEFAULT_HEADS_MAX = 4  # up to this many heads are all drawn at first; with more, the head view starts with the first
 
 
-def _grads(weight_grads, A: np.ndarray, batch: int, blocked: np.ndarray, note) -> dict:
-    """d(something)/d(attention weights), the shape of ``A`` (layers, H, Lq, Lk) -> per head ints in
-    -1000..1000 of that head's largest |value| ("g"), the largest ("max", 4 significant digits), and ``note``."""
+def _grads(weight_grads, A: np.ndarray, batch: int, blocked: np.ndarray) -> np.ndarray:
+    """d(something)/d(attention weights) in the forms of ``attentions`` -> float64 (layers, H, Lq, Lk), the shape
+    of ``A``, 0 where ``blocked`` (a blocked weight is fixed at 0: nothing flows through it)."""
     G = _finite(_per_layer(weight_grads, "weight_grads", batch), "weight_grads")  # (layers, H, Lq, Lk)
     if G.shape != A.shape:
         raise ValueError(f"weight_grads must have the shape of attentions {A.shape}, got {G.shape}")
-    G = np.where(blocked, 0.0, G)  # a blocked weight is fixed at 0: nothing flows through it
-    top = np.abs(G).max(axis=(2, 3))  # (layers, H)
-    top = np.array([[float(f"{t:.4g}") for t in row] for row in top])
-    step = np.where(top > 0, top, 1.0) / 1000
-    ints = [[np.clip(_ints(G[l, h], step[l, h]), -1000, 1000).tolist() for h in range(A.shape[1])]
-            for l in range(A.shape[0])]  # fmt: skip
-    return {"note": "" if note is None else str(note), "max": top.tolist(), "g": ints}
+    return np.where(blocked, 0.0, G)
 
 
 def page_data(
@@ -367,10 +361,10 @@ def page_data(
     def pick(x: np.ndarray) -> np.ndarray:  # (layers, H, ...) -> the layers and heads shown
         return x[keep_l][:, keep_h]
 
-    grads = None if weight_grads is None else _grads(weight_grads, A, batch, blocked, grad_note)
-    if grads is not None:
-        grads["max"] = [[grads["max"][l][h] for h in keep_h] for l in keep_l]
-        grads["g"] = [[grads["g"][l][h] for h in keep_h] for l in keep_l]
+    grads = None
+    if weight_grads is not None:
+        g_ints, g_steps = _vectors(pick(_grads(weight_grads, A, batch, blocked)))  # packed as q and k are
+        grads = {"note": "" if grad_note is None else str(grad_note), "g": g_ints, "step": g_steps}
     elif grad_note is not None:
         raise ValueError("grad_note describes weight_grads, which was not given")
     A_all, blocked_all, added_all = A, blocked, added  # every layer and head: the neuron view's check reads them
