@@ -5,6 +5,8 @@ page's script (``explorer.js``) and style (``explorer.css``, both package data n
 into one HTML string: no network access of any kind, no build step. ``write_explorer(path, ...)``
 writes it. The returned ``ExplorerPage`` is a ``str`` that also displays itself in a notebook
 (``_repr_html_``: the page in an ``iframe``, so its script and style stay apart from the notebook's).
+``explorer_sets_html({name: page, ...})`` puts several attention sets (an encoder–decoder's encoder, decoder
+and cross-attention) on one page, with a select between them.
 
 Numbers on the page (the sizes keep a 6-layer, 12-head map of 64 tokens under about 2 MB):
 - attention weights in thousandths (an int 0..1000 each);
@@ -49,7 +51,8 @@ SWAMPING_MASK = 1e6  # a finite mask value from which float32 (ulp 0.06 there) l
 
 
 class ExplorerPage(str):
-    """The explorer's HTML (a ``str``). In a notebook it displays inline; ``.save(path)`` writes it."""
+    """The explorer's HTML (a ``str``). In a notebook it displays inline; ``.save(path)`` writes it; ``.data`` is
+    what it draws (``page_data``'s dict), which ``explorer_sets_html`` puts beside other pages' on one page."""
 
     def __repr__(self) -> str:  # short: a notebook stores it next to the HTML
         return f"<ExplorerPage: {len(self)} characters of HTML; .save(path) writes it>"

@@ -6,7 +6,8 @@ Each builder reads only the documented parts of an attention cache: ``cache.Q`` 
 additive score term, before the mask (read only when the module has a term); and the output projection
 ``mha.params["W_o"]``. Query head h reads key/value head h // (H / Hkv). The terms a module has are
 ``mha.alibi`` (ALiBi) and ``"rel_bias" in mha.params`` (a relative-position bias); a float mask is one more,
-taken from the ``mask`` given. Each builder returns an ``ExplorerPage`` (see ``mha_numpy.viz.explorer``).
+taken from the ``mask`` given. The gradient view's dP (``weight_grads``) reads ``cache.V``, ``cache.attn_weights``
+and ``W_o`` too. Each builder returns an ``ExplorerPage`` (see ``mha_numpy.viz.explorer``).
 """
 
 from __future__ import annotations
