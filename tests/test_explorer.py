@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -84,7 +85,9 @@ def test_six_layers_twelve_heads_64_tokens_stay_under_2_mb():
     rng = np.random.default_rng(0)
     Q, K = rng.normal(0, 2, (6, 12, 64, 32)), rng.normal(0, 2, (6, 12, 64, 32))
     A = softmax(Q @ K.swapaxes(-1, -2) / np.sqrt(32))  # (6, 12, 64, 64)
-    page = explorer_html(A, [f"tok{i}" for i in range(64)], queries=Q, keys=K, value_norms=np.ones((6, 12, 64)))
+    G = rng.normal(0, 1, A.shape)  # and a gradient view
+    tokens = [f"tok{i}" for i in range(64)]
+    page = explorer_html(A, tokens, queries=Q, keys=K, value_norms=np.ones((6, 12, 64)), weight_grads=G)
     assert len(page.encode()) < 2_000_000
 
 
@@ -208,6 +211,7 @@ def test_explore_tiny_labels_positions_and_ids():
     model = TinyAttentionModel(vocab_size=5, max_length=4, embed_dim=8, num_heads=2, rng=0)
     data = payload(explore_tiny(model, np.array([3, 1, 4, 1])))
     assert data["qtok"] == ["0:3", "1:1", "2:4", "3:1"] and data["heads"] == 2
+    assert payload(explore_tiny(model, np.array([3, 1, 4, 1]), heads=[1]))["initHeads"] == [1]  # options pass on
     with pytest.raises(ValueError, match=r"tokens must be one sequence.*\(1, 4\)"):
         explore_tiny(model, np.array([[3, 1, 4, 1]]))
 
@@ -223,12 +227,38 @@ def test_tour_html_writes_the_explorer_of_the_most_masked_sequence(tmp_path, cap
     assert data["qtok"] == ["q0", "q1", "q2", "q3"] and data["masks"]  # sequence 0, with its fully masked row
 
 
-@pytest.mark.parametrize("command", [["tour"], ["train", "--steps", "1"], ["bert", "text"]])
-def test_html_to_a_missing_directory_is_one_line_and_exit_2(tmp_path, capsys, command):
-    bad = tmp_path / "no" / "x.html"
-    assert main([*command, "--html", str(bad)]) == 2
+def one_line_error(argv, capsys) -> str:
+    """Run the CLI on a mistake: exit 2 (argparse's, or a UsageError's) and one line on stderr, returned."""
+    try:
+        status = main(argv)
+    except SystemExit as e:  # argparse refuses a bad value while parsing
+        status = e.code
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "--html" in err and "does not exist" in err
+    assert status == 2 and err.count("\n") == 0, err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("command", "other"), [(["tour"], "--heads"), (["train", "--steps", "1"], "--lr"), (["bert", "text"], "--layer")]
+)
+def test_html_mistakes_read_as_every_other_flags(tmp_path, capsys, command, other):
+    """``--html`` errors have the other flags' format: ``prog cmd: error: argument --html: ... (see ... --help)``."""
+    prog = f"python -m mha_numpy {command[0]}: error: "
+    html = str(tmp_path / "h.html")
+    assert one_line_error([*command, other, "-1", "--html", html], capsys).startswith(f"{prog}argument {other}: ")
+    err = one_line_error([*command, "--html", str(tmp_path / "no" / "x.html")], capsys)
+    assert err.startswith(prog + "argument --html: ") and "does not exist" in err and err.endswith("--help)")
+    err = one_line_error([*command, "--html", str(tmp_path)], capsys)
+    assert err.startswith(prog + "argument --html: ") and "is a directory" in err
+
+
+def test_html_that_cannot_be_written_is_one_line_naming_the_flag(tmp_path, capsys):
+    prog = "python -m mha_numpy tour: error: argument --html: "
+    err = one_line_error(["tour", "--html", str(tmp_path / ("x" * 300 + ".html"))], capsys)  # a name too long
+    assert err.startswith(prog) and "File name too long" in err
+    if Path("/proc/self").is_dir():  # a directory that exists but takes no new file, even for root
+        err = one_line_error(["tour", "--html", "/proc/mha_numpy_explorer.html"], capsys)
+        assert err.startswith(prog) and "not writable" in err
 
 
 def test_train_html(tmp_path, capsys):
@@ -411,3 +441,160 @@ def test_a_recompute_cache_gives_the_page_of_the_default_path(options):
     mask = np.tril(np.ones((4, 4), bool))
     pages = [explore_attention(m, m.forward(x, x, x, mask=mask)[1], mask=mask, batch=1) for m in (default, lean)]
     assert str(pages[0]) == str(pages[1])
+
+
+# --------------------------------------------------------------------------- filters, first selection, sentence pairs
+
+
+def test_include_layers_and_heads_keep_only_those_with_their_names_and_numbers():
+    A = random_attention(4, 6, 3, 3)
+    rng = np.random.default_rng(1)
+    Q, K = rng.normal(0, 1, (4, 6, 3, 2)), rng.normal(0, 1, (4, 6, 3, 2))
+    A = softmax(Q @ K.swapaxes(-1, -2) / np.sqrt(2))
+    G = rng.normal(0, 1, A.shape)
+    data = page_data(A, None, queries=Q, keys=K, include_layers=[3, 1], include_heads=[5, 2], weight_grads=G)
+    assert data["layers"] == ["layer 3", "layer 1"] and data["heads"] == 2 and data["headNames"] == ["5", "2"]
+    for n, l in enumerate([3, 1]):
+        for m, h in enumerate([5, 2]):
+            np.testing.assert_array_equal(np.reshape(data["attn"][n][m], (3, 3)) / 1000, np.round(A[l, h], 3))
+            got = unpack(data["neuron"]["q"][n][m], data["neuron"]["qStep"][n][m]).reshape(3, 2)
+            assert np.abs(got - Q[l, h]).max() <= data["neuron"]["qStep"][n][m] / 2 * (1 + 1e-9)
+            got = unpack(data["grad"]["g"][n][m], data["grad"]["step"][n][m]).reshape(3, 3)
+            assert np.abs(got - G[l, h]).max() <= data["grad"]["step"][n][m] / 2 * (1 + 1e-9)
+    assert data["initLayer"] == 0 and data["initHeads"] == [0, 1]  # two heads: both drawn
+
+
+def test_the_first_selection_is_one_head_of_many_or_the_one_asked_for():
+    A = random_attention(3, 12, 2, 2)
+    assert page_data(A, None)["initHeads"] == [0] and page_data(A, None)["initLayer"] == 0
+    assert page_data(random_attention(1, 4, 2, 2), None)["initHeads"] == [0, 1, 2, 3]
+    data = page_data(A, None, layer=2, heads=[7, 3])
+    assert data["initLayer"] == 2 and data["initHeads"] == [7, 3]
+    data = page_data(A, None, include_layers=[2, 0], include_heads=[9, 4, 1], layer=0, heads=[4])
+    assert data["initLayer"] == 1 and data["initHeads"] == [1]  # positions among the shown ones
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(include_layers=[0, 0]), r"include_layers must be distinct indices in 0\.\.2"),
+        (dict(include_layers=[3]), r"include_layers must be distinct indices in 0\.\.2 .*\[3\]"),
+        (dict(include_heads=[]), r"include_heads must be distinct indices in 0\.\.3 \(at least one\)"),
+        (dict(include_heads=2), r"include_heads must be a list of indices"),
+        (
+            dict(layer=1, include_layers=[0, 2]),
+            r"layer=1 is not among the layers \(include_layers\) shown \(\[0, 2\]\)",
+        ),
+        (dict(heads=[3], include_heads=[0, 1]), r"heads=3 is not among the heads \(include_heads\) shown"),
+        (dict(sentence_b_start=0), r"sentence_b_start=0 needs self-attention .* 0 < sentence_b_start < 5"),
+        (dict(sentence_b_start=2, key_tokens=list("vwxyz")), r"sentence_b_start=2 needs self-attention"),
+        (dict(weight_grads=np.zeros((3, 4, 5, 4))), r"weight_grads must have the shape of attentions \(3, 4, 5, 5\)"),
+        (dict(weight_grads=np.full((3, 4, 5, 5), np.nan)), r"weight_grads must be finite"),
+        (dict(grad_note="dL/dα"), r"grad_note describes weight_grads, which was not given"),
+    ],
+)
+def test_bad_filters_selections_pairs_and_gradients_name_the_argument(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        page_data(random_attention(3, 4, 5, 5), list("abcde"), **kwargs)
+
+
+def test_sentence_pair_and_gradients_reach_the_page():
+    A = random_attention(1, 2, 5, 5)
+    mask = np.ones((5, 5), bool)
+    mask[:, 4] = False
+    A = np.where(mask, A, 0)
+    A /= A.sum(-1, keepdims=True)
+    G = np.random.default_rng(2).normal(0, 3, A.shape)
+    data = page_data(A, list("abcde"), masks=mask, sentence_b_start=2, weight_grads=G, grad_note="what it is")
+    assert data["sentenceB"] == 2 and data["grad"]["note"] == "what it is"
+    shown = np.where(mask, G, 0)  # a blocked weight is fixed at 0: no gradient drawn there
+    for h in range(2):
+        step = data["grad"]["step"][0][h]
+        assert 2047 * step == pytest.approx(np.abs(shown[0, h]).max(), rel=1e-7)  # the largest is ±2047 steps
+        got = unpack(data["grad"]["g"][0][h], step).reshape(5, 5)
+        assert np.abs(got - shown[0, h]).max() <= step / 2 * (1 + 1e-9) and not got[:, 4].any()
+
+
+def test_weight_grads_are_the_gradient_of_g_dot_output_written_out():
+    """dP_bhij = Σ_e G_bie Σ_c W_o[e, h·d + c] V_bhjc: output = merge(P V) W_oᵀ + b_o is linear in P."""
+    from mha_numpy.viz.explorer_sources import weight_grads
+
+    rng = np.random.default_rng(4)
+    mha = MultiHeadAttention(8, 4, num_kv_heads=2, rng=rng)
+    q, kv = rng.standard_normal((2, 3, 8)), rng.standard_normal((2, 5, 8))
+    _, cache = mha.forward(q, kv, kv)
+    G = rng.standard_normal((2, 3, 8))
+    V = np.repeat(cache.V, 2, axis=1)  # (B, H, Lk, d): query head h reads kv head h // 2
+    W = mha.params["W_o"].reshape(8, 4, 2)  # (E, H, d)
+    expected = np.einsum("bie,ehc,bhjc->bhij", G, W, V)
+    np.testing.assert_allclose(weight_grads(mha, cache, G), expected, rtol=1e-12, atol=1e-12)
+    # and by central differences of <G, output> in P, through the module's own output projection
+    P, eps = cache.attn_weights.copy(), 1e-6
+
+    def loss(P):  # noqa: E306
+        ctx = (P @ V).transpose(0, 2, 1, 3).reshape(2, 3, 8)  # (B, Lq, H·d)
+        return np.sum(G * (ctx @ mha.params["W_o"].T + mha.params["b_o"]))
+
+    E = np.zeros_like(P)
+    E[1, 3, 2, 4] = eps
+    fd = (loss(P + E) - loss(P - E)) / (2 * eps)
+    assert fd == pytest.approx(expected[1, 3, 2, 4], rel=1e-7)
+    with pytest.raises(ValueError, match=r"d_output must be \(B, Lq, E\) = \(2, 3, 8\), got shape \(3, 8\)"):
+        weight_grads(mha, cache, G[0])
+
+
+def test_explore_attention_and_bert_carry_the_gradient_view():
+    rng = np.random.default_rng(0)
+    mha = MultiHeadAttention(8, 2, rng=rng)
+    x = rng.standard_normal((1, 3, 8))
+    _, cache = mha.forward(x, x, x)
+    G = rng.standard_normal((1, 3, 8))
+    data = payload(explore_attention(mha, cache, d_output=G, heads=[1]))
+    assert "the d_output given" in data["grad"]["note"] and data["initHeads"] == [1]
+    assert "seed 0" in payload(explore_attention(mha, cache))["grad"]["note"]
+
+
+def test_the_docs_python_snippet_runs(tmp_path, monkeypatch):
+    """docs/explorer.md's Python block, as a reader would paste it (it saves explorer.html here)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "explorer.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks
+    monkeypatch.chdir(tmp_path)
+    for code in blocks:
+        exec(compile(code, "docs/explorer.md", "exec"), {})
+    data = payload((tmp_path / "explorer.html").read_text(encoding="utf-8"))
+    assert data["layers"] == ["a", "b"] and data["headNames"] == ["0", "3"] and len(data["ktok"]) == 6
+
+
+# --------------------------------------------------------------------------- several attention sets (encoder-decoder)
+
+
+def test_explorer_sets_html_holds_each_set_with_its_own_tokens():
+    from mha_numpy.viz import explorer_sets_html
+
+    rng = np.random.default_rng(6)
+    enc, dec, cross = (MultiHeadAttention(8, 2, rng=rng) for _ in range(3))
+    src, tgt = rng.standard_normal((1, 5, 8)), rng.standard_normal((1, 3, 8))
+    causal = np.tril(np.ones((3, 3), bool))
+    _, ce = enc.forward(src, src, src)
+    _, cd = dec.forward(tgt, tgt, tgt, mask=causal)
+    _, cc = cross.forward(tgt, src, src)
+    s, t = list("abcde"), ["<s>", "x", "y"]
+    page = explorer_sets_html(
+        {
+            "encoder": explore_attention(enc, ce, s, s),
+            "decoder": dict(attentions=cd.attn_weights, tokens=t, masks=causal),
+            "cross": explore_attention(cross, cc, t, s),
+        },
+        title="seq2seq",
+    )
+    data = payload(page)
+    assert data["title"] == "seq2seq" and [x["name"] for x in data["sets"]] == ["encoder", "decoder", "cross"]
+    enc_d, dec_d, cross_d = data["sets"]
+    assert enc_d["qtok"] == s and dec_d["qtok"] == t and (cross_d["qtok"], cross_d["ktok"]) == (t, s)
+    assert dec_d["neuron"] is None and cross_d["neuron"] is not None and dec_d["masks"]
+    np.testing.assert_array_equal(np.reshape(cross_d["attn"][0][1], (3, 5)) / 1000, np.round(cc.attn_weights[0, 1], 3))
+    with pytest.raises(ValueError, match=r"sets must be a non-empty dict"):
+        explorer_sets_html({})
+    with pytest.raises(ValueError, match=r"sets\['x'\] must be an ExplorerPage or a dict"):
+        explorer_sets_html({"x": "<html>"})

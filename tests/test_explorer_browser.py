@@ -20,7 +20,7 @@ from helpers import alibi_by_hand, rel_bias_by_hand
 from mha_numpy import MultiHeadAttention
 from mha_numpy import functional as F
 from mha_numpy.__main__ import main
-from mha_numpy.viz import explore_attention, explore_bert, explorer_html
+from mha_numpy.viz import explore_attention, explore_bert, explorer_html, explorer_sets_html
 from mha_numpy.viz.explorer_sources import bert_caches
 
 try:
@@ -119,10 +119,11 @@ def test_no_console_errors_and_no_request_leaves_the_file(browser, page, request
     path = request.getfixturevalue(page)["path"]
     d = browser.open(path)
     assert d.execute_script("return document.body.dataset.ready") == "1"
-    for view in ("model", "neuron", "head"):
+    for view in ("model", "neuron", "grad", "head"):
         d.find_element(By.ID, f"tab-{view}").click()
     ActionChains(d).move_to_element(token(d, "q", 1)).perform()
     d.find_element(By.ID, "tab-model").click()
+    ActionChains(d).move_to_element(d.find_element(By.CSS_SELECTOR, "canvas.thumb")).perform()  # its tooltip
     d.find_element(By.CSS_SELECTOR, "canvas.thumb").click()  # back to the head view
     assert console_errors(d) == []
     assert [u for u in requested_urls(d) if u != path.resolve().as_uri()] == []
@@ -136,6 +137,8 @@ def test_head_view_draws_one_line_per_visible_pair_above_the_threshold(browser, 
     d = browser.open(bert_page["path"])
     attn = bert_page["attn"]  # (layers, H, L, L)
     H = attn.shape[1]
+    assert lines(d) == expected_lines(attn[0], {0}, 0.01)  # 12 heads: the first alone at first, not a hairball
+    d.find_element(By.ID, "all-heads").click()
     got = lines(d)
     assert got == expected_lines(attn[0], range(H), 0.01)
     assert int(d.find_element(By.ID, "head-svg").get_attribute("data-lines")) == len(got)
@@ -151,6 +154,7 @@ def test_selecting_a_token_and_toggling_a_head(browser, bert_page):
     attn = bert_page["attn"][0]  # layer 0: (H, L, L)
     H, L = attn.shape[0], attn.shape[1]
     all_heads = set(range(H))
+    d.find_element(By.ID, "all-heads").click()
     ActionChains(d).move_to_element(token(d, "q", 3)).perform()  # hover: only token 3's lines
     assert lines(d) == expected_lines(attn, all_heads, 0.01, query=3)
     token(d, "q", 5).click()  # click pins token 5, the mouse stays on it
@@ -169,7 +173,59 @@ def test_selecting_a_token_and_toggling_a_head(browser, bert_page):
     assert lines(d) == set()
 
 
+def blocks(driver) -> dict[tuple[int, int], float]:
+    """{(key, head): weight} of the colour blocks beside the key tokens."""
+    script = (
+        "return [...document.querySelectorAll('#head-svg g.tokg.k rect.block')]"
+        ".map(b => [+b.parentNode.parentNode.dataset.index, +b.dataset.h, +b.getAttribute('fill-opacity')])"
+    )
+    return {(j, h): w for j, h, w in driver.execute_script(script)}
+
+
+def test_blocks_beside_the_keys_are_the_hovered_querys_weights_per_head(browser, bert_page):
+    d = browser.open(bert_page["path"])
+    attn = bert_page["attn"][0]  # layer 0: (H, L, L)
+    L = attn.shape[1]
+    ActionChains(d).double_click(d.find_element(By.CSS_SELECTOR, "#heads label:nth-of-type(8)")).perform()  # head 7
+    assert lines(d) == expected_lines(attn, {7}, 0.01)  # double-click: that head alone
+    d.find_element(By.CSS_SELECTOR, "#heads input[data-head='2']").click()  # and head 2
+    assert set(blocks(d).values()) == {0.0}  # nothing hovered: no block shows
+    ActionChains(d).move_to_element(token(d, "q", 8)).perform()
+    got = blocks(d)
+    assert set(got) == {(j, h) for j in range(L) for h in (2, 7)}
+    for (j, h), w in got.items():
+        assert w == pytest.approx(np.round(attn[h, 8, j], 3), abs=1e-9)
+    width = "return [document.getElementById('head-svg').getBoundingClientRect().width, innerWidth]"
+    svg_width, window_width = d.execute_script(width)
+    assert 0.6 * window_width < svg_width < window_width  # the head view uses the window, and fits in it
+
+
 # --------------------------------------------------------------------------- model view
+
+
+def hover_cell(driver, canvas, i: int, j: int, Lq: int, Lk: int) -> str:
+    """Move the mouse onto cell (query i, key j) of a map; -> the tooltip's text."""
+    w, h = canvas.size["width"] - 2, canvas.size["height"] - 2  # minus the 1 px border
+    x, y = (j + 0.5) * w / Lk - w / 2, (i + 0.5) * h / Lq - h / 2  # from the centre (selenium 4)
+    ActionChains(driver).move_to_element_with_offset(canvas, round(x), round(y)).perform()
+    assert driver.find_element(By.ID, "tooltip").is_displayed()
+    return driver.find_element(By.ID, "tooltip").text
+
+
+def test_model_view_has_a_colour_scale_token_labels_on_hover_and_no_layer_select(browser, bert_page):
+    d = browser.open(bert_page["path"])
+    attn, tokens = bert_page["attn"], bert_page["tokens"]
+    L = len(tokens)
+    assert d.find_element(By.ID, "layer").is_displayed()  # the head view has one layer at a time
+    d.find_element(By.ID, "tab-model").click()
+    assert not d.find_element(By.ID, "layer").is_displayed()  # the model view has them all
+    assert d.find_element(By.ID, "model-scale").text.split() == ["attention", "weight", "0", "0.5", "1", "masked"]
+    canvas = d.find_element(By.CSS_SELECTOR, "canvas.thumb[data-layer='4'][data-head='3']")
+    for i, j in [(8, 1), (0, L - 1)]:
+        text = hover_cell(d, canvas, i, j, L, L)
+        assert text == f"layer 4, head 3: query {i} “{tokens[i]}” → key {j} “{tokens[j]}”: α = {attn[4, 3, i, j]:.3f}"
+    grid_width = d.execute_script("return document.getElementById('model-grid').getBoundingClientRect().width")
+    assert 800 < grid_width <= d.execute_script("return document.documentElement.clientWidth")  # fills, fits
 
 
 def test_model_view_has_every_map_and_opens_the_clicked_head(browser, bert_page):
@@ -246,6 +302,117 @@ def test_neuron_view_value_weighted_switch(browser, mha_page):
     got = np.array([r["weight"] for r in neuron_rows(d)])
     np.testing.assert_allclose(got, expected, atol=3e-3)
     assert np.abs(expected - alpha).max() > 0.01  # the switch shows something else than the weights
+
+
+# --------------------------------------------------------------------------- gradient view, dark mode, one layer
+
+
+def test_gradient_view_shows_dp_of_the_backward_and_masked_cells(browser, mha_page):
+    mha, cache, mask = mha_page["mha"], mha_page["cache"], mha_page["mask"]
+    G = np.random.default_rng(0).standard_normal((1, LQ, 8))  # explore_attention's upstream gradient: seed 0
+    V, W = cache.V, mha.params["W_o"].reshape(8, 2, 4)  # (B, H, Lk, d), (E, H, d)
+    dP = np.einsum("bie,ehc,bhjc->bhij", G, W, V)[0]  # d<G, output>/dP written out: (H, Lq, Lk)
+    d = browser.open(mha_page["path"])
+    assert not d.find_element(By.ID, "layer").is_displayed()  # one layer: no layer select
+    d.find_element(By.ID, "tab-grad").click()
+    assert "dL/dα for L = ⟨G, output⟩" in d.find_element(By.ID, "grad-note").text
+    maps = d.find_elements(By.CSS_SELECTOR, "#grad-grid canvas.grad")
+    assert len(maps) == 2
+    for h, (i, j) in [(0, (1, 2)), (1, (2, 0))]:
+        text = hover_cell(d, maps[h], i, j, LQ, LK)
+        got = float(text.split("dL/dα = ")[1].split(",")[0])
+        top = np.abs(np.where(mask[0, 0], dP[h], 0)).max()
+        assert abs(got - dP[h, i, j]) <= top / 2047 + abs(dP[h, i, j]) * 5e-3  # 12 bits of the top, 3 digits
+    assert hover_cell(d, maps[0], 0, PAD_KEY, LQ, LK).endswith("masked (α fixed at 0)")
+
+
+def test_dark_mode_switches_every_colour(browser, mha_page):
+    d = browser.open(mha_page["path"])
+    background = "return getComputedStyle(document.body).backgroundColor"
+    pixel = (
+        "const c = document.querySelector('canvas.thumb'); const s = c.width / arguments[0];"
+        "return [...c.getContext('2d').getImageData(0.5 * s, 0.5 * s, 1, 1).data]"
+    )
+    assert d.execute_script(background) == "rgb(255, 255, 255)"
+    d.find_element(By.ID, "tab-model").click()
+    light = d.execute_script(pixel, LK)
+    d.find_element(By.ID, "theme").click()
+    assert d.execute_script("return document.documentElement.dataset.theme") == "dark"
+    assert d.execute_script(background) == "rgb(21, 22, 26)"
+    dark = d.execute_script(pixel, LK)
+    assert sum(dark[:3]) < sum(light[:3]) - 200  # the map is drawn again, darker
+    for view in ("grad", "neuron", "head"):  # every view drawn in the dark theme
+        d.find_element(By.ID, f"tab-{view}").click()
+    d.find_element(By.ID, "theme").click()
+    assert d.execute_script(background) == "rgb(255, 255, 255)"
+    assert console_errors(d) == []
+
+
+# --------------------------------------------------------------------------- filters and sentence pairs
+
+
+@pytest.fixture(scope="module")
+def pair_page(tmp_path_factory):
+    rng = np.random.default_rng(9)
+    A = F.softmax_forward(rng.normal(0, 2, (3, 6, 7, 7)))[0]  # 3 layers, 6 heads, 7 tokens
+    tokens = ["[CLS]", "a", "b", "[SEP]", "c", "d", "[SEP]"]
+    path = tmp_path_factory.mktemp("pair") / "pair.html"
+    explorer_html(A, tokens, include_layers=[2, 0], include_heads=[4, 1], heads=[1], sentence_b_start=4).save(path)
+    return {"path": path, "attn": A}
+
+
+def test_filters_and_sentence_pair_views(browser, pair_page):
+    A = pair_page["attn"]
+    d = browser.open(pair_page["path"])
+    texts = "return [...document.querySelectorAll(arguments[0])].map(e => e.textContent.trim())"
+    assert d.execute_script(texts, "#layer option") == ["layer 2", "layer 0"]
+    assert d.execute_script(texts, "#heads label") == ["4", "1"]
+    assert [b.is_selected() for b in d.find_elements(By.CSS_SELECTOR, "#heads input")] == [False, True]
+    as_model = {(i, j, 1 if h == 1 else 0): None for i, j, h in expected_lines(A[2], {1}, 0.01)}
+    assert lines(d) == set(as_model)  # layer 2, head 1: position 1 on the page
+    shown = "return [...document.querySelectorAll('#head-svg text.tok.' + arguments[0])].map(t => +t.dataset.index)"
+    for pair, qs, ks in [
+        ("AB", range(4), range(4, 7)),
+        ("BA", range(4, 7), range(4)),
+        ("BB", range(4, 7), range(4, 7)),
+    ]:
+        select(d, "pair", pair)
+        assert d.execute_script(shown, "q") == list(qs) and d.execute_script(shown, "k") == list(ks)
+        expected = {(i, j, 1) for i, j, _ in expected_lines(A[2], {1}, 0.01) if i in qs and j in ks}
+        assert lines(d) == expected and expected
+    select(d, "layer", 1)  # layer 0 of the model
+    select(d, "pair", "all")
+    d.find_element(By.ID, "all-heads").click()
+    assert lines(d) == {(i, j, 0 if h == 4 else 1) for i, j, h in expected_lines(A[0], {4, 1}, 0.01)}
+    assert console_errors(d) == []
+
+
+def test_encoder_decoder_page_switches_between_its_attention_sets(browser, tmp_path):
+    rng = np.random.default_rng(8)
+    dec, cross = MultiHeadAttention(8, 2, rng=rng), MultiHeadAttention(8, 2, rng=rng)
+    src, tgt = rng.standard_normal((1, 5, 8)), rng.standard_normal((1, 3, 8))
+    causal = np.tril(np.ones((3, 3), bool))
+    _, cd = dec.forward(tgt, tgt, tgt, mask=causal)
+    _, cc = cross.forward(tgt, src, src)
+    s, t = list("abcde"), ["<s>", "x", "y"]
+    sets = {"decoder": explore_attention(dec, cd, t, t, mask=causal), "cross": explore_attention(cross, cc, t, s)}
+    path = tmp_path / "seq2seq.html"
+    explorer_sets_html(sets, title="an encoder-decoder").save(path)
+    d = browser.open(path)
+    tokens = (
+        "return [...document.querySelectorAll('#head-svg text.tok.' + arguments[0] + ' tspan')].map(t => t.textContent)"
+    )
+    assert d.find_element(By.ID, "set").is_displayed()
+    assert d.execute_script(tokens, "q") == t and d.execute_script(tokens, "k") == t
+    token(d, "q", 0).click()  # query 0 of the decoder sees key 0 only
+    assert lines(d) == expected_lines(cd.attn_weights[0], {0, 1}, 0.01, query=0) == {(0, 0, 0), (0, 0, 1)}
+    select(d, "set", 1)  # the cross-attention: the decoder's tokens attend to the encoder's
+    ActionChains(d).move_to_element(d.find_element(By.TAG_NAME, "h1")).perform()  # the mouse off the tokens
+    assert d.execute_script(tokens, "q") == t and d.execute_script(tokens, "k") == s
+    assert lines(d) == expected_lines(cc.attn_weights[0], {0, 1}, 0.01)
+    d.find_element(By.ID, "tab-neuron").click()
+    assert len(neuron_rows(d)) == 5
+    assert d.find_element(By.TAG_NAME, "h1").text == "an encoder-decoder" and console_errors(d) == []
 
 
 # --------------------------------------------------------------------------- masks
@@ -413,7 +580,7 @@ def test_hostile_text_shows_literally_and_the_script_runs(browser, hostile_page)
         "return [document.scripts.length, document.querySelectorAll('img, iframe, object, embed').length,"
         " document.querySelectorAll('svg').length, document.body.children.length]"
     )
-    assert counts == [2, 0, 1, 3]  # the two scripts, the head view's svg, #explorer: no element from the text
+    assert counts == [2, 0, 1, 4]  # the two scripts, the head view's svg, #explorer, #tooltip: none from the text
     title, layers = hostile_page["title"], hostile_page["layers"]
     got = d.execute_script(
         CODES + "return {title: c(document.title), h1: c(document.querySelector('h1').textContent),"

@@ -1,39 +1,50 @@
-"""``--html FILE``: write an explorer page (``mha_numpy.viz.explorer``) for a CLI command."""
+"""``--html FILE``: write an explorer page (``mha_numpy.viz.explorer``) for a CLI command.
+
+Its mistakes read as every other flag's: a path that cannot be a file is refused while parsing
+(``prog: error: argument --html: ... (see prog --help)``), a write that fails is a ``UsageError``
+naming ``--html``; both are one line and exit 2.
+"""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
+
+from ._args import UsageError
+
+
+def html_file(s: str) -> Path:
+    """An argparse type: an HTML file to write; its directory must exist and it must not be a directory."""
+    path = Path(s)
+    try:
+        is_dir, parent_is_dir = path.is_dir(), path.parent.is_dir()
+    except OSError as e:  # e.g. a name too long for the file system
+        raise argparse.ArgumentTypeError(f"cannot write {s[:80]!r}...: {e.strerror or e}") from None
+    if is_dir:
+        raise argparse.ArgumentTypeError(
+            f"{s!r} is a directory; give a file name such as {str(path / 'explorer.html')!r}"
+        )
+    if not parent_is_dir:
+        raise argparse.ArgumentTypeError(f"the directory of {s!r} does not exist")
+    return path
 
 
 def add_html_arg(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument(
         "--html",
         metavar="FILE",
+        type=html_file,
         default=None,
-        help=f"also write the interactive explorer of {what} (head, model and neuron views; one offline HTML file)",
+        help=f"also write the interactive explorer of {what} (head, model, neuron and gradient views; one offline "
+        "HTML file)",
     )
 
 
-def html_path_error(path: str | None) -> str | None:
-    """Why ``path`` cannot be written (checked before any work), or None."""
-    if path is None:
-        return None
-    p = Path(path)
-    if p.is_dir():
-        return f"--html {path}: is a directory, give a file name such as explorer.html"
-    if not p.parent.is_dir():
-        return f"--html {path}: the directory {str(p.parent)!r} does not exist"
-    return None
-
-
-def write_page(path: str, page) -> int:
-    """Write ``page`` (an ExplorerPage); -> 0, or one line on stderr and 2 when it cannot be written."""
+def write_page(path, page) -> int:
+    """Write ``page`` (an ExplorerPage) -> 0; a write that fails is a UsageError naming --html (exit 2)."""
     try:
         written = page.save(path)
     except ValueError as e:
-        print(f"error: --html: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(f"argument --html: {e}") from None
     print(f"wrote {written} (open it in a browser; it needs no network)")
     return 0

@@ -8,14 +8,13 @@ Layers and heads count from 0, like the index into Hugging Face's ``outputs.atte
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from .._optional import require
 from ._args import UsageError, image_file, image_format, nonnegative_int, writing
-from ._html import add_html_arg, html_path_error, write_page
+from ._html import add_html_arg, write_page
 
 # layer 0, head 2 of all-MiniLM-L6-v2 sends ~93% of each token's attention to the previous token:
 # a clear first picture (notebooks/06_bert_attention_maps.ipynb measures every head's pattern)
@@ -49,10 +48,6 @@ def run(args: argparse.Namespace) -> int:
     from ..models.bert import BertModel
 
     require("matplotlib", "bert (it draws the attention maps)")
-    problem = html_path_error(args.html)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
 
     try:
         model = BertModel.from_pretrained(args.model, dtype=np.float64 if args.float64 else np.float32)

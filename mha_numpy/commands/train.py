@@ -8,7 +8,6 @@ next to the ideal pattern, and at a few moments during training) as PNG, and end
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from ._args import (
     positive_int,
     writing,
 )
-from ._html import add_html_arg, html_path_error, write_page
+from ._html import add_html_arg, write_page
 
 
 def add_parser(sub) -> None:
@@ -76,10 +75,6 @@ def run(args: argparse.Namespace) -> int:
     check_heads(args.embed_dim, args.heads)
     require("matplotlib", "train (it draws the loss curve and the attention maps)")  # before, not after, training
     make_dir("--out", args.out)
-    problem = html_path_error(args.html)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
     lr = args.lr if args.lr is not None else (3e-3 if args.optimizer == "adam" else 0.1)
     print(
         f"task {args.task}: length {args.length}, vocabulary {args.vocab}, E={args.embed_dim}, H={args.heads}, "

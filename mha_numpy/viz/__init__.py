@@ -33,7 +33,7 @@ from ._layout import (
     blocked_cells,
 )
 from .checks import plot_gradcheck
-from .explorer import ExplorerPage, explorer_html, write_explorer
+from .explorer import ExplorerPage, explorer_html, explorer_sets_html, write_explorer
 from .explorer_sources import explore_attention, explore_bert, explore_tiny
 from .maps import plot_attention, plot_mask, plot_model_view, plot_step
 from .style import enlarge_fonts, export_figure, presentation
@@ -52,6 +52,7 @@ __all__ = [
     "explore_bert",
     "explore_tiny",
     "explorer_html",
+    "explorer_sets_html",
     "export_figure",
     "plot_attention",
     "plot_attention_over_training",

@@ -1,10 +1,12 @@
-"""The interactive attention explorer: one self-contained HTML page (head, model and neuron views).
+"""The interactive attention explorer: one self-contained HTML page (head, model, neuron and gradient views).
 
 ``explorer_html(attentions, tokens, ...)`` checks the arrays, rounds them, and inlines them with the
 page's script (``explorer.js``) and style (``explorer.css``, both package data next to this file)
 into one HTML string: no network access of any kind, no build step. ``write_explorer(path, ...)``
 writes it. The returned ``ExplorerPage`` is a ``str`` that also displays itself in a notebook
 (``_repr_html_``: the page in an ``iframe``, so its script and style stay apart from the notebook's).
+``explorer_sets_html({name: page, ...})`` puts several attention sets (an encoder–decoder's encoder, decoder
+and cross-attention) on one page, with a select between them.
 
 Numbers on the page (the sizes keep a 6-layer, 12-head map of 64 tokens under about 2 MB):
 - attention weights in thousandths (an int 0..1000 each);
@@ -18,6 +20,8 @@ Numbers on the page (the sizes keep a 6-layer, 12-head map of 64 tokens under ab
   floats of 8 significant digits, each distinct (Lq, Lk) map once. The neuron view's score is
   q·k × scale + every term, and its weights their softmax: ``page_data`` checks that this softmax is the
   ``attentions`` it was given (within ``WEIGHT_ATOL``), so the neuron view cannot show other weights.
+- ``weight_grads`` (a gradient of the weights, e.g. dP from the backward) packed as q and k are (12 bits of
+  each head's largest |value|); 0 where the mask blocks.
 
 Text (tokens, title, layer names) reaches the page only inside the JSON data, which is pure ASCII with
 ``<``, ``>`` and ``&`` written as ``\\u003c``, ``\\u003e``, ``\\u0026`` (so nothing in it can end, comment out or open
@@ -47,7 +51,8 @@ SWAMPING_MASK = 1e6  # a finite mask value from which float32 (ulp 0.06 there) l
 
 
 class ExplorerPage(str):
-    """The explorer's HTML (a ``str``). In a notebook it displays inline; ``.save(path)`` writes it."""
+    """The explorer's HTML (a ``str``). In a notebook it displays inline; ``.save(path)`` writes it; ``.data`` is
+    what it draws (``page_data``'s dict), which ``explorer_sets_html`` puts beside other pages' on one page."""
 
     def __repr__(self) -> str:  # short: a notebook stores it next to the HTML
         return f"<ExplorerPage: {len(self)} characters of HTML; .save(path) writes it>"
@@ -275,6 +280,39 @@ def _finite(x: np.ndarray, name: str) -> np.ndarray:
     return x
 
 
+def _indices(x, n: int, name: str) -> list[int]:
+    """None (all of 0..n-1) or distinct ints in 0..n-1, in the order given."""
+    if x is None:
+        return list(range(n))
+    if isinstance(x, (int, np.integer)) or isinstance(x, (str, bytes)):
+        raise ValueError(f"{name} must be a list of indices in 0..{n - 1}, got {x!r}")
+    out = [int(i) for i in x]
+    if not out or len(set(out)) != len(out) or not all(0 <= i < n for i in out):
+        raise ValueError(f"{name} must be distinct indices in 0..{n - 1} (at least one), got {list(x)!r}")
+    return out
+
+
+def _position(x, shown: list[int], name: str, among: str) -> int:
+    """The position of index ``x`` among the ``shown`` ones (0 for None)."""
+    if x is None:
+        return 0
+    if int(x) not in shown:
+        raise ValueError(f"{name}={x!r} is not among the {among} shown ({shown})")
+    return shown.index(int(x))
+
+
+DEFAULT_HEADS_MAX = 4  # up to this many heads are all drawn at first; with more, the head view starts with the first
+
+
+def _grads(weight_grads, A: np.ndarray, batch: int, blocked: np.ndarray) -> np.ndarray:
+    """d(something)/d(attention weights) in the forms of ``attentions`` -> float64 (layers, H, Lq, Lk), the shape
+    of ``A``, 0 where ``blocked`` (a blocked weight is fixed at 0: nothing flows through it)."""
+    G = _finite(_per_layer(weight_grads, "weight_grads", batch), "weight_grads")  # (layers, H, Lq, Lk)
+    if G.shape != A.shape:
+        raise ValueError(f"weight_grads must have the shape of attentions {A.shape}, got {G.shape}")
+    return np.where(blocked, 0.0, G)
+
+
 def page_data(
     attentions,
     tokens,
@@ -289,6 +327,13 @@ def page_data(
     batch: int = 0,
     layer_names: Sequence[str] | None = None,
     title: str = "Attention explorer",
+    include_layers: Sequence[int] | None = None,
+    include_heads: Sequence[int] | None = None,
+    layer: int | None = None,
+    heads: Sequence[int] | None = None,
+    sentence_b_start: int | None = None,
+    weight_grads=None,
+    grad_note: str | None = None,
 ) -> dict:
     """The checked, rounded data the page draws (see ``explorer_html`` for the arguments)."""
     A = _per_layer(attentions, "attentions", batch)  # (layers, H, Lq, Lk)
@@ -301,18 +346,49 @@ def page_data(
     names = [f"layer {i}" for i in range(nl)] if layer_names is None else [str(n) for n in layer_names]
     if len(names) != nl:
         raise ValueError(f"layer_names has {len(names)} entries but attentions has {nl} layers")
+    keep_l = _indices(include_layers, nl, "include_layers")
+    keep_h = _indices(include_heads, H, "include_heads")
+    init_layer = _position(layer, keep_l, "layer", "layers (include_layers)")
+    if heads is None:  # positions among the heads shown
+        init_heads = list(range(len(keep_h))) if len(keep_h) <= DEFAULT_HEADS_MAX else [0]
+    else:
+        init_heads = [_position(h, keep_h, "heads", "heads (include_heads)") for h in _indices(heads, H, "heads")]
+    if sentence_b_start is not None:
+        b = int(sentence_b_start)
+        if Lq != Lk or qtok != ktok or not 0 < b < Lq:
+            raise ValueError(
+                f"sentence_b_start={sentence_b_start!r} needs self-attention over one token list (Lq = Lk, key_tokens "
+                f"the tokens) and 0 < sentence_b_start < {Lq}; got Lq = {Lq}, Lk = {Lk}"
+            )
+
+    def pick(x: np.ndarray) -> np.ndarray:  # (layers, H, ...) -> the layers and heads shown
+        return x[keep_l][:, keep_h]
+
+    grads = None
+    if weight_grads is not None:
+        g_ints, g_steps = _vectors(pick(_grads(weight_grads, A, batch, blocked)))  # packed as q and k are
+        grads = {"note": "" if grad_note is None else str(grad_note), "g": g_ints, "step": g_steps}
+    elif grad_note is not None:
+        raise ValueError("grad_note describes weight_grads, which was not given")
+    A_all, blocked_all, added_all = A, blocked, added  # every layer and head: the neuron view's check reads them
+    A, blocked = pick(A), pick(blocked)
     patterns, mask_index = _distinct(blocked, lambda m: "".join("1" if b else "0" for b in m.ravel().tolist()))
 
     data = {
         "title": str(title),
         "qtok": qtok,
         "ktok": ktok,
-        "layers": names,
-        "heads": H,
-        "attn": [[_ints(A[l, h], 1e-3) for h in range(H)] for l in range(nl)],
+        "layers": [names[l] for l in keep_l],
+        "heads": len(keep_h),
+        "headNames": [str(h) for h in keep_h],
+        "initLayer": init_layer,
+        "initHeads": init_heads,
+        "sentenceB": None if sentence_b_start is None else int(sentence_b_start),
+        "attn": [[_ints(A[l, h], 1e-3) for h in range(A.shape[1])] for l in range(A.shape[0])],
         "masks": patterns,  # distinct masks as strings of '0'/'1' (1 = blocked), row-major (Lq, Lk)
         "maskIndex": mask_index,
         "neuron": None,
+        "grad": grads,
     }
     if (queries is None) != (keys is None):
         raise ValueError("queries and keys come together (the neuron view needs both), got only one of them")
@@ -328,19 +404,21 @@ def page_data(
         scale = float(1 / np.sqrt(d) if scale is None else scale)
         if not np.isfinite(scale):
             raise ValueError(f"scale must be a finite number, got {scale}")
-        terms = _biases(biases, A.shape, batch)  # {name: (layers, H, Lq, Lk)}
-        _check_softmax(A, Q, K, scale, terms, added, blocked)
-        q_ints, q_steps = _vectors(Q)
-        k_ints, k_steps = _vectors(K)
+        terms = _biases(biases, A_all.shape, batch)  # {name: (layers, H, Lq, Lk)}
+        _check_softmax(A_all, Q, K, scale, terms, added_all, blocked_all)
+        q_ints, q_steps = _vectors(pick(Q))
+        k_ints, k_steps = _vectors(pick(K))
         neuron = {"d": d, "scale": scale}
         neuron.update(q=q_ints, qStep=q_steps, k=k_ints, kStep=k_steps, vnorm=None)
-        neuron["terms"] = [{"name": name, **_term(t)} for name, t in terms.items()]
-        neuron["mask"] = _term(added) if added.any() else None  # a float mask's finite values
+        neuron["terms"] = [{"name": name, **_term(pick(t))} for name, t in terms.items()]
+        neuron["mask"] = _term(pick(added_all)) if added_all.any() else None  # a float mask's finite values
         if value_norms is not None:
             vn = _finite(np.asarray(value_norms, dtype=np.float64), "value_norms")
             if vn.shape != (nl, H, Lk):
                 raise ValueError(f"value_norms must be (layers, H, Lk) = {(nl, H, Lk)}, got shape {vn.shape}")
-            neuron["vnorm"] = [[[float(f"{v:.4g}") for v in vn[l, h]] for h in range(H)] for l in range(nl)]
+            vn = pick(vn)
+            neuron["vnorm"] = [[[float(f"{v:.4g}") for v in vn[l, h]] for h in range(vn.shape[1])]
+                               for l in range(vn.shape[0])]  # fmt: skip
         data["neuron"] = neuron
     elif value_norms is not None or biases is not None:
         raise ValueError("value_norms and biases need queries and keys (they are shown in the neuron view)")
@@ -366,7 +444,7 @@ def _asset(name: str) -> str:
 
 
 def explorer_html(attentions, tokens=None, **options) -> ExplorerPage:
-    """One self-contained HTML page with the head, model and neuron views of these attention maps.
+    """One self-contained HTML page with the head, model, neuron and gradient views of these attention maps.
 
     attentions: a list with one (H, Lq, Lk) or (B, H, Lq, Lk) array per layer (as BertOutput.attentions
         or Hugging Face's ``output_attentions``; ``batch`` picks the sequence), or one array (H, Lq, Lk)
@@ -381,6 +459,15 @@ def explorer_html(attentions, tokens=None, **options) -> ExplorerPage:
         (B, H, Lq, Lk). A float mask's finite values are a term too (from ``masks``). The neuron view shows
         each term and the softmax of their sum; these weights must be ``attentions`` (ValueError otherwise).
     value_norms: (layers, H, Lk) ||v_j W_o,hᵀ|| for the neuron view's value-weighted switch.
+    include_layers / include_heads: the layers and heads to put on the page (default all; as bertviz's
+        ``include_layers``, they keep a long input's page small and quick); the page names them by their index.
+    layer: the layer shown first (default the first included); heads: the heads the head view draws first
+        (default every head when there are at most 4, else the first: twelve at once are a hairball).
+    sentence_b_start: the index of sentence B's first token for a sentence pair (self-attention): the head
+        view then offers A→A, B→B, A→B and B→A beside all (as bertviz's head view does).
+    weight_grads: d(something)/d(attention weights), the shape of ``attentions`` (same forms), e.g. dP from the
+        backward for an upstream gradient (``explore_attention`` computes it): the gradient view draws it per head;
+        grad_note: one sentence on the page saying what it is the gradient of.
     batch (default 0), layer_names (default "layer 0", ...), title: the rest. Every option is keyword-only and
     is ``page_data``'s (its signature lists them with their defaults); an unknown one raises TypeError.
     Returns an ``ExplorerPage`` (a str; displays inline in a notebook). Raises ValueError naming the
@@ -388,16 +475,45 @@ def explorer_html(attentions, tokens=None, **options) -> ExplorerPage:
     do not match, rows that are not attention weights, or weights that are not the softmax of the scores.
     """
     data = page_data(attentions, tokens, **options)  # the keyword options above, checked there
+    return _page(data, data["title"])
+
+
+def explorer_sets_html(sets: dict, *, title: str = "Attention explorer") -> ExplorerPage:
+    """One page of several attention sets and a select between them, as bertviz's ``encoder_attention``,
+    ``decoder_attention`` and ``cross_attention``: e.g. an encoder–decoder's
+    ``{"encoder": explore_attention(enc_mha, enc_cache, src, src), "decoder": ..., "cross": explore_attention(
+    cross_mha, cross_cache, tgt, src)}``. Each value is an ``ExplorerPage`` (from ``explorer_html`` or an
+    ``explore_*`` builder) or a dict of ``explorer_html``'s arguments; each set keeps its own tokens (query tokens
+    ≠ key tokens for cross-attention), layers, heads, masks and views."""
+    if not isinstance(sets, dict) or not sets:
+        raise ValueError(
+            f"sets must be a non-empty dict {{name: ExplorerPage or explorer_html arguments}}, got {sets!r}"
+        )
+    out = []
+    for name, value in sets.items():
+        if isinstance(value, ExplorerPage) and hasattr(value, "data"):
+            data = dict(value.data)
+        elif isinstance(value, dict):
+            data = page_data(**{"tokens": None, **value})
+        else:
+            raise ValueError(f"sets[{name!r}] must be an ExplorerPage or a dict of explorer_html's arguments")
+        out.append({**data, "name": str(name), "title": str(title)})
+    return _page({"title": str(title), "sets": out}, str(title))
+
+
+def _page(data: dict, title: str) -> ExplorerPage:
+    """The HTML of ``data`` (one set's, or {title, sets}) with the script and the style inlined."""
     payload = _script_json(data)  # never ends, comments out or opens a <script>
-    page = (
+    page = ExplorerPage(
         "<!DOCTYPE html>\n<html lang='en'>\n<head>\n<meta charset='utf-8'>\n"
         "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; "
         "script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:\">\n"
-        f"<title>{_html_text(data['title'])}</title>\n<style>\n{_asset('explorer.css')}</style>\n</head>\n"
+        f"<title>{_html_text(title)}</title>\n<style>\n{_asset('explorer.css')}</style>\n</head>\n"
         f"<body>\n<script id='explorer-data' type='application/json'>{payload}</script>\n"
         f"<script>\n{_asset('explorer.js')}</script>\n</body>\n</html>\n"
     )
-    return ExplorerPage(page)
+    page.data = data  # what the page draws: explorer_sets_html combines pages from it
+    return page
 
 
 def _write(path, page: str) -> Path:
