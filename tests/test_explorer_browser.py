@@ -395,14 +395,17 @@ def test_encoder_decoder_page_switches_between_its_attention_sets(browser, tmp_p
     _, cd = dec.forward(tgt, tgt, tgt, mask=causal)
     _, cc = cross.forward(tgt, src, src)
     s, t = list("abcde"), ["<s>", "x", "y"]
-    sets = {"decoder": explore_attention(dec, cd, t, t, mask=causal), "cross": explore_attention(cross, cc, t, s)}
+    name = "<img src=x onerror=injected=5>"  # a set's name is text, never HTML
+    sets = {name: explore_attention(dec, cd, t, t, mask=causal), "cross": explore_attention(cross, cc, t, s)}
     path = tmp_path / "seq2seq.html"
-    explorer_sets_html(sets, title="an encoder-decoder").save(path)
+    explorer_sets_html(sets, title="an encoder-decoder </script>").save(path)
     d = browser.open(path)
     tokens = (
         "return [...document.querySelectorAll('#head-svg text.tok.' + arguments[0] + ' tspan')].map(t => t.textContent)"
     )
-    assert d.find_element(By.ID, "set").is_displayed()
+    assert d.find_element(By.ID, "set").is_displayed() and d.execute_script("return window.injected") is None
+    options = "return [...document.querySelectorAll('#set option')].map(o => o.textContent)"
+    assert d.execute_script(options) == [name, "cross"] and d.title == "an encoder-decoder </script>"
     assert d.execute_script(tokens, "q") == t and d.execute_script(tokens, "k") == t
     token(d, "q", 0).click()  # query 0 of the decoder sees key 0 only
     assert lines(d) == expected_lines(cd.attn_weights[0], {0, 1}, 0.01, query=0) == {(0, 0, 0), (0, 0, 1)}
@@ -412,7 +415,7 @@ def test_encoder_decoder_page_switches_between_its_attention_sets(browser, tmp_p
     assert lines(d) == expected_lines(cc.attn_weights[0], {0, 1}, 0.01)
     d.find_element(By.ID, "tab-neuron").click()
     assert len(neuron_rows(d)) == 5
-    assert d.find_element(By.TAG_NAME, "h1").text == "an encoder-decoder" and console_errors(d) == []
+    assert d.find_element(By.TAG_NAME, "h1").text == "an encoder-decoder </script>" and console_errors(d) == []
 
 
 # --------------------------------------------------------------------------- masks
