@@ -380,3 +380,21 @@ def test_matches_torch_sdpa_and_mha_in_float64():
     assert rel_err(g["query"] + g["key"] + g["value"], tx.grad.numpy().transpose(1, 0, 2)) <= 1e-10
     for name in P:
         assert np.abs(g[name] - t[name].grad.numpy()).max() <= 1e-10 * max(1.0, np.abs(g[name]).max()), name
+
+
+@pytest.mark.parametrize("Lq", [1, 3])
+def test_a_bias_broadcast_over_every_axis_takes_the_pivot_rows_of_every_row(Lq):
+    """Regression (found by test_combinations' random search): no keys but torch's bias_kv one and a relative-position
+    bias, so the bias is (1, 1, Lq, 1); at Lq = 1 it broadcasts over every axis and each row's pivot entry (its
+    only key, P = 1) must add into the one bias entry, not fail. Every gradient as the vectorized kernel's."""
+    rng = np.random.default_rng(0)
+    q, kv, d_out = rng.standard_normal((2, Lq, 4)), np.zeros((2, 0, 4)), rng.standard_normal((2, Lq, 4))
+    grads, rel_bias = [], rng.standard_normal((1, 5))  # (H, 2R + 1): a bias that is not 0
+    for impl in ("vectorized", ChunkedKernel(block_size=2, num_threads=2)):
+        mha = MultiHeadAttention(4, 1, rng=0, impl=impl, add_bias_kv=True, rel_pos_max_distance=2)
+        mha.params["rel_bias"] = rel_bias.copy()
+        out, cache = mha(q, kv, kv)
+        grads.append(mha.backward(d_out, cache))
+    largest = max(np.abs(g).max() for g in grads[0].values() if g.size)
+    for name, g in grads[0].items():
+        assert np.abs(grads[1][name] - g).max(initial=0) <= 1e-13 * largest, name

@@ -655,5 +655,6 @@ def _add_pivots(pivot, ds_pivot, q, k, scale: float, dq, dk, d_bias) -> None:
     np.add.at(dk, (b, h, j), ds[:, None] * (q[b, h, i] * scale))  # (n, d): dK_j* += dS_ij* Q_i; rows may share j*
     if d_bias is not None:
         view = d_bias.reshape((1,) * (4 - d_bias.ndim) + d_bias.shape)  # (Bb, Hb, lq, lk), a view
-        np.add.at(view, tuple(x if n > 1 else 0 for x, n in zip((b, h, i, j), view.shape)), ds)  # summed over
-        # the axes the bias broadcasts over, as _add_reduced does
+        at = tuple(x if n > 1 else np.zeros_like(x) for x, n in zip((b, h, i, j), view.shape))  # (n,) each: a
+        np.add.at(view, at, ds)  # broadcast axis indexed 0, so rows summed over the axes the bias broadcasts over
+        # (as _add_reduced does) even when every axis broadcasts: then all n rows add into the one entry
