@@ -944,8 +944,8 @@ def _check_partials(contexts, lses) -> tuple[list[np.ndarray], list[np.ndarray]]
     return C, [lse.astype(np.float64, copy=False) for lse in L]
 
 
-def _merge(C: list[np.ndarray], L: list[np.ndarray]):
-    """The S-way merge on checked partials -> (context, lse, w): w (S, B, H, Lq) float64 each partial's weight."""
+def _merge_weights(L: list[np.ndarray]):
+    """S lses (B, H, Lq) float64 -> (lse (B, H, Lq), w (S, B, H, Lq)): the whole row's lse and each partial's weight."""
     lse_s = np.stack(L)  # (S, B, H, Lq) float64
     m = lse_s.max(axis=0)  # (B, H, Lq), NaN if a partial's lse is NaN
     m = np.where(np.isneginf(m), 0.0, m)  # every partial empty for the row: shift by 0, exp(-inf) = 0
@@ -953,7 +953,12 @@ def _merge(C: list[np.ndarray], L: list[np.ndarray]):
     total = e.sum(axis=0)  # F2: (B, H, Lq), 0 only where every partial is empty
     with np.errstate(divide="ignore"):  # log 0 = -inf: the row has no key at all
         lse = m + np.log(total)  # F2: (B, H, Lq) the whole row's log-sum-exp
-    w = e / np.where(total == 0, 1.0, total)  # F3: (S, B, H, Lq) w_s = exp(lse_s - lse); 0 for an empty row
+    return lse, e / np.where(total == 0, 1.0, total)  # F3: (S, B, H, Lq) w_s = exp(lse_s - lse), 0 for an empty row
+
+
+def _merge(C: list[np.ndarray], L: list[np.ndarray]):
+    """The S-way merge on checked partials -> (context, lse, w): w (S, B, H, Lq) float64 each partial's weight."""
+    lse, w = _merge_weights(L)  # F1-F3
     context = np.zeros_like(C[0])  # (B, H, Lq, dv) in the contexts' dtype
     for w_s, c_s in zip(w.astype(C[0].dtype), C):
         context += w_s[..., None] * c_s  # F4: (B, H, Lq, 1) * (B, H, Lq, dv), C = Σ_s w_s C_s
@@ -976,8 +981,8 @@ def merge_attention_forward(contexts, lses, order: str = "flat"):
         lse = log Σ_s exp(lse_s)      w_s = exp(lse_s - lse)      C = Σ_s w_s C_s
 
     A row where every partial is empty gets a zero context and lse -inf, never NaN; a partial empty for a row
-    gets weight 0 there (its context is not read). A NaN stays NaN. The weights are float64, the weighted sum in
-    the contexts' dtype (float32 stays float32).
+    gets weight 0 there (a kernel gives it a zero context). A NaN stays NaN, in a context even where its weight
+    is 0. The weights are float64, the weighted sum in the contexts' dtype (float32 stays float32).
     order: how the S partials are combined, all equal in exact arithmetic (they round differently):
     "flat" one S-way merge (one max, one sum); "sequential" folds them in one by one, ((1, 2), 3), ..., as a ring
     does step by step; "tree" merges neighbours pairwise, ((1, 2), (3, 4)), ..., in log2 S levels.
@@ -1001,7 +1006,7 @@ def merge_attention_forward(contexts, lses, order: str = "flat"):
                 ]
             merged = parts[0]
         context, lse = merged
-        w = np.exp(np.stack(L) - np.where(np.isneginf(lse), 0.0, lse))  # (S, B, H, Lq) the weights, for the backward
+        w = _merge_weights(L)[1]  # (S, B, H, Lq) the weights, for the backward (as e / total: they sum to 1)
     return (context, lse), (C, w)
 
 

@@ -5,6 +5,10 @@
     chunked     blocked online softmax (FlashAttention-style) on a thread pool: memory O(L · block)
     auto        one of the two above per call, by a documented rule on the shape (``auto.py``)
 
+and, not registered (it wraps one of them, ``SplitKVKernel(num_shards, inner)``; tests/test_split_kv.py checks it):
+
+    split_kv    another kernel on S shards of the keys, merged exactly by their lse (split-KV decoding, ``split_kv.py``)
+
 The protocol (``base.Kernel``): ``forward(q, k, v, mask=None, scale=None, dropout_p=0.0, rng=None,
 dropout_mask=None, bias=None, score_mods=(), sinks=None) -> (context, cache)`` and ``backward(d_context, cache,
 d_lse=None) -> (dq, dk, dv, d_bias, d_sinks)``; the cache carries its kernel and exposes ``attn_weights`` and each
@@ -19,6 +23,7 @@ from .auto import AutoKernel
 from .base import CACHE_ATTRIBUTES, AttentionArgs, Kernel, ScoreMod, check_args
 from .chunked import ChunkedKernel
 from .naive import NaiveKernel
+from .split_kv import SplitKVKernel
 from .vectorized import VectorizedKernel
 
 KERNELS: dict[str, type[Kernel]] = {}
@@ -52,4 +57,4 @@ register("chunked", ChunkedKernel)
 register("auto", AutoKernel)
 
 __all__ = ["AttentionArgs", "Kernel", "KERNELS", "register", "get_kernel", "check_args", "ScoreMod", "CACHE_ATTRIBUTES"]
-__all__ += ["VectorizedKernel", "NaiveKernel", "ChunkedKernel", "AutoKernel"]
+__all__ += ["VectorizedKernel", "NaiveKernel", "ChunkedKernel", "AutoKernel", "SplitKVKernel"]
