@@ -25,8 +25,9 @@ merge's backward gives each piece its upstream gradients (d_context, d_lse) firs
 ``d_lse`` does the rest. dQ stays home.
 
 Per rank: one block of K, V in flight and one being used (2 · L/P · Hkv · d each), the kernel's scores of one
-piece at a time, and the partial contexts of its rows (P or 2P pieces of L/P · dv: the merge keeps them for its
-backward). Sent per rank: (P - 1) blocks of K, V in the forward; (P - 1) of K, V and P of dK, dV in the backward.
+piece at a time, and the partial contexts of its rows, which the merge keeps for its backward (per batch item and
+head: P partials of L/P rows, L · dv, contiguous; 2P of L/2P rows for each of its two chunks, 2L · dv, zigzag).
+Sent per rank: (P - 1) blocks of K, V in the forward; (P - 1) of K, V and P of dK, dV in the backward.
 """
 
 from __future__ import annotations
