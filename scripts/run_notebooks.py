@@ -16,8 +16,9 @@ time budget (``--timeout``, default 60 s for the whole notebook; the kernel is i
 runs out). No timing metadata is recorded, so re-running a seeded notebook changes no numbers.
 ``tests/test_notebooks.py`` uses ``execute_notebook`` from here, so CI runs them the same way.
 
-Noise is not a change. Numbers that differ by rounding (another CPU's BLAS, AVX2 against AVX-512) and PNGs whose
-bytes differ but whose pixels do not (within ``PIXEL_TOLERANCE``) are the same output (``same_output``): a cell whose
+Noise is not a change. Numbers that differ by rounding (another CPU's BLAS, AVX2 against AVX-512), PNGs whose
+bytes differ but whose pixels do not (within ``PIXEL_TOLERANCE``) and a stream split into other chunks
+(``meaningful``) are the same output (``same_output``): a cell whose
 new outputs are the same as its committed ones keeps the committed ones, and a notebook with no cell changed is not
 written at all, so a re-run leaves the tree as it was unless something really changed. ``--check`` writes nothing and
 lists each changed cell (exit 1), for a contributor to tell a real change from noise.
@@ -126,6 +127,20 @@ def same_output(a, b) -> bool:
     return True
 
 
+def meaningful(outputs) -> list:
+    """A cell's outputs as a reader sees them: consecutive chunks of one stream joined (how a kernel splits a
+    stream depends on timing), whitespace-only stream chunks dropped."""
+    out = []
+    for o in outputs:
+        if o.get("output_type") == "stream":
+            if out and out[-1].get("output_type") == "stream" and out[-1].get("name") == o.get("name"):
+                out[-1] = {**out[-1], "text": "".join(out[-1]["text"]) + "".join(o.get("text", ""))}
+                continue
+            o = {**o, "text": "".join(o.get("text", ""))}
+        out.append(o)
+    return [o for o in out if not (o.get("output_type") == "stream" and not o["text"].strip())]
+
+
 def keep_committed(new: nbformat.NotebookNode, old: nbformat.NotebookNode) -> list[int]:
     """Give each cell of ``new`` whose outputs are ``old``'s but for noise ``old``'s outputs; the indices of the
     code cells that really changed (all of them when the cells themselves differ)."""
@@ -136,8 +151,8 @@ def keep_committed(new: nbformat.NotebookNode, old: nbformat.NotebookNode) -> li
     for i, (c, o) in enumerate(cells):
         if c.cell_type != "code":
             continue
-        same = c.source == o.source and len(c.outputs) == len(o.outputs)
-        if same and all(same_output(x, y) for x, y in zip(c.outputs, o.outputs, strict=True)):
+        x, y = meaningful(c.outputs), meaningful(o.outputs)
+        if c.source == o.source and len(x) == len(y) and all(map(same_output, x, y)):
             c.outputs = copy.deepcopy(o.outputs)
             c.execution_count = o.execution_count
         else:

@@ -48,6 +48,12 @@ def test_noise_is_not_a_change_and_a_real_change_is():
     assert rerun.cells[1].outputs[1].data["image/png"] != committed.cells[1].outputs[1].data["image/png"]
     assert rn.keep_committed(rerun, committed) == []
     assert rerun.cells[1].outputs == committed.cells[1].outputs  # the committed bytes are kept
+    split = copy.deepcopy(committed)  # the kernel split the stream in two and flushed an empty chunk at the end
+    text = split.cells[1].outputs[0].text
+    split.cells[1].outputs[0].text = text[:10]
+    split.cells[1].outputs.insert(1, nbformat.v4.new_output("stream", name="stdout", text=text[10:]))
+    split.cells[1].outputs.append(nbformat.v4.new_output("stream", name="stdout", text="\n"))
+    assert rn.keep_committed(split, committed) == []
 
     for text, picture in [
         ("max rel err 2.3e-16, loss 0.693\n", png(pixels, "Matplotlib 3.10")),  # a number really changed
