@@ -1,6 +1,6 @@
 """A Griffe extension for the API page (mkdocs.yml, mkdocstrings' ``extensions``): a function whose docstring has no
 numpy-style ``Parameters`` section gets one made from its signature, so that every function of the API page shows a
-parameter table (name, type, default) in one style.
+parameter table (name, type, description, default) in one style.
 
 Our docstrings are prose with shapes ("query: (B, Lq, E)", "mask: None, or ..."): a parameter's description is the
 text after ``name:`` (up to the next two spaces or the end of the line) when the docstring has one, else empty. The
@@ -29,7 +29,6 @@ class SignatureParameters(griffe.Extension):
         lines = ["", "", "Parameters", "----------"]
         for p in params:
             star = {griffe.ParameterKind.var_positional: "*", griffe.ParameterKind.var_keyword: "**"}.get(p.kind, "")
-            default = f" (default {p.default})" if p.default is not None and not star else ""
             lines.append(f"{star}{p.name}" + (f" : {p.annotation}" if p.annotation is not None else ""))
-            lines.append(f"    {described(func.docstring.value, p.name)}{default}".rstrip() or "    ")
+            lines.append(f"    {described(func.docstring.value, p.name)}".rstrip() or "    ")
         func.docstring.value = func.docstring.value.rstrip() + "\n".join(lines)
