@@ -5,6 +5,7 @@ no test data), and install into a fresh venv where the tour runs; the core comma
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,18 @@ def test_one_version_single_sourced():
     assert f"## [Unreleased] - {mha_numpy.__version__}" in (ROOT / "CHANGELOG.md").read_text()
     assert project["project"]["license"] == "MIT"  # an SPDX expression, not the deprecated table
     assert "the mha_numpy contributors" in (ROOT / "LICENSE").read_text()
+
+
+def test_the_conda_environment_installs_the_runtime_requirements():
+    yaml = pytest.importorskip("yaml", reason="pyyaml is not installed: pip install -r requirements-dev.txt")
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    conda = {re.split(r"[<>=]", d)[0] for d in env["dependencies"] if isinstance(d, str)}
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    runtime = [line.split("#")[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
+    for req in filter(None, runtime):
+        name = re.split(r"[<>=]", req)[0]
+        assert {"matplotlib": "matplotlib-base"}.get(name, name) in conda, req
+    assert pip == ["-e ."] and "python" in conda
 
 
 def test_version_flag_and_console_command(capsys):
