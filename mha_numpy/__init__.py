@@ -18,4 +18,4 @@ from .latent import MultiHeadLatentAttention
 
 __all__ = ["MultiHeadAttention", "MHACache", "KVCache", "StreamingKVCache", "functional", "masks", "gradcheck"]
 __all__ += ["MultiHeadLatentAttention", "LatentCache"]
-__version__ = "0.1.0"
+__version__ = "0.3.0"

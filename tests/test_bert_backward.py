@@ -259,3 +259,4 @@ def test_cli_crosscheck_model_bert():
     assert r.returncode == 0, r.stdout + r.stderr
     assert "d embeddings output" in r.stdout and "RESULT: PASS" in r.stdout
     assert r.stdout.count("PASS") >= 103
+    assert "Loading" not in r.stdout + r.stderr and "it/s" not in r.stderr  # no loading bar from transformers

@@ -47,6 +47,8 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..models.bert import BertModel
 
+    if not args.text.strip():
+        raise UsageError("argument text: the sentence is empty (it would be only [CLS] [SEP]); give some words")
     require("matplotlib", "bert (it draws the attention maps)")
 
     try:

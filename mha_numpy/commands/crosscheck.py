@@ -145,10 +145,17 @@ BERT_SENTENCES = [
 ]
 
 
+def quiet_transformers() -> None:
+    """No loading bar ("Loading weights: 100%|...") from transformers' from_pretrained in the command's output:
+    the report is the output."""
+    require("transformers", "crosscheck").utils.logging.disable_progress_bar()
+
+
 def _run_bert(args: argparse.Namespace) -> int:
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers reads the local directory, never a hub
+    quiet_transformers()
     from ..interop.bert_model import crosscheck_bert_model
     from ..models.bert import BertModel
 

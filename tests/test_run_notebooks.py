@@ -1,0 +1,83 @@
+"""scripts/run_notebooks.py tells a real change from noise: numbers that differ by rounding and PNGs whose bytes
+(not pixels) differ are the same output, so a re-run keeps the committed outputs and ``--check`` passes; a changed
+number, a changed figure or a changed cell is a change. (The notebooks themselves run in tests/test_notebooks.py.)"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+nbformat = pytest.importorskip("nbformat", reason="nbformat is not installed: pip install -r requirements-dev.txt")
+pytest.importorskip("nbclient", reason="nbclient is not installed: pip install -r requirements-dev.txt")
+import run_notebooks as rn  # noqa: E402
+
+
+def png(pixels, software: str) -> str:
+    """A PNG of ``pixels`` (H, W, 3) in 0..1, with a Software text chunk (what differs between machines)."""
+    from matplotlib import image
+
+    buf = io.BytesIO()
+    image.imsave(buf, pixels, format="png", metadata={"Software": software})
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def notebook(text: str, picture: str):
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("print(err); fig")
+    cell.outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text=text),
+        nbformat.v4.new_output("display_data", data={"image/png": picture, "text/plain": "<Figure size 640x480>"}),
+    ]
+    nb.cells = [nbformat.v4.new_markdown_cell("# t"), cell]
+    return nb
+
+
+def test_noise_is_not_a_change_and_a_real_change_is():
+    import numpy as np
+
+    pixels = np.random.default_rng(0).random((8, 12, 3))
+    committed = notebook("max rel err 2.3e-16, loss 0.693147180559945\n", png(pixels, "Matplotlib 3.10"))
+    rerun = notebook("max rel err 1.1e-16, loss 0.693147180559946\n", png(pixels, "Matplotlib 3.11"))
+    assert rerun.cells[1].outputs[1].data["image/png"] != committed.cells[1].outputs[1].data["image/png"]
+    assert rn.keep_committed(rerun, committed) == []
+    assert rerun.cells[1].outputs == committed.cells[1].outputs  # the committed bytes are kept
+    split = copy.deepcopy(committed)  # the kernel split the stream in two and flushed an empty chunk at the end
+    text = split.cells[1].outputs[0].text
+    split.cells[1].outputs[0].text = text[:10]
+    split.cells[1].outputs.insert(1, nbformat.v4.new_output("stream", name="stdout", text=text[10:]))
+    split.cells[1].outputs.append(nbformat.v4.new_output("stream", name="stdout", text="\n"))
+    assert rn.keep_committed(split, committed) == []
+
+    for text, picture in [
+        ("max rel err 2.3e-16, loss 0.693\n", png(pixels, "Matplotlib 3.10")),  # a number really changed
+        ("max rel err 2.3e-16, loss 0.693147180559945 !\n", png(pixels, "Matplotlib 3.10")),  # the text changed
+        ("max rel err 2.3e-16, loss 0.693147180559945\n", png(1 - pixels, "Matplotlib 3.10")),  # another figure
+        ("max rel err 2.3e-16, loss 0.693147180559945\n", png(pixels[:, :6], "Matplotlib 3.10")),  # another size
+    ]:
+        assert rn.keep_committed(notebook(text, picture), copy.deepcopy(committed)) == [1], text
+    edited = copy.deepcopy(committed)
+    edited.cells[1].source = "print(err)"
+    assert rn.keep_committed(edited, committed) == [1]
+
+
+def test_check_mode_writes_nothing_and_exits_1_on_a_real_change(tmp_path, monkeypatch):
+    path = tmp_path / "nb.ipynb"
+    committed = notebook("loss 0.5\n", png([[[0.0, 0.5, 1.0]]], "x"))
+    nbformat.write(committed, path)
+    before = path.read_bytes()
+
+    def execute(nb, cwd, timeout):  # a re-run that prints another loss
+        nb.cells[1].outputs[0].text = "loss 0.25\n"
+        return nb
+
+    monkeypatch.setattr(rn, "execute_notebook", execute)
+    assert rn.main(["--check", str(path)]) == 1 and path.read_bytes() == before
+    monkeypatch.setattr(rn, "execute_notebook", lambda nb, cwd, timeout: nb)  # the same outputs
+    assert rn.main(["--check", str(path)]) == 0 and rn.main([str(path)]) == 0 and path.read_bytes() == before
