@@ -57,6 +57,8 @@ def test_each_known_bug_is_caught_with_its_diagnosis(bug):
     ns[bug.function] = bug.impl
     if bug.function.endswith("_backward"):  # the forward whose cache the buggy backward reads
         ns[bug.function.replace("_backward", "_forward")] = bug.forward or _spec(bug.pair).forward
+    if bug.key == "dropout_not_inverted":  # the solutions' dropout cache is (keep_mask, p), the reference's
+        del ns["dropout_backward"]  # (keep_mask, 1/(1-p)): a backward fed the reference cache misreads it
     report = check_namespace(ns, only=[_pair(bug.function)])
     row = report[bug.function]
     assert row.status == "FAIL"
@@ -228,3 +230,40 @@ def test_attention_backward_returns_one_gradient_per_input_of_its_forward():
     assert row.status == "FAIL" and "returned 2 gradients, expected 3 (dq, dk, dv)" in row.detail
     row = check_namespace(_sdpa(lambda d, cache: (*student(d, cache), d)))["scaled_dot_product_attention_backward"]
     assert row.status == "FAIL" and "returned 4 gradients, expected 3" in row.detail
+
+
+STUDENTS = sorted((Path(__file__).parent / "data" / "students").glob("*.py"))
+
+
+def _expected(path: Path) -> dict[str, str]:
+    """{function: bug key} from the file's ``# expect: FUNCTION KEY`` lines (a file without one: no catalogued bug)."""
+    lines = [line.split()[2:] for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("# expect:")]
+    return {function: key for function, key in lines}
+
+
+@pytest.mark.parametrize("path", [p for p in STUDENTS if _expected(p)], ids=lambda p: p.stem)
+def test_each_buggy_student_file_fails_where_the_bug_is_and_names_it(path):
+    """A student's file written by hand (not a variant of bugs.py): the function with the catalogued bug FAILs with
+    that bug's diagnosis, every other function of the file passes."""
+    from mha_numpy.checker import load_student
+
+    expected = _expected(path)
+    report = check_namespace(load_student(path), source=path.name)
+    for row in report.rows:
+        if row.function in expected:
+            assert row.status == "FAIL", str(report)
+            assert row.bug is not None and row.bug.key == expected[row.function], str(report)
+            assert row.bug.wrote in str(report)
+        else:
+            assert row.status == "PASS", str(report)
+    assert set(expected) <= {r.function for r in report.rows}
+
+
+@pytest.mark.parametrize("name", ["scores_dot_t", "linear_no_db"])
+def test_a_crash_and_a_missing_gradient_are_diagnosed_through_the_child_process_too(name):
+    """check_file runs the file in a child process, which sends back only the start of an error message: `.T` on
+    4-D arrays is still named; ``return dx, dW`` (a gradient short) is named, not only counted."""
+    path = next(p for p in STUDENTS if p.stem == name)
+    report = check_file(path)
+    for function, key in _expected(path).items():
+        assert report[function].status == "FAIL" and report[function].bug.key == key, str(report)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import functional as F
+from ..models import layers as LY
 from . import reference as R
 
 
@@ -29,6 +30,7 @@ class Bug:
     see: str
     impl: Callable
     forward: Callable | None = None  # makes the cache a buggy backward reads (default: the reference forward)
+    by_error: bool = False  # recognised by the error it raises on the checker's cases (``.T`` on a 4-D array)
 
     @property
     def pair(self) -> str:
@@ -136,6 +138,117 @@ def online_update_nan(m, l_sum, acc, s, v):
     m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
     alpha = np.exp(m - m_new)  # BUG: while a row has seen only -inf, m = m_new = -inf and this is NaN
     e = np.exp(s - m_new)
+    return m_new, alpha * l_sum + e.sum(-1, keepdims=True), alpha * acc + e @ v
+
+
+def linear_backward_swapped_dw(dy, cache):
+    x2, W, _, _ = cache
+    dx, _, db = F.linear_backward(dy, cache)
+    return dx, x2.T @ dy.reshape(x2.shape[0], W.shape[0]), db  # BUG: xᵀ dy is (in, out); W is (out, in)
+
+
+def linear_backward_no_db(dy, cache):
+    dx, dW, _ = F.linear_backward(dy, cache)
+    return dx, dW, None  # BUG: b was added in the forward, it is owed a gradient
+
+
+def linear_forward_keep_x(x, W, b):
+    return x @ W.T + b, (x, W, b)  # a student's forward: the cache keeps x as it came
+
+
+def linear_backward_dot_t(dy, cache):
+    x, W, _ = cache
+    return dy @ W, dy.T @ x, dy.sum(axis=tuple(range(dy.ndim - 1)))  # BUG: .T reverses every axis of a 3-D dy
+
+
+def scores_forward_dot_t(q, k, scale):
+    return q @ k.T * scale, (q, k, scale)  # BUG: k.T of (B, H, Lk, d) is (d, Lk, H, B)
+
+
+def scores_backward_dot_t(d_scores, cache):
+    q, k, scale = cache
+    d_raw = d_scores * scale
+    return d_raw @ k, d_raw.T @ q  # BUG: dS.T of (B, H, Lq, Lk) is (Lk, Lq, H, B)
+
+
+def context_backward_dot_t(d_context, cache):
+    p, v = cache
+    return d_context @ v.T, p.T @ d_context  # BUG: v.T and p.T reverse all four axes
+
+
+def scores_forward_divide(q, k, scale):
+    return q @ k.swapaxes(-1, -2) / scale, (q, k, scale)  # BUG: divided by the scale, which is already 1/√d
+
+
+def scores_backward_divide(d_scores, cache):
+    q, k, scale = cache
+    d_raw = d_scores / scale  # BUG: the forward multiplied by scale, so does the backward
+    return d_raw @ k, d_raw.swapaxes(-1, -2) @ q
+
+
+def dropout_forward_not_inverted(x, p, rng=None, keep_mask=None):
+    return x * keep_mask, (keep_mask, 1.0)  # BUG: survivors not scaled by 1/(1-p): the expected value shrinks
+
+
+def softmax_backward_wrong_axis(dp, cache):
+    p = cache
+    return p * (dp - (p * dp).sum(axis=-2, keepdims=True))  # BUG: summed over the queries, not over a row's keys
+
+
+def softmax_backward_no_keepdims(dp, cache):
+    p = cache
+    return p * (dp - (p * dp).sum(axis=-1))  # BUG: (..., Lq) does not broadcast against (..., Lq, Lk)
+
+
+def cross_entropy_forward_sum(logits, targets):
+    _, cache = LY.softmax_cross_entropy_forward(logits, targets)
+    p, _ = cache
+    picked = np.take_along_axis(np.log(p), targets[..., None], axis=-1)
+    return float(-picked.sum()), cache  # BUG: the sum over the N tokens, not their mean
+
+
+def cross_entropy_backward_no_mean(d_loss, cache):
+    p, targets = cache
+    d = p.copy()
+    np.put_along_axis(d, targets[..., None], np.take_along_axis(p, targets[..., None], axis=-1) - 1, axis=-1)
+    return d * d_loss  # BUG: (p - onehot) without the 1/N of the mean
+
+
+def sdpa_forward_mask_after_softmax(q, k, v, mask=None):
+    p, _ = F.softmax_forward(q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1]))  # every key, the blocked ones too
+    if mask is not None:
+        p = np.where(mask, p, 0.0)  # BUG: the kept weights no longer sum to 1
+    return p @ v, None
+
+
+def layer_norm_backward_terms(mean_term: bool, var_term: bool):
+    """A LayerNorm backward that keeps only the row means named (both True: the correct one)."""
+
+    def backward(d_out, cache):
+        x_hat, rstd, gamma = cache
+        lead = tuple(range(d_out.ndim - 1))
+        dx_hat = d_out * gamma
+        dx = dx_hat.copy()
+        if mean_term:
+            dx -= dx_hat.mean(axis=-1, keepdims=True)  # the path through μ
+        if var_term:
+            dx -= x_hat * (dx_hat * x_hat).mean(axis=-1, keepdims=True)  # the path through σ
+        return rstd * dx, (d_out * x_hat).sum(axis=lead), d_out.sum(axis=lead)
+
+    return backward
+
+
+def split_heads_forward_off_by_one(x, num_heads):
+    d = x.shape[-1] // num_heads
+    heads = [x[..., h * d + 1 : (h + 1) * d + 1] for h in range(num_heads)]  # BUG: each slice one feature late
+    return np.stack(heads, axis=1), x.shape
+
+
+def online_update_rescale_inverted(m, l_sum, acc, s, v):
+    m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+    shift = np.where(np.isfinite(m_new), m_new, 0.0)
+    alpha = np.exp(shift - m)  # BUG: exp(m_new - m) >= 1 grows the old sums; the first block gives inf · 0 = NaN
+    e = np.exp(s - shift)
     return m_new, alpha * l_sum + e.sum(-1, keepdims=True), alpha * acc + e @ v
 
 
@@ -323,6 +436,175 @@ _STEP_LIST = [
 ]
 _STEP_BUG = {b.key: b for b in _STEP_LIST if b.key in STEP_BUGS}
 
+T4 = (  # what `.T` does to a batched array, said once for every function where it happens
+    "`.T` on a 4-D array reverses all four axes ((B, H, L, d) becomes (d, L, H, B)), it does not swap the last "
+    "two; NumPy then complains about shapes, not about the transpose. Use `x.swapaxes(-1, -2)`"
+)
+_MORE = [
+    Bug(
+        "linear_swapped_dw",
+        "linear_backward",
+        "Swapped transpose in dW: xᵀ dy instead of dyᵀ x",
+        "`dW = x.T @ dy` (flattened to 2-D)",
+        "y = x Wᵀ with W of shape (out, in), so dW = dyᵀ x is (out, in); xᵀ dy is its transpose, (in, out). Compare "
+        "dW.shape with W.shape",
+        linear_backward_swapped_dw,
+    ),
+    Bug(
+        "linear_no_db",
+        "linear_backward",
+        "The bias gradient is missing",
+        "`return dx, dW` (or db = None)",
+        "b was added to every row of the output, so it is owed db = dy summed over every axis but the last "
+        "(shape (out,)); return dx, dW, db in the forward's order",
+        linear_backward_no_db,
+    ),
+    Bug(
+        "linear_dot_t",
+        "linear_backward",
+        "`.T` on a 3-D or 4-D array in the linear backward",
+        "`dW = dy.T @ x` with dy of shape (B, L, out)",
+        T4 + ", or flatten first: dy.reshape(-1, out).T @ x.reshape(-1, in)",
+        linear_backward_dot_t,
+        linear_forward_keep_x,
+        by_error=True,
+    ),
+    Bug(
+        "scores_dot_t",
+        "attention_scores_forward",
+        "`.T` on a 4-D array in the scores",
+        "`q @ k.T`",
+        T4 + ": q @ k.swapaxes(-1, -2) is (B, H, Lq, Lk)",
+        scores_forward_dot_t,
+        by_error=True,
+    ),
+    Bug(
+        "scores_dot_t",
+        "attention_scores_backward",
+        "`.T` on a 4-D array in the scores backward",
+        "`dk = dS.T @ q`",
+        T4 + ": dk = dS.swapaxes(-1, -2) @ q is (B, H, Lk, d)",
+        scores_backward_dot_t,
+        by_error=True,
+    ),
+    Bug(
+        "context_dot_t",
+        "attention_context_backward",
+        "`.T` on a 4-D array in the context backward",
+        "`dp = d_context @ v.T` (or `dv = p.T @ d_context`)",
+        T4 + ": dp = d_context @ v.swapaxes(-1, -2), dv = p.swapaxes(-1, -2) @ d_context",
+        context_backward_dot_t,
+        by_error=True,
+    ),
+    Bug(
+        "scores_divide",
+        "attention_scores_forward",
+        "The scores divided by the scale instead of multiplied",
+        "`q @ k.swapaxes(-1, -2) / scale`",
+        "scale is already 1/√d (0.5 means divide by 2): multiply by it. Your scores are exactly 1/scale² times the "
+        "reference (the ratio is constant)",
+        scores_forward_divide,
+    ),
+    Bug(
+        "scores_divide",
+        "attention_scores_backward",
+        "The scores backward divides by the scale instead of multiplying",
+        "`dS / scale`",
+        "the forward multiplied q kᵀ by scale, so dq = (dS · scale) k and dk = (dS · scale)ᵀ q; your gradients are "
+        "1/scale² times the reference",
+        scores_backward_divide,
+    ),
+    Bug(
+        "dropout_not_inverted",
+        "dropout_forward",
+        "Dropout not inverted: the survivors are not scaled by 1/(1-p)",
+        "`x * keep_mask`",
+        "inverted dropout keeps the expected value: out = x · keep_mask / (1-p), so nothing changes at inference. "
+        "Yours is exactly (1-p) times the reference where kept",
+        dropout_forward_not_inverted,
+    ),
+    Bug(
+        "softmax_wrong_axis",
+        "softmax_backward",
+        "The softmax backward sums over the wrong axis",
+        "`(p * dp).sum(axis=-2, keepdims=True)`",
+        "the softmax normalises each row over its keys (the last axis), so the subtracted term is one number per row: "
+        "sum(p * dp, axis=-1, keepdims=True). The rows of your dx do not sum to 0",
+        softmax_backward_wrong_axis,
+    ),
+    Bug(
+        "softmax_no_keepdims",
+        "softmax_backward",
+        "The softmax backward's row sum without keepdims",
+        "`(p * dp).sum(axis=-1)`",
+        "that sum has shape (..., Lq) and broadcasts against (..., Lq, Lk) along the wrong axis (or not at all, as "
+        "here): keep the axis, sum(p * dp, axis=-1, keepdims=True) is (..., Lq, 1)",
+        softmax_backward_no_keepdims,
+        by_error=True,
+    ),
+    Bug(
+        "cross_entropy_sum",
+        "softmax_cross_entropy_forward",
+        "Cross-entropy summed, not averaged",
+        "`-log_p[target].sum()`",
+        "the loss is the mean over the N = targets.size tokens; yours is exactly N times the reference",
+        cross_entropy_forward_sum,
+    ),
+    Bug(
+        "cross_entropy_no_mean",
+        "softmax_cross_entropy_backward",
+        "Cross-entropy backward without the 1/N",
+        "`d_logits = p - onehot`",
+        "the forward took the mean over the N = targets.size tokens, so d_logits = (p - onehot) · d_loss / N; yours is "
+        "exactly N times the reference",
+        cross_entropy_backward_no_mean,
+    ),
+    Bug(
+        "mask_after_softmax",
+        "scaled_dot_product_attention_forward",
+        "The mask applied after the softmax",
+        "`p = softmax(scores); p[~mask] = 0` (or `p * mask`)",
+        "zeroing weights after the softmax leaves rows that no longer sum to 1 (the blocked keys took their share of "
+        "the denominator). Mask the scores with -inf first, then take the softmax",
+        sdpa_forward_mask_after_softmax,
+    ),
+    *[
+        Bug(
+            "layer_norm_" + key,
+            "layer_norm_backward",
+            f"LayerNorm backward without {what}",
+            wrote,
+            "x̂ = (x - μ)/σ, and μ and σ both depend on every x of the row: dx = (1/σ)(dx̂ - mean(dx̂) - x̂ · mean(dx̂ x̂)). "
+            "Each row of the correct dx sums to 0 and is orthogonal to x̂",
+            layer_norm_backward_terms(*terms),
+        )
+        for key, what, wrote, terms in [
+            ("no_mean", "the mean term", "`dx = (dx_hat - x_hat * mean(dx_hat * x_hat)) / sigma`", (False, True)),
+            ("no_var", "the variance term", "`dx = (dx_hat - mean(dx_hat)) / sigma`", (True, False)),
+            ("no_means", "either mean term", "`dx = dx_hat / sigma` (as if μ and σ were constants)", (False, False)),
+        ]
+    ],
+    Bug(
+        "split_heads_off_by_one",
+        "split_heads_forward",
+        "Off-by-one in the head slices",
+        "`x[..., h * d + 1 : (h + 1) * d + 1]` (or another slice one feature off)",
+        "head h is features h·d to (h+1)·d - 1, i.e. x[..., h * d : (h + 1) * d]; one slice off makes one head shorter "
+        "and np.stack refuses. Without a loop: x.reshape(B, L, H, d).transpose(0, 2, 1, 3)",
+        split_heads_forward_off_by_one,
+        by_error=True,
+    ),
+    Bug(
+        "online_rescale_inverted",
+        "online_softmax_update",
+        "The running sums rescaled the wrong way round",
+        "`alpha = exp(m_new - m)`",
+        "the old sums were taken relative to m; relative to the larger m_new they shrink: alpha = exp(m - m_new) <= 1. "
+        "Yours is >= 1, and inf at the first block (m = -inf), where inf · 0 gives NaN",
+        online_update_rescale_inverted,
+    ),
+]
+
 BUGS: list[Bug] = [
     *_STEP_LIST,
     _sdpa_bug("softmax_diagonal", "backward", "check softmax_backward on its own (it sums to 0 over each row)"),
@@ -362,6 +644,7 @@ BUGS: list[Bug] = [
         "not finite (the row's l and acc are still 0, so any finite shift is right)",
         online_update_nan,
     ),
+    *_MORE,
 ]
 
 
