@@ -252,6 +252,128 @@ def online_update_rescale_inverted(m, l_sum, acc, s, v):
     return m_new, alpha * l_sum + e.sum(-1, keepdims=True), alpha * acc + e @ v
 
 
+# --------------------------------------------------------------------------- beyond BERT (exercises 11-13)
+
+
+def rope_backward_not_inverted(d_out, cache):
+    cos, sin = cache
+    return d_out * cos + F.rotate_half(d_out) * sin  # BUG: the forward's rotation again, by +θ, not its inverse
+
+
+def rope_forward_wrong_direction(x, positions=None, theta=10000.0):
+    out, (cos, sin) = F.rope_forward(x, positions, theta)
+    return x * cos - F.rotate_half(x) * sin, (cos, sin)  # BUG: turned by -θ ([x2, -x1] for rotate_half)
+
+
+def repeat_kv_forward_tiled(x, n_rep):
+    return np.tile(x, (1, n_rep, 1, 1)), (x.shape, n_rep)  # BUG: head h <- h % Hkv, not h // n_rep
+
+
+def repeat_kv_backward_first_head(d_out, cache):
+    (B, Hkv, L, d), n_rep = cache
+    return d_out[:, ::n_rep]  # BUG: only the first query head of each group; the others used the same k/v head
+
+
+def repeat_kv_backward_mean(d_out, cache):
+    (B, Hkv, L, d), n_rep = cache
+    return d_out.reshape(B, Hkv, n_rep, L, d).mean(axis=2)  # BUG: a copy's backward is a sum, not a mean
+
+
+def repeat_kv_backward_tiled(d_out, cache):
+    (B, Hkv, L, d), n_rep = cache
+    return d_out.reshape(B, n_rep, Hkv, L, d).sum(axis=1)  # BUG: groups taken as h % Hkv (np.tile's order)
+
+
+def relative_bias_backward_overwrite(d_bias, cache):
+    idx, shape = cache
+    d = d_bias.sum(axis=tuple(range(d_bias.ndim - 3)))
+    d_table = np.zeros(shape, dtype=d_bias.dtype)
+    d_table[:, idx] += d  # BUG: fancy-index += keeps one write per column; np.add.at accumulates them all
+    return d_table
+
+
+def soft_cap_forward_no_divide(scores, cap):
+    t = np.tanh(scores)  # BUG: cap · tanh(scores), not cap · tanh(scores / cap)
+    return t * cap, np.tanh(scores / cap)
+
+
+def soft_cap_backward_identity(d_out, cache):
+    return d_out  # BUG: tanh' forgotten: the scores' gradient is d_out · (1 - tanh²(s / cap))
+
+
+def soft_cap_forward_keep_cap(scores, cap):
+    t = np.tanh(scores / cap)
+    return t * cap, (t, cap)  # the cache the variant below reads (the reference keeps t only)
+
+
+def soft_cap_backward_times_cap(d_out, cache):
+    t, cap = cache
+    return d_out * cap * (1.0 - t * t)  # BUG: the outer cap kept, the inner 1/cap of the chain rule forgotten
+
+
+def sink_softmax_forward_ignored(x, sink):
+    p, _ = F.softmax_forward(x)  # BUG: the sink's exp(sink) left out of the denominator
+    return p, (p, np.zeros(p.shape[:-1]), np.shape(sink))  # the cache of a sink that weighs nothing
+
+
+def sink_softmax_backward_no_d_sink(dp, cache):
+    dx, _ = F.sink_softmax_backward(dp, cache)
+    return dx, None  # BUG: the sink is a parameter too: d_sink = -Σ p_sink D over the rows it was shared by
+
+
+def sink_softmax_backward_not_summed(dp, cache):
+    p, p_sink, _ = cache
+    row_dot = np.einsum("...k,...k->...", p, dp)
+    return p * (dp - row_dot[..., None]), -p_sink * row_dot  # BUG: one d_sink per row, not summed to sink's shape
+
+
+def sink_softmax_backward_sign(dp, cache):
+    dx, d_sink = F.sink_softmax_backward(dp, cache)
+    return dx, -d_sink  # BUG: d_sink = p_sink (0 - D), its dp being 0: minus p_sink D
+
+
+def flash_forward_rescale_inverted(q, k, v, mask, block):
+    scale, shape = 1.0 / np.sqrt(q.shape[-1]), (*q.shape[:-1], k.shape[-2])
+    m, l_sum, acc = np.full((*q.shape[:-1], 1), -np.inf), np.zeros((*q.shape[:-1], 1)), 0.0
+    for _, k_j, v_j, mask_j in R.key_tiles(k, v, mask, shape, block):
+        s = R.tile_scores(q, k_j, mask_j, scale)
+        m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+        shift = np.where(np.isfinite(m_new), m_new, 0.0)
+        alpha = np.exp(shift - m)  # BUG: exp(m_new - m), the rescale upside down (inf at the first tile)
+        e = np.exp(s - shift)
+        l_sum, acc, m = alpha * l_sum + e.sum(axis=-1, keepdims=True), alpha * acc + e @ v_j, m_new
+    o = acc / l_sum
+    return o, (q, k, v, mask, o, np.where(np.isfinite(m), m, 0.0), 1.0 / l_sum, block)
+
+
+def flash_forward_masked_row_nan(q, k, v, mask, block):
+    o, cache = R.flash_attention_forward(q, k, v, mask, block)
+    inv_l = cache[6]
+    return np.where(inv_l == 0, np.nan, o), cache  # BUG: acc / l with l = 0, 0/0, for a row with no key allowed
+
+
+def flash_backward_with(tile_D: bool = False, normalise: bool = True, scaled: bool = True):
+    """Exercise 13's backward (``R.flash_attention_backward``) with one step wrong: ``tile_D``, D = rowsum(P ∘ dP)
+    of the current tile only; not ``normalise``, P = exp(S - m) without the final 1/ℓ; not ``scaled``, dQ and dK
+    without the 1/√d of the scores."""
+
+    def backward(d_o, cache):
+        q, k, v, mask, o, m, inv_l, block = cache
+        scale, shape = 1.0 / np.sqrt(q.shape[-1]), (*q.shape[:-1], k.shape[-2])
+        D = (d_o * o).sum(axis=-1, keepdims=True)
+        dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+        for cut, k_j, v_j, mask_j in R.key_tiles(k, v, mask, shape, block):
+            p = np.exp(R.tile_scores(q, k_j, mask_j, scale) - m) * (inv_l if normalise else 1.0)
+            dv[..., cut, :] = p.swapaxes(-1, -2) @ d_o
+            dp = d_o @ v_j.swapaxes(-1, -2)
+            ds = p * (dp - ((p * dp).sum(axis=-1, keepdims=True) if tile_D else D))
+            dq += ds @ k_j * (scale if scaled else 1.0)
+            dk[..., cut, :] = ds.swapaxes(-1, -2) @ q * (scale if scaled else 1.0)
+        return dq, dk, dv
+
+    return backward
+
+
 # --------------------------------------------------------------------------- attention with one step swapped
 
 
@@ -604,6 +726,178 @@ _MORE = [
         online_update_rescale_inverted,
     ),
 ]
+_NEW = [
+    Bug(
+        "rope_not_inverted",
+        "rope_backward",
+        "RoPE backward turns the same way as the forward",
+        "`d_out * cos + rotate_half(d_out) * sin` (the forward applied to d_out)",
+        "a rotation's transpose is its inverse, the turn by -θ: dx = d_out · cos - rotate_half(d_out) · sin (the sign "
+        "of sin flips, since rotate_half is R with Rᵀ = -R). A rotated d_out has the right norm per pair, so look at "
+        "the values, not their size",
+        rope_backward_not_inverted,
+    ),
+    Bug(
+        "rope_wrong_direction",
+        "rope_forward",
+        "RoPE turned by -θ",
+        "`x * cos - rotate_half(x) * sin` (or rotate_half as [x2, -x1])",
+        "out = x · cos + rotate_half(x) · sin with rotate_half([x1, x2]) = [-x2, x1], Hugging Face Llama's convention; "
+        "position 0 (cos 1, sin 0) cannot show the sign: look at the last position",
+        rope_forward_wrong_direction,
+    ),
+    Bug(
+        "repeat_kv_tiled",
+        "repeat_kv_forward",
+        "repeat_kv in np.tile's order",
+        "`np.tile(x, (1, n_rep, 1, 1))` (query head h reads k/v head h % Hkv)",
+        "query head h reads k/v head h // n_rep (heads 0, 0, 0, 1, 1, 1 for n_rep = 3): np.repeat(x, n_rep, axis=1), "
+        "as Hugging Face's repeat_kv and torch's enable_gqa",
+        repeat_kv_forward_tiled,
+    ),
+    Bug(
+        "repeat_kv_first_head",
+        "repeat_kv_backward",
+        "repeat_kv backward takes one query head of each group",
+        "`d_out[:, ::n_rep]`",
+        "each k/v head was read by n_rep query heads, so its gradient is the sum of their n_rep gradients: "
+        "d_out.reshape(B, Hkv, n_rep, L, d).sum(axis=2)",
+        repeat_kv_backward_first_head,
+    ),
+    Bug(
+        "repeat_kv_mean",
+        "repeat_kv_backward",
+        "repeat_kv backward averages the group instead of summing it",
+        "`d_out.reshape(B, Hkv, n_rep, L, d).mean(axis=2)`",
+        "a copy's backward adds the gradients of every copy; yours is exactly 1/n_rep of the reference",
+        repeat_kv_backward_mean,
+    ),
+    Bug(
+        "repeat_kv_tiled",
+        "repeat_kv_backward",
+        "repeat_kv backward sums the wrong heads together",
+        "`d_out.reshape(B, n_rep, Hkv, L, d).sum(axis=1)` (np.tile's grouping)",
+        "the heads of one group are neighbours, h = g · n_rep + r: reshape to (B, Hkv, n_rep, L, d) and sum axis 2",
+        repeat_kv_backward_tiled,
+    ),
+    Bug(
+        "relative_bias_overwrite",
+        "relative_position_bias_backward",
+        "The relative-position scatter overwrites instead of accumulating",
+        "`d_table[:, idx] += d` (or `d_table[:, idx] = d`)",
+        "each column of the table is read by every (i, j) at that clipped distance; with repeated indices NumPy keeps "
+        "one write. np.add.at(d_table, (slice(None), idx), d) adds them all",
+        relative_bias_backward_overwrite,
+    ),
+    Bug(
+        "soft_cap_no_divide",
+        "soft_cap_forward",
+        "Soft-cap without the division inside the tanh",
+        "`cap * np.tanh(scores)`",
+        "cap · tanh(scores / cap) is ≈ scores for small scores and flattens towards ±cap; yours flattens at ±1 · cap "
+        "much sooner. Compare a small score with its capped value",
+        soft_cap_forward_no_divide,
+    ),
+    Bug(
+        "soft_cap_identity",
+        "soft_cap_backward",
+        "Soft-cap backward without tanh'",
+        "`return d_out` (the cap's backward as the identity)",
+        "d/ds [cap · tanh(s / cap)] = 1 - tanh²(s / cap): multiply d_out by it. Near 0 the two agree, so look at a "
+        "large score, where your gradient should almost vanish",
+        soft_cap_backward_identity,
+    ),
+    Bug(
+        "soft_cap_times_cap",
+        "soft_cap_backward",
+        "Soft-cap backward with an extra factor cap",
+        "`d_out * cap * (1 - t**2)`",
+        "the chain rule gives cap · tanh'(s / cap) · (1 / cap): the two caps cancel. Yours is exactly cap times the "
+        "reference",
+        soft_cap_backward_times_cap,
+        soft_cap_forward_keep_cap,
+    ),
+    Bug(
+        "sink_ignored",
+        "sink_softmax_forward",
+        "The sink left out of the softmax",
+        "a plain softmax of x",
+        "the sink is one more logit in every row's denominator: p_j = exp(x_j) / (exp(sink) + Σ_k exp(x_k)); its "
+        "weights sum to less than 1, and a fully masked row gives 0",
+        sink_softmax_forward_ignored,
+    ),
+    Bug(
+        "sink_no_gradient",
+        "sink_softmax_backward",
+        "The sink's gradient is missing",
+        "`return dx` (or `dx, None`)",
+        "the sink is learned, so it is owed d_sink: its dp is 0, so dS_sink = p_sink (0 - D) with D = Σ_j p_j dp_j, "
+        "summed over every row that shares the sink (to the sink's shape)",
+        sink_softmax_backward_no_d_sink,
+    ),
+    Bug(
+        "sink_not_summed",
+        "sink_softmax_backward",
+        "The sink's gradient not summed to its shape",
+        "`d_sink = -p_sink * D` (one entry per row)",
+        "one sink logit per head was broadcast over every batch element and query: sum -p_sink · D over those axes, "
+        "to the sink's shape (H, 1)",
+        sink_softmax_backward_not_summed,
+    ),
+    Bug(
+        "sink_sign",
+        "sink_softmax_backward",
+        "The sink's gradient with the wrong sign",
+        "`d_sink = p_sink * D`",
+        "the sink's entry of the softmax VJP is p_sink (dp_sink - D) with dp_sink = 0 (the sink has no value): minus "
+        "p_sink · D",
+        sink_softmax_backward_sign,
+    ),
+    Bug(
+        "flash_rescale_inverted",
+        "flash_attention_forward",
+        "The running sums rescaled the wrong way round",
+        "`alpha = exp(m_new - m)`",
+        "relative to a larger max the old sums shrink: alpha = exp(m - m_new) <= 1. Yours is inf at the first tile "
+        "(m = -inf) and inf · 0 gives NaN",
+        flash_forward_rescale_inverted,
+    ),
+    Bug(
+        "flash_masked_row_nan",
+        "flash_attention_forward",
+        "A row with no key allowed gives NaN",
+        "`o = acc / l` with l = 0",
+        "a fully masked row has ℓ = 0 and acc = 0: store inv_l = 0 there (np.where(l > 0, 1 / l, 0)) so that its "
+        "context, and the weights the backward recomputes, are exactly 0",
+        flash_forward_masked_row_nan,
+    ),
+    Bug(
+        "flash_tile_D",
+        "flash_attention_backward",
+        "D taken from the current tile only",
+        "`D = (P * dP).sum(-1)` inside the key-block loop",
+        "D is the softmax VJP's row term Σ_j P_j dP_j over the row's keys, all tiles together: rowsum(dO ∘ O) gives it "
+        "once, before the loop (a full Σ_j P_j dP_j is right too, but needs a pass of its own)",
+        flash_backward_with(tile_D=True),
+    ),
+    Bug(
+        "flash_unnormalised_P",
+        "flash_attention_backward",
+        "P recomputed without the final 1/ℓ",
+        "`P = exp(S - m)`",
+        "the softmax weights are exp(S - m) / ℓ with the row's final ℓ: multiply by the cache's inv_l. Yours are ℓ "
+        "times too large (and the rows do not sum to 1)",
+        flash_backward_with(normalise=False),
+    ),
+    Bug(
+        "flash_no_scale",
+        "flash_attention_backward",
+        "dQ and dK without the scale",
+        "`dQ += dS @ K_j; dK_j = dS.T @ Q`",
+        "S = Q Kᵀ / √d, so dQ = dS K / √d and dK = dSᵀ Q / √d; yours are √d times the reference, dV is right",
+        flash_backward_with(scaled=False),
+    ),
+]
 
 BUGS: list[Bug] = [
     *_STEP_LIST,
@@ -645,6 +939,7 @@ BUGS: list[Bug] = [
         online_update_nan,
     ),
     *_MORE,
+    *_NEW,
 ]
 
 
