@@ -267,3 +267,26 @@ def test_a_crash_and_a_missing_gradient_are_diagnosed_through_the_child_process_
     report = check_file(path)
     for function, key in _expected(path).items():
         assert report[function].status == "FAIL" and report[function].bug.key == key, str(report)
+
+
+def test_exercise_13s_reference_pair_is_attention():
+    """The flash pair of checker.reference (the key-block loop, whole query rows) against the library's attention, with
+    a block that does not divide Lk, a mask and a fully masked row (context and gradients 0 there)."""
+    from mha_numpy import functional as F
+
+    rng = np.random.default_rng(5)
+    q, k, v = (
+        3 * rng.standard_normal((2, 2, 4, 3)),
+        rng.standard_normal((2, 2, 7, 3)),
+        rng.standard_normal((2, 2, 7, 5)),
+    )
+    mask = rng.random((2, 1, 4, 7)) > 0.4
+    mask[1, 0, 3] = False
+    out, cache = R.flash_attention_forward(q, k, v, mask, 3)
+    ref, ref_cache = F.scaled_dot_product_attention_forward(q, k, v, mask)
+    assert np.abs(out - ref).max() <= 1e-14 * np.abs(ref).max() and np.all(out[1, :, 3] == 0)
+    d = rng.standard_normal(out.shape)
+    got, want = R.flash_attention_backward(d, cache), F.scaled_dot_product_attention_backward(d, ref_cache)[:3]
+    scale = max(np.abs(w).max() for w in want)
+    assert all(np.abs(g - w).max() <= 1e-13 * scale for g, w in zip(got, want))
+    assert np.all(got[0][1, :, 3] == 0)
