@@ -290,3 +290,18 @@ def test_exercise_13s_reference_pair_is_attention():
     scale = max(np.abs(w).max() for w in want)
     assert all(np.abs(g - w).max() <= 1e-13 * scale for g, w in zip(got, want))
     assert np.all(got[0][1, :, 3] == 0)
+
+
+def test_a_right_backward_behind_a_wrong_cache_is_told_so():
+    """A forward whose output is right but whose cache holds ℓ for 1/ℓ: its backward fails, and the row says that
+    the same backward is right on the reference forward's cache (the forward's cache is the mistake). Without the
+    hint a student would hunt for the bug in a correct backward."""
+    from mha_numpy.checker import load_student
+
+    report = check_namespace(load_student(Path(__file__).parent / "data" / "students" / "flash_cache_l.py"))
+    assert report["flash_attention_forward"].status == "PASS"
+    row = report["flash_attention_backward"]
+    assert row.status == "FAIL" and "with the reference forward's cache it is right" in row.detail, str(report)
+    ns = correct_namespace()  # a backward that is wrong on any cache gets no such hint
+    ns["softmax_backward"] = bugs.softmax_backward_diagonal
+    assert "reference forward's cache" not in check_namespace(ns, only=["softmax"])["softmax_backward"].detail

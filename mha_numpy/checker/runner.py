@@ -215,9 +215,27 @@ def check_backward(pair: Pair, student, own_forward: bool, rng, forward_failed: 
                 f"d{name} vs finite differences", got.get(name), numerical[name], scale, FD_RTOL
             )
             if problem:
+                if own_forward and _right_on_reference_cache(student, pair, case, d_out, expected, scale):
+                    problem += (
+                        f"; with the reference forward's cache it is right: {forward_name}'s output passed, but its"
+                        " cache holds something else than what the backward reads"
+                    )
                 raise _Failed(problem, lambda: matching_bug(function, got, run_variant, scale, expected))
 
     return run_cases(function, pair.cases(rng), run_case, student)
+
+
+def _right_on_reference_cache(student, pair: Pair, case: Case, d_out, expected: dict, scale: float) -> bool:
+    """True when the student's backward, given the reference forward's cache, returns the expected gradients: then
+    the student's forward is what is wrong, in the cache it returns (1/ℓ stored as ℓ, a NaN kept for a masked row)."""
+    try:
+        result = student.call(f"{pair.name}_backward", [("d_out", d_out), ("cache", pair.forward(*case.values())[1])])
+        got = gradients(pair, result, case)
+    except (Abort, StudentFileError):
+        raise
+    except Exception:  # noqa: BLE001 - a backward written for its own cache's layout: no hint
+        return False
+    return all(compare(n, got.get(n), expected[n], scale) is None for n in pair.owed(case))
 
 
 def check_online_softmax(student, rng) -> Row:
