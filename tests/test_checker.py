@@ -305,3 +305,11 @@ def test_a_right_backward_behind_a_wrong_cache_is_told_so():
     ns = correct_namespace()  # a backward that is wrong on any cache gets no such hint
     ns["softmax_backward"] = bugs.softmax_backward_diagonal
     assert "reference forward's cache" not in check_namespace(ns, only=["softmax"])["softmax_backward"].detail
+
+
+def test_a_flash_backward_with_d_from_the_whole_rows_p_dp_passes():
+    """D = Σ_j P_j ∘ dP_j over the whole row equals rowsum(dO ∘ O): a correct variant, not the tile-D bug."""
+    from mha_numpy.checker import load_student
+
+    report = check_namespace(load_student(Path(__file__).parent / "data" / "students" / "flash_D_from_p_dp.py"))
+    assert report.passed and len(report.rows) == 2, str(report)

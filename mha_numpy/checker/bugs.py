@@ -1,8 +1,10 @@
 """The classic backward bugs, each a buggy variant of a reference function, switchable by its key.
 
 The checker recognises a student's mistake by running these variants on the same inputs and
-finding the one the student's output matches; the bug gallery (notebooks/10_bug_gallery.ipynb)
-switches them on one at a time and measures which checks catch them. ``BUGS`` lists them all;
+finding the one the student's output matches (or, for a ``by_error`` bug such as ``.T`` on a 4-D array, the
+one that raises the error the student's function raised); the bug gallery (notebooks/10_bug_gallery.ipynb)
+switches them on one at a time and measures which checks catch them. ``BUGS`` lists them all (BERT's steps,
+then ``_MORE``, then ``_NEW``: exercises 11-13's RoPE, repeat_kv, relative bias, soft-cap, sinks and flash);
 ``sdpa_pair(key)`` is attention (softmax(q kᵀ·scale + mask) v) composed from the reference
 pairs with the step that ``key`` names replaced by its buggy variant.
 """
@@ -261,7 +263,7 @@ def rope_backward_not_inverted(d_out, cache):
 
 
 def rope_forward_wrong_direction(x, positions=None, theta=10000.0):
-    out, (cos, sin) = F.rope_forward(x, positions, theta)
+    _, (cos, sin) = F.rope_forward(x, positions, theta)  # the reference's angles, broadcastable to x
     return x * cos - F.rotate_half(x) * sin, (cos, sin)  # BUG: turned by -θ ([x2, -x1] for rotate_half)
 
 
@@ -941,6 +943,7 @@ BUGS: list[Bug] = [
     *_MORE,
     *_NEW,
 ]
+EXTRA: list[Bug] = [*_MORE, *_NEW]  # diagnosed by the checker, not (yet) in notebook 10's gallery table
 
 
 def find(key: str, function: str | None = None) -> Bug:
