@@ -245,6 +245,48 @@ def layer_norm_cases(rng):
     ]
 
 
+def repeat_kv_cases(rng):
+    return [
+        Case("x (2, 2, 3, 4), n_rep=3", [("x", _randn(rng, 2, 2, 3, 4)), ("n_rep", 3)]),
+        Case("x (1, 3, 2, 2), n_rep=2", [("x", _randn(rng, 1, 3, 2, 2)), ("n_rep", 2)]),
+    ]
+
+
+def rope_cases(rng):
+    decoding = np.array([[5, 6, 7], [0, 1, 2]])  # (B, L): each sequence at its own offset (a KV cache)
+    return [
+        Case("x (2, 2, 5, 4), positions None", [("x", _randn(rng, 2, 2, 5, 4)), ("positions", None), ("theta", 100.0)]),
+        Case(
+            "x (2, 3, 3, 6), positions (2, 3)",
+            [("x", _randn(rng, 2, 3, 3, 6)), ("positions", decoding), ("theta", 10.0)],
+        ),
+    ]
+
+
+def relative_position_bias_cases(rng):
+    return [
+        Case("table (2, 5), Lq=4, Lk=6 (distances clipped)", [("table", _randn(rng, 2, 5)), ("Lq", 4), ("Lk", 6)]),
+        Case("table (3, 3), Lq=5, Lk=3", [("table", _randn(rng, 3, 3)), ("Lq", 5), ("Lk", 3)]),
+    ]
+
+
+def soft_cap_cases(rng):
+    return [
+        Case("scores (2, 2, 3, 5), cap=2", [("scores", 3 * _randn(rng, 2, 2, 3, 5)), ("cap", 2.0)]),
+        Case("scores (1, 3, 4, 4), cap=0.5", [("scores", _randn(rng, 1, 3, 4, 4)), ("cap", 0.5)]),
+    ]
+
+
+def sink_softmax_cases(rng):
+    x = 2 * _randn(rng, 2, 2, 3, 5)
+    x[1, 0, 2, :] = -np.inf  # a fully masked row: its whole weight on the sink
+    x[0, 1, 0, 1] = -np.inf  # one blocked key
+    return [
+        Case("x (2, 2, 3, 5) with a fully masked row, sink (2, 1)", [("x", x), ("sink", _randn(rng, 2, 1))]),
+        Case("x (1, 3, 4, 2), sink (3, 1)", [("x", _randn(rng, 1, 3, 4, 2)), ("sink", 1.5 + _randn(rng, 3, 1))]),
+    ]
+
+
 # --------------------------------------------------------------------------- check_functional's cases
 
 
@@ -427,8 +469,8 @@ PAIRS: list[Pair] = [
         attention_context_cases,
         attention_context_sample,
     ),
-    Pair("repeat_kv", F.repeat_kv_forward, F.repeat_kv_backward, ("x",), sample=repeat_kv_sample),
-    Pair("rope", F.rope_forward, F.rope_backward, ("x",), sample=rope_sample),
+    Pair("repeat_kv", F.repeat_kv_forward, F.repeat_kv_backward, ("x",), repeat_kv_cases, repeat_kv_sample),
+    Pair("rope", F.rope_forward, F.rope_backward, ("x",), rope_cases, rope_sample),
     Pair(
         "scaled_dot_product_attention",
         F.scaled_dot_product_attention_forward,
@@ -474,7 +516,7 @@ PAIRS: list[Pair] = [
     Pair("silu", LY.silu_forward, LY.silu_backward, ("x",), sample=silu_sample),
     Pair("swiglu", LY.swiglu_forward, LY.swiglu_backward, ("x", "W_gate", "W_up", "W_down"), sample=swiglu_sample),
     Pair("mean_pool", LY.mean_pool_forward, LY.mean_pool_backward, ("x",), sample=mean_pool_sample),
-    Pair("soft_cap", F.soft_cap_forward, F.soft_cap_backward, ("scores",), sample=soft_cap_sample),
+    Pair("soft_cap", F.soft_cap_forward, F.soft_cap_backward, ("scores",), soft_cap_cases, soft_cap_sample),
     Pair(
         "rope_interleaved",
         F.rope_interleaved_forward,
@@ -489,7 +531,21 @@ PAIRS: list[Pair] = [
         ("a", "b"),
         sample=concat_features_sample,
     ),  # fmt: skip
-    Pair("sink_softmax", F.sink_softmax_forward, F.sink_softmax_backward, ("x", "sink"), sample=sink_softmax_sample),
+    Pair(
+        "sink_softmax",
+        F.sink_softmax_forward,
+        F.sink_softmax_backward,
+        ("x", "sink"),
+        sink_softmax_cases,
+        sink_softmax_sample,
+    ),
+    Pair(
+        "relative_position_bias",
+        F.relative_position_bias_forward,
+        F.relative_position_bias_backward,
+        ("table",),
+        relative_position_bias_cases,
+    ),
     Pair("diff_values", F.diff_values_forward, F.diff_values_backward, ("v",), sample=diff_values_sample),
     Pair(
         "diff_lambda",

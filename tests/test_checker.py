@@ -59,6 +59,8 @@ def test_each_known_bug_is_caught_with_its_diagnosis(bug):
     ns[bug.function] = bug.impl
     if bug.function.endswith("_backward"):  # the forward whose cache the buggy backward reads
         ns[bug.function.replace("_backward", "_forward")] = bug.forward or _spec(bug.pair).forward
+    if bug.key == "dropout_not_inverted":  # the solutions' dropout cache is (keep_mask, p), the reference's
+        del ns["dropout_backward"]  # (keep_mask, 1/(1-p)): a backward fed the reference cache misreads it
     report = check_namespace(ns, only=[_pair(bug.function)])
     row = report[bug.function]
     assert row.status == "FAIL"
@@ -214,12 +216,12 @@ def test_functions_of_unknown_pairs_are_listed_not_failed():
 
 def test_the_checker_grades_the_registry_pairs_with_the_registry_functions():
     """One registry: each pair of mha_numpy.pairs with course cases is graded (the same object, so the same
-    reference functions and cases); the only course-only pair is self-attention."""
+    reference functions and cases); the only course-only pairs are self-attention and exercise 13's flash pair."""
     from mha_numpy import pairs
 
     graded = {p.name: p for p in PAIRS}
     assert all(graded[p.name] is p for p in pairs.PAIRS if p.cases is not None)
-    assert set(graded) - {p.name for p in pairs.PAIRS} == {"self_attention"}
+    assert set(graded) - {p.name for p in pairs.PAIRS} == {"self_attention", "flash_attention"}
 
 
 def _sdpa(backward):
@@ -242,3 +244,86 @@ def test_attention_backward_returns_one_gradient_per_input_of_its_forward():
     assert row.status == "FAIL" and "returned 2 gradients, expected 3 (dq, dk, dv)" in row.detail
     row = check_namespace(_sdpa(lambda d, cache: (*student(d, cache), d)))["scaled_dot_product_attention_backward"]
     assert row.status == "FAIL" and "returned 4 gradients, expected 3" in row.detail
+
+
+STUDENTS = sorted((Path(__file__).parent / "data" / "students").glob("*.py"))
+
+
+def _expected(path: Path) -> dict[str, str]:
+    """{function: bug key} from the file's ``# expect: FUNCTION KEY`` lines (a file without one: no catalogued bug)."""
+    lines = [line.split()[2:] for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("# expect:")]
+    return {function: key for function, key in lines}
+
+
+@pytest.mark.parametrize("path", [p for p in STUDENTS if _expected(p)], ids=lambda p: p.stem)
+def test_each_buggy_student_file_fails_where_the_bug_is_and_names_it(path):
+    """A student's file written by hand (not a variant of bugs.py): the function with the catalogued bug FAILs with
+    that bug's diagnosis, every other function of the file passes."""
+    from mha_numpy.checker import load_student
+
+    expected = _expected(path)
+    report = check_namespace(load_student(path), source=path.name)
+    for row in report.rows:
+        if row.function in expected:
+            assert row.status == "FAIL", str(report)
+            assert row.bug is not None and row.bug.key == expected[row.function], str(report)
+            assert row.bug.wrote in str(report)
+        else:
+            assert row.status == "PASS", str(report)
+    assert set(expected) <= {r.function for r in report.rows}
+
+
+@pytest.mark.parametrize("name", ["scores_dot_t", "linear_no_db"])
+def test_a_crash_and_a_missing_gradient_are_diagnosed_through_the_child_process_too(name):
+    """check_file runs the file in a child process, which sends back only the start of an error message: `.T` on
+    4-D arrays is still named; ``return dx, dW`` (a gradient short) is named, not only counted."""
+    path = next(p for p in STUDENTS if p.stem == name)
+    report = check_file(path)
+    for function, key in _expected(path).items():
+        assert report[function].status == "FAIL" and report[function].bug.key == key, str(report)
+
+
+def test_exercise_13s_reference_pair_is_attention():
+    """The flash pair of checker.reference (the key-block loop, whole query rows) against the library's attention, with
+    a block that does not divide Lk, a mask and a fully masked row (context and gradients 0 there)."""
+    from mha_numpy import functional as F
+
+    rng = np.random.default_rng(5)
+    q, k, v = (
+        3 * rng.standard_normal((2, 2, 4, 3)),
+        rng.standard_normal((2, 2, 7, 3)),
+        rng.standard_normal((2, 2, 7, 5)),
+    )
+    mask = rng.random((2, 1, 4, 7)) > 0.4
+    mask[1, 0, 3] = False
+    out, cache = R.flash_attention_forward(q, k, v, mask, 3)
+    ref, ref_cache = F.scaled_dot_product_attention_forward(q, k, v, mask)
+    assert np.abs(out - ref).max() <= 1e-14 * np.abs(ref).max() and np.all(out[1, :, 3] == 0)
+    d = rng.standard_normal(out.shape)
+    got, want = R.flash_attention_backward(d, cache), F.scaled_dot_product_attention_backward(d, ref_cache)[:3]
+    scale = max(np.abs(w).max() for w in want)
+    assert all(np.abs(g - w).max() <= 1e-13 * scale for g, w in zip(got, want))
+    assert np.all(got[0][1, :, 3] == 0)
+
+
+def test_a_right_backward_behind_a_wrong_cache_is_told_so():
+    """A forward whose output is right but whose cache holds ℓ for 1/ℓ: its backward fails, and the row says that
+    the same backward is right on the reference forward's cache (the forward's cache is the mistake). Without the
+    hint a student would hunt for the bug in a correct backward."""
+    from mha_numpy.checker import load_student
+
+    report = check_namespace(load_student(Path(__file__).parent / "data" / "students" / "flash_cache_l.py"))
+    assert report["flash_attention_forward"].status == "PASS"
+    row = report["flash_attention_backward"]
+    assert row.status == "FAIL" and "with the reference forward's cache it is right" in row.detail, str(report)
+    ns = correct_namespace()  # a backward that is wrong on any cache gets no such hint
+    ns["softmax_backward"] = bugs.softmax_backward_diagonal
+    assert "reference forward's cache" not in check_namespace(ns, only=["softmax"])["softmax_backward"].detail
+
+
+def test_a_flash_backward_with_d_from_the_whole_rows_p_dp_passes():
+    """D = Σ_j P_j ∘ dP_j over the whole row equals rowsum(dO ∘ O): a correct variant, not the tile-D bug."""
+    from mha_numpy.checker import load_student
+
+    report = check_namespace(load_student(Path(__file__).parent / "data" / "students" / "flash_D_from_p_dp.py"))
+    assert report.passed and len(report.rows) == 2, str(report)

@@ -11,7 +11,7 @@ from mha_numpy.checker import reference as R
 
 @pytest.fixture(scope="module")
 def table() -> dict:
-    return {(m.bug.key, m.bug.function): m for m in (gallery.measure(b) for b in gallery.gallery_bugs())}
+    return {(m.bug.key, m.bug.function): m for m in (gallery.measure(b) for b in gallery.gallery_bugs(every=True))}
 
 
 def test_self_attention_pair_without_bugs_is_multi_head_attention():
@@ -54,3 +54,10 @@ def test_reshape_only_split_passes_finite_differences_but_not_the_reference(tabl
 def test_mask_leak_is_hidden_by_the_module_and_caught_by_the_unit_check(table):
     m = table["mask_leak", "apply_mask_backward"]
     assert m.caught("unit · random") and not m.caught("module · random") and not m.caught("module · FD")
+
+
+def test_notebook_10s_table_lists_the_bugs_it_was_written_for_and_every_one_on_request():
+    shown, every = gallery.gallery_bugs(), gallery.gallery_bugs(every=True)
+    assert not {id(b) for b in shown} & {id(b) for b in bugs.EXTRA}
+    listed = {(b.key, b.pair) for b in bugs.EXTRA if b.pair != "scaled_dot_product_attention"}  # one row a pair
+    assert listed and listed <= {(b.key, b.pair) for b in every}

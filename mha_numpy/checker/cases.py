@@ -1,7 +1,8 @@
 """The pairs the course checker grades, and the cases of the two checks that are not a library pair.
 
-``PAIRS``: every pair of the registry (``mha_numpy.pairs``) that has course cases, then self-attention, a
-course pair on ``MultiHeadAttention`` (its reference lives in ``checker.reference``). ``online_softmax_cases``
+``PAIRS``: every pair of the registry (``mha_numpy.pairs``) that has course cases, then two course pairs whose
+references live in ``checker.reference``: self-attention (on ``MultiHeadAttention``) and exercise 13's
+FlashAttention pair (the key-block loop, its cache holding m and 1/ℓ). ``online_softmax_cases``
 are the calls of the online-softmax update (exercise 7), which is a step, not a pair.
 """
 
@@ -44,6 +45,28 @@ def online_softmax_cases(rng):
     ]
 
 
+def flash_attention_cases(rng):
+    """Exercise 13: Lk not a multiple of the block, scores whose max grows tile after tile, a fully masked row."""
+    mask = rng.random((2, 1, 4, 5)) > 0.35
+    mask[..., 0] = True
+    mask[1, 0, 2, :] = False  # a query with no key allowed: zero weights, context and gradients
+    return [
+        Case(
+            "q (2, 2, 3, 4), k, v (2, 2, 7, 4), block 3, no mask",
+            [("q", 3 * rng.standard_normal((2, 2, 3, 4))), ("k", rng.standard_normal((2, 2, 7, 4)))]
+            + [("v", rng.standard_normal((2, 2, 7, 4))), ("mask", None), ("block", 3)],
+        ),
+        Case(
+            "q (2, 2, 4, 3), k (2, 2, 5, 3), v (2, 2, 5, 2), block 2, mask with a fully masked row",
+            [("q", rng.standard_normal((2, 2, 4, 3))), ("k", rng.standard_normal((2, 2, 5, 3)))]
+            + [("v", rng.standard_normal((2, 2, 5, 2))), ("mask", mask), ("block", 2)],
+        ),
+    ]
+
+
+FLASH_ATTENTION = Pair(
+    "flash_attention", R.flash_attention_forward, R.flash_attention_backward, ("q", "k", "v"), flash_attention_cases
+)
 SELF_ATTENTION = Pair(
     "self_attention",
     R.self_attention_forward,
@@ -51,7 +74,7 @@ SELF_ATTENTION = Pair(
     ("x", "W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o"),
     self_attention_cases,
 )
-PAIRS: list[Pair] = [p for p in pairs.PAIRS if p.cases is not None] + [SELF_ATTENTION]
+PAIRS: list[Pair] = [p for p in pairs.PAIRS if p.cases is not None] + [SELF_ATTENTION, FLASH_ATTENTION]
 ONLINE_SOFTMAX = "online_softmax_update"  # the one checked function that is not half of a pair
 
 

@@ -3,7 +3,8 @@
 ``compare`` judges a whole tensor by its absolute error against the largest expected entry of the
 case (a quantity that is zero in theory is never judged against its own rounding noise);
 ``matching_bug`` runs every buggy variant of ``bugs.BUGS`` for the function on the same inputs and
-returns the one the student's output reproduces, among those that differ from the correct answer there.
+returns the one the student's output reproduces, among those that differ from the correct answer there;
+``crash_bug`` names the variant that raises the error the student's function raised.
 """
 
 from __future__ import annotations
@@ -52,9 +53,16 @@ def _worst(name, got, expected, scale, rtol):
 
 
 def matches(got: dict, variant: dict, scale: float) -> bool:
-    """True when every array in ``got`` equals the variant's array of the same name (same shape, same NaNs)."""
+    """True when every array in ``got`` equals the variant's array of the same name (same shape, same NaNs);
+    None (a gradient not returned) equals None only."""
     common = [n for n in got if n in variant]
-    return bool(common) and all(compare(n, got[n], variant[n], scale) is None for n in common)
+    return bool(common) and all(_same(n, got[n], variant[n], scale) for n in common)
+
+
+def _same(name: str, got, variant, scale: float) -> bool:
+    if got is None or variant is None:
+        return got is None and variant is None
+    return compare(name, got, variant, scale) is None
 
 
 def matching_bug(function: str, got: dict, run_variant, scale: float, expected: dict) -> bugs.Bug | None:
@@ -71,4 +79,21 @@ def matching_bug(function: str, got: dict, run_variant, scale: float, expected: 
             continue
         if matches(got, variant, scale) and not matches(expected, variant, scale):
             return bug
+    return None
+
+
+def crash_bug(function: str, same_error, run_variant) -> bugs.Bug | None:
+    """The first bug of ``function`` known by its error (``Bug.by_error``) whose variant raises, on the same inputs,
+    the error the student's function raised (``same_error(variant's exception)`` says whether it is that one).
+
+    NumPy's message for ``k.T @ q`` on 4-D arrays names shapes, not the transpose; the same message from the
+    variant that wrote ``.T`` names the mistake. A variant that does not raise here matches nothing.
+    """
+    for bug in (b for b in bugs.for_function(function) if b.by_error):
+        try:
+            with np.errstate(all="ignore"):
+                run_variant(bug)
+        except Exception as exc:  # noqa: BLE001 - the variant's crash is what is compared
+            if same_error(exc):
+                return bug
     return None

@@ -23,7 +23,7 @@ from . import bugs, cases
 from . import reference as R
 from .capstone import MODEL, Capstone
 from .capstone_block import BLOCK
-from .diagnose import compare, matching_bug, scale_of
+from .diagnose import compare, crash_bug, matching_bug, scale_of
 from .load import StudentFileError
 from .student import Abort, Mutated, StudentFault
 
@@ -50,9 +50,10 @@ class Row:
 class _Failed(Exception):
     """A case failed: the message is the row's detail; ``find_bug()`` looks for the known bug it matches."""
 
-    def __init__(self, detail: str, find_bug=None):
+    def __init__(self, detail: str, find_bug=None, crash: bool = False):
         super().__init__(detail)
         self.find_bug = find_bug
+        self.crash = crash  # the student's function raised: its diagnosis matched an error message, not values
 
 
 def _out(result):
@@ -89,17 +90,51 @@ def _finite_difference(forward_many, case: Case, name: str, d_out) -> np.ndarray
     return numerical_gradient(lambda _x: finite(next(outputs)), case.array(name), d_out)
 
 
-def _grads(pair: Pair, result, case: Case) -> dict:
+def raised(exc: BaseException) -> str:
+    """A student's exception as its row's detail says it: "raised ValueError: <its first line>" (a StudentFault, from
+    a child process, already says so)."""
+    if isinstance(exc, StudentFault):
+        return str(exc)
+    message = (str(exc).splitlines() or [""])[0][:100]
+    return f"raised {type(exc).__name__}{': ' + message if message else ''}"
+
+
+def _call(student, function: str, args, run_variant, **kw):
+    """``student.call``; a crash becomes a FAIL whose diagnosis is the known bug that raises the same error here
+    (``.T`` on a 4-D array: NumPy's message names no transpose, the diagnosis does)."""
     try:
-        return gradients(pair, result, case)
-    except ReturnConventionError as e:
-        raise _Failed(str(e)) from None
+        return student.call(function, args, **kw)
+    except (NotImplementedError, Mutated, Abort, StudentFileError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the student's crash (here, or a StudentFault from a child process)
+        same = _same_error(exc)
+        raise _Failed(raised(exc), lambda: crash_bug(function, same, run_variant), crash=True) from exc
+
+
+def _same_error(exc: Exception):
+    """``same(variant's exception) -> bool``: the same type and message (as far as a child process sent it)."""
+    if isinstance(exc, StudentFault):  # from a child process: only its first 100 characters came back
+        return lambda other: raised(other) == str(exc)
+    return lambda other: type(other) is type(exc) and str(other) == str(exc)
+
+
+def _padded(pair: Pair, result, case: Case) -> dict:
+    """A backward's result that owes more gradients than it returned, read as the first ones with None for the
+    rest (a forgotten bias gradient: ``return dx, dW``), so that a diagnosis can recognise it."""
+    given = pair.owed(case)
+    result = list(result) if isinstance(result, tuple | list) else [result]
+    return dict(zip(given, result + [None] * (len(given) - len(result))))
 
 
 def run_cases(function: str, case_list, run_case, student) -> Row:
-    """Row for ``function``: PASS if ``run_case(case)`` passes on every case; else the first failure, diagnosed."""
+    """Row for ``function``: PASS if ``run_case(case)`` passes on every case; else the first failure, diagnosed.
+
+    The diagnosis: the first known bug whose output the student's reproduces on a case, else the first whose error
+    a crash of the student's function repeats (equal values say more than an equal message: a swapped transpose
+    crashes where Lq != Lk, as `.T` does, and only the square case tells them apart).
+    """
     student.start(function)
-    first, bug = None, None
+    first, bug, crash_guess = None, None, None
     for case in case_list:
         try:
             with np.errstate(all="ignore"):  # a student's NaN is reported in the row, not as a warning
@@ -110,29 +145,31 @@ def run_cases(function: str, case_list, run_case, student) -> Row:
             return Row(function, "FAIL", f"{stop} [case {case.label}]")
         except (_Failed, Mutated, StudentFault) as failure:
             first = first or f"{failure} [case {case.label}]"
-            if bug is None and getattr(failure, "find_bug", None) is not None:
+            if getattr(failure, "find_bug", None) is None:
+                continue
+            if getattr(failure, "crash", False):
+                crash_guess = crash_guess or failure.find_bug()
+            elif bug is None:
                 bug = failure.find_bug()
         except StudentFileError:  # the file cannot be run again: not a verdict on this function
             raise
         except Exception as exc:  # noqa: BLE001 - a student's crash (in this process) is a FAIL, not ours
-            message = (str(exc).splitlines() or [""])[0][:100]
-            first = first or f"raised {type(exc).__name__}: {message} [case {case.label}]"
-    return Row(function, "PASS") if first is None else Row(function, "FAIL", first, bug)
+            first = first or f"{raised(exc)} [case {case.label}]"
+    return Row(function, "PASS") if first is None else Row(function, "FAIL", first, bug or crash_guess)
 
 
 def check_forward(pair: Pair, student, rng) -> Row:
     function = f"{pair.name}_forward"
 
     def run_case(case):
-        got = _out(student.call(function, case.args, keep_cache=False))[0]
+        def run_variant(bug):
+            return {"out": bug.impl(*case.values())[0]}
+
+        got = _out(_call(student, function, case.args, run_variant, keep_cache=False))[0]
         expected = pair.forward(*case.values())[0]
         scale = scale_of([expected])
         problem = compare("out", got, expected, scale)
         if problem:
-
-            def run_variant(bug):
-                return {"out": bug.impl(*case.values())[0]}
-
             raise _Failed(problem, lambda: matching_bug(function, {"out": got}, run_variant, scale, {"out": expected}))
 
     return run_cases(function, pair.cases(rng), run_case, student)
@@ -157,16 +194,23 @@ def check_backward(pair: Pair, student, own_forward: bool, rng, forward_failed: 
             out, cache = pair.forward(*case.values())
         # a random upstream gradient, never ones: an all-ones one hides a swapped transpose or a mean-for-sum
         d_out = rng.standard_normal() if pair.scalar_output else rng.standard_normal(np.shape(out))
+
+        def run_variant(bug):
+            return gradients(pair, bug.impl(d_out, (bug.forward or pair.forward)(*case.values())[1]), case)
+
         try:
-            result = student.call(function, [("d_out", d_out), ("cache", cache)])
-        except (NotImplementedError, Mutated, Abort, StudentFileError):
-            raise
-        except Exception as exc:  # the student's backward raised (here, or in a child process: StudentFault)
+            result = _call(student, function, [("d_out", d_out), ("cache", cache)], run_variant)
+        except _Failed as failed:
             if not forward_failed:
                 raise
-            raise _Failed(f"not checked: fix {forward_name} first, the backward reads its cache") from exc
-        got = _grads(pair, result, case)
+            detail = f"not checked: fix {forward_name} first, the backward reads its cache"
+            raise _Failed(detail, failed.find_bug, crash=True) from failed  # a crash a known bug makes: named
         expected = gradients(pair, pair.backward(d_out, pair.forward(*case.values())[1]), case)
+        try:
+            got = gradients(pair, result, case)
+        except ReturnConventionError as e:
+            padded, scale = _padded(pair, result, case), scale_of(expected.values())
+            raise _Failed(str(e), lambda: matching_bug(function, padded, run_variant, scale, expected)) from None
         numerical = finite_differences(forward_many, case, pair.owed(case), d_out)
         scale = scale_of([*expected.values(), *numerical.values()])
         for name in pair.owed(case):
@@ -174,13 +218,27 @@ def check_backward(pair: Pair, student, own_forward: bool, rng, forward_failed: 
                 f"d{name} vs finite differences", got.get(name), numerical[name], scale, FD_RTOL
             )
             if problem:
-
-                def run_variant(bug):
-                    return gradients(pair, bug.impl(d_out, (bug.forward or pair.forward)(*case.values())[1]), case)
-
+                if own_forward and _right_on_reference_cache(student, pair, case, d_out, expected, scale):
+                    problem += (
+                        f"; with the reference forward's cache it is right: {forward_name}'s output passed, but its"
+                        " cache holds something else than what the backward reads"
+                    )
                 raise _Failed(problem, lambda: matching_bug(function, got, run_variant, scale, expected))
 
     return run_cases(function, pair.cases(rng), run_case, student)
+
+
+def _right_on_reference_cache(student, pair: Pair, case: Case, d_out, expected: dict, scale: float) -> bool:
+    """True when the student's backward, given the reference forward's cache, returns the expected gradients: then
+    the student's forward is what is wrong, in the cache it returns (1/ℓ stored as ℓ, a NaN kept for a masked row)."""
+    try:
+        result = student.call(f"{pair.name}_backward", [("d_out", d_out), ("cache", pair.forward(*case.values())[1])])
+        got = gradients(pair, result, case)
+    except (Abort, StudentFileError):
+        raise
+    except Exception:  # noqa: BLE001 - a backward written for its own cache's layout: no hint
+        return False
+    return all(compare(n, got.get(n), expected[n], scale) is None for n in pair.owed(case))
 
 
 def check_online_softmax(student, rng) -> Row:
