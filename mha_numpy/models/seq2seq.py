@@ -259,11 +259,15 @@ class Seq2SeqCache:
 @dataclass
 class GreedyDecoding:
     """tokens (B, n) the decoded ids (BOS not included); logits (B, n, V) each step's; cross_attentions: one
-    (B, H, n, Ls) per decoder layer, row t the weights with which step t read the source."""
+    (B, H, n, Ls) per decoder layer, row t the weights with which step t read the source; kv_caches: each decoder
+    layer's self-attention ``KVCache`` at the end (n positions: one appended a step); cross_kv: each layer's
+    cross-attention K, V (B, H, Ls, d), projected once from the memory."""
 
     tokens: np.ndarray
     logits: np.ndarray
     cross_attentions: tuple[np.ndarray, ...]
+    kv_caches: tuple[KVCache, ...]
+    cross_kv: tuple[tuple[np.ndarray, np.ndarray], ...]
 
 
 class Seq2SeqModel:
@@ -452,7 +456,8 @@ class Seq2SeqModel:
             tokens.append(token)
             logits.append(step_logits)
         cross = tuple(np.concatenate(w, axis=2) for w in weights)  # (B, H, length, Ls) per layer
-        return GreedyDecoding(np.concatenate(tokens, axis=1), np.concatenate(logits, axis=1), cross)
+        return GreedyDecoding(np.concatenate(tokens, axis=1), np.concatenate(logits, axis=1), cross, tuple(caches),
+                              tuple(kvs))  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the task: reverse a sequence
@@ -488,7 +493,7 @@ def train_reverse(
     config: Seq2SeqConfig = Seq2SeqConfig(),
     *,
     length: int = 8,
-    steps: int = 300,
+    steps: int = 150,
     batch_size: int = 64,
     lr: float = 3e-3,
     max_grad_norm: float = 1.0,
