@@ -179,6 +179,8 @@ def test_bad_input_names_the_argument():
         model.greedy_decode(src, 7)
     with pytest.raises(ValueError, match="weight src_pos.weight"):
         Seq2SeqModel(SMALL, {**before, "src_pos.weight": np.zeros((5, 8))})
+    with pytest.raises(ValueError, match="num_decoder_layers"):
+        Seq2SeqModel.random(Seq2SeqConfig(num_decoder_layers=0))
     with pytest.raises(ValueError, match="lack 1"):
         Seq2SeqModel(SMALL, {n: p for n, p in before.items() if n != "generator.bias"})
     assert all(np.array_equal(model.params[n], before[n]) for n in before)  # nothing was touched

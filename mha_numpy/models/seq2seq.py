@@ -279,6 +279,8 @@ class Seq2SeqModel:
 
     def __init__(self, config: Seq2SeqConfig, weights: dict[str, np.ndarray], dtype=np.float64) -> None:
         dtype, c = as_float_dtype(dtype), config
+        as_int(c.num_encoder_layers, "num_encoder_layers", minimum=0)
+        as_int(c.num_decoder_layers, "num_decoder_layers", minimum=1)  # the decoder is the model's output
         if c.d_model % c.nhead:
             raise ValueError(f"d_model={c.d_model} is not divisible by nhead={c.nhead}")
         expected = param_shapes(c)
