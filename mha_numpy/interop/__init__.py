@@ -37,7 +37,8 @@ latent cache vs its ``DynamicCache``), ``gpt_oss`` (``from_hf_gpt_oss_attention`
 windows, GQA and RoPE vs ``GptOssAttention``), and ``diffllama``
 (``from_hf_diffllama_attention``, differential attention vs ``DiffLlamaAttention`` and its cache).
 Whole models: ``bert_model`` (``crosscheck_bert_model``) and ``llama_model`` (``from_hf_llama_model``, the decoder
-of ``models.decoder`` vs ``LlamaModel``, ``crosscheck_hf_llama_model``).
+of ``models.decoder`` vs ``LlamaModel``, ``crosscheck_hf_llama_model``), and ``seq2seq`` (``crosscheck_seq2seq``, the
+encoder–decoder of ``models.seq2seq`` vs ``torch.nn.Transformer``: logits, every gradient, the greedy decoding).
 """
 
 from __future__ import annotations

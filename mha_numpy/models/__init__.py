@@ -7,4 +7,6 @@
 - ``tiny``: ``TinyAttentionModel``, the one-layer model that ``mha_numpy.train`` trains.
 - ``bert``: a pretrained BERT encoder (all-MiniLM-L6-v2) in NumPy; ``bert_layer``: BERT's names for the block.
 - ``decoder``: ``DecoderModel``, a Llama-style decoder (causal, RoPE, GQA, RMSNorm, SwiGLU) under LlamaModel's names.
+- ``seq2seq``: ``Seq2SeqModel``, a tiny pre-norm encoder–decoder (``Block`` encoder layers, a ``DecoderLayer`` with
+  cross-attention), greedy decoding with the KV cache, and the reversal task its cross-attention learns.
 """
