@@ -171,6 +171,9 @@ W08 = np.array([[1.0, 2.0], [0.0, 1.0]])
 DY08 = np.array([1.0, -1.0])
 DK09 = np.array([1.0, 2.0, 3.0, 4.0]).reshape(1, 4, 1, 1)  # (B, H=4, L=1, d=1), two query heads per KV head
 S11 = np.array([10.0, 100.0])
+X00 = np.array([-1.0, 0.0, 2.0])  # notebook 00: the keys of a Nadaraya–Watson query at 0, sigma = 1
+C12 = [np.array([1.0, 0.0]).reshape(1, 1, 1, 2), np.array([0.0, 1.0]).reshape(1, 1, 1, 2)]  # two partials' contexts
+LSE12 = [np.full((1, 1, 1), np.log(2.0)), np.full((1, 1, 1), np.log(6.0))]  # their log-sum-exps: sums 2 and 6
 
 
 def _causal_tiles(L=8, tile=2):
@@ -272,4 +275,37 @@ QUESTIONS: dict[str, Judge] = {
     "11.sink": numbers(
         lambda: F.sink_softmax_forward(np.zeros(2), np.zeros(()))[0], "the sink adds exp(0) = 1 to the denominator"
     ),
+    # 00: the road to attention
+    "00.nw_weights": numbers(
+        lambda: F.softmax_forward(-((0.0 - X00) ** 2) / 2.0)[0],
+        "the Gaussian kernel's weights are a softmax of −(q − x)² / 2σ², not of q·x",
+    ),
+    "00.score_variance": numbers(
+        lambda: np.var(_products(64, 2.0)), "Var(q·k) = Σ Var(q_i k_i) and Var(q_i k_i) = v · v", rtol=0.05
+    ),
+    # 12: merging partial attention
+    "12.merge_context": numbers(
+        lambda: F.merge_attention_forward(C12, LSE12)[0][0].ravel(),
+        "each partial weighs by its share of the whole denominator, exp(lse_s − lse)",
+    ),
+    "12.merge_lse": numbers(
+        lambda: F.merge_attention_forward(C12, LSE12)[0][1].ravel()[0],
+        "the denominators add: lse = log(e^lse₁ + e^lse₂)",
+    ),
+    # 13: learned cross-attention
+    "13.cache_rows": exactly(
+        lambda: (5, 8),  # the self-attention cache grows one position a step; the memory's K is made once, 8 rows
+        "the decoder's self-attention keys are its own tokens so far; the cross-attention keys are the source's",
+    ),
+    "13.memory_grad_terms": exactly(
+        lambda: 2 * 2,  # every decoder layer's cross-attention reads the memory twice, as its keys and its values
+        "the memory is the key and the value of every decoder layer's cross-attention",
+    ),
 }
+
+
+def _products(d: int, v: float, n: int = 50_000) -> np.ndarray:
+    """n samples of q·k for q, k of d independent N(0, v) entries (seeded): an independent route to Var(q·k)."""
+    rng = np.random.default_rng(0)
+    q, k = rng.normal(0.0, np.sqrt(v), (2, n, d))  # (n, d) each
+    return np.einsum("nd,nd->n", q, k)  # (n,)
