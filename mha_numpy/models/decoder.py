@@ -110,17 +110,8 @@ class DecoderModel:
             raise ValueError(
                 f"hidden_size={c.hidden_size} is not divisible by num_attention_heads={c.num_attention_heads}"
             )
-        expected = param_shapes(c)
-        missing = [name for name in expected if name not in weights]
-        if missing:
-            raise ValueError(f"the weights lack {len(missing)} of the {len(expected)} tensors, e.g. {missing[:3]}")
-        for name, shape in expected.items():
-            if tuple(np.shape(weights[name])) != shape:
-                raise ValueError(
-                    f"weight {name} has shape {tuple(np.shape(weights[name]))}, the config implies {shape}"
-                )
         self.config, self.dtype = c, dtype
-        self.params: dict[str, np.ndarray] = {n: np.array(weights[n], dtype=dtype, copy=True) for n in expected}
+        self.params: dict[str, np.ndarray] = LY.checked_params(weights, param_shapes(c), dtype)
         self.layers = [self._layer(f"layers.{i}.") for i in range(c.num_hidden_layers)]
         self._token = object()  # identifies this model's caches
 

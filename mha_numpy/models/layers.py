@@ -30,6 +30,18 @@ def check_ids(ids, name: str, num_rows: int) -> np.ndarray:
     return ids
 
 
+def checked_params(weights, expected: dict, dtype) -> dict[str, np.ndarray]:
+    """A model's parameters from ``weights`` (name -> array): exactly the names of ``expected`` (name -> shape), each
+    of its shape, copied into ``dtype`` (the caller's arrays are never shared), or ValueError naming the first wrong."""
+    missing = [name for name in expected if name not in weights]
+    if missing:
+        raise ValueError(f"the weights lack {len(missing)} of the {len(expected)} tensors, e.g. {missing[:3]}")
+    for name, shape in expected.items():
+        if tuple(np.shape(weights[name])) != shape:
+            raise ValueError(f"weight {name} has shape {tuple(np.shape(weights[name]))}, the config implies {shape}")
+    return {name: np.array(weights[name], dtype=dtype, copy=True) for name in expected}
+
+
 def embedding_forward(ids: np.ndarray, table: np.ndarray):
     """Look up one row of ``table`` per id.
 

@@ -283,17 +283,8 @@ class Seq2SeqModel:
         as_int(c.num_decoder_layers, "num_decoder_layers", minimum=1)  # the decoder is the model's output
         if c.d_model % c.nhead:
             raise ValueError(f"d_model={c.d_model} is not divisible by nhead={c.nhead}")
-        expected = param_shapes(c)
-        missing = [name for name in expected if name not in weights]
-        if missing:
-            raise ValueError(f"the weights lack {len(missing)} of the {len(expected)} tensors, e.g. {missing[:3]}")
-        for name, shape in expected.items():
-            if tuple(np.shape(weights[name])) != shape:
-                raise ValueError(
-                    f"weight {name} has shape {tuple(np.shape(weights[name]))}, the config implies {shape}"
-                )
         self.config, self.dtype = c, dtype
-        self.params: dict[str, np.ndarray] = {n: np.array(weights[n], dtype=dtype, copy=True) for n in expected}
+        self.params: dict[str, np.ndarray] = LY.checked_params(weights, param_shapes(c), dtype)
         self.encoder_layers = [
             Block(
                 _attention(c, dtype),
