@@ -110,6 +110,8 @@ def run_items(work, items, num_threads: int) -> None:
     out: the threads finish at most one item apart. (Fixed groups of items did not: a group of late blocks
     could be left running alone at the end.) Called from an item that already runs on the pool (a kernel
     inside a BERT band), it runs the items in that thread: waiting for the pool from inside it would deadlock.
+    The pool's threads handle floating-point errors as the caller does (``np.errstate`` is per thread: a caller's
+    ``np.errstate(invalid="ignore")`` around a NaN input would not reach them otherwise).
     """
     if num_threads == 1 or len(items) <= 1 or getattr(_WORKER, "busy", False):
         for item in items:
@@ -120,11 +122,12 @@ def run_items(work, items, num_threads: int) -> None:
         if pool is None:
             pool = _POOLS[num_threads] = ThreadPoolExecutor(num_threads, thread_name_prefix="mha_numpy")
     queue, queue_lock, done = iter(items), threading.Lock(), object()
+    caller_errstate = np.geterr()  # the caller's floating-point error handling (np.errstate is per thread)
 
     def worker(_) -> None:
         _WORKER.busy = True
-        try:
-            with blas_single_threaded():  # a per-thread limit must be set in this thread too
+        try:  # a per-thread BLAS limit, and the caller's np.errstate, must be set in this thread too
+            with blas_single_threaded(), np.errstate(**caller_errstate):
                 while True:
                     with queue_lock:
                         item = next(queue, done)

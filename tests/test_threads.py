@@ -235,3 +235,21 @@ def test_one_attention_module_shared_by_threads_gives_each_the_result_it_gives_a
     for (out, grads), (out0, grads0) in zip(together, alone * 2):
         assert rel_err(out, out0) <= 64 * np.finfo(np.float64).eps and grads.keys() == grads0.keys()
         assert all(rel_err(grads[name], grads0[name]) <= 64 * np.finfo(np.float64).eps for name in grads)
+
+
+def test_the_pool_threads_handle_floating_point_errors_as_the_caller_does():
+    """np.errstate is per thread: a caller's errstate(invalid="ignore") around a NaN input must reach the pool's
+    threads too (the chunked kernel warned from them in the test run, issue 26), and "raise" must raise there."""
+    import warnings
+
+    from mha_numpy.threads import run_items
+
+    def work(_):
+        np.zeros(1) / np.zeros(1)  # 0 / 0: an "invalid" floating-point error
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a RuntimeWarning from any thread would fail the call
+        with np.errstate(invalid="ignore"):
+            run_items(work, range(4), 2)
+    with np.errstate(invalid="raise"), pytest.raises(FloatingPointError):
+        run_items(work, range(4), 2)
