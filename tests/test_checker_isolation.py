@@ -350,3 +350,41 @@ def test_check_file_from_python_runs_the_file_in_a_child_process(tmp_path):
     assert row.status == "FAIL" and "raised ValueError: pid" in row.detail
     assert f"pid {os.getpid()}" not in row.detail  # not this process
     assert "\n".join(lines) == str(report)
+
+
+def test_the_child_ends_when_the_checker_is_killed_while_a_student_loop_runs(tmp_path):
+    """A checker killed (SIGKILL: no close(), no time limit left) while the student's import loops forever: the
+    child must not run on as an orphan (two ran for an hour here after test runs were killed)."""
+    import signal
+    import time
+
+    student = tmp_path / "loops.py"
+    student.write_text("while True:\n    pass\n")
+    parent = textwrap.dedent(
+        f"""
+        import sys
+        from mha_numpy.checker.process import ChildProcess
+        import mha_numpy.checker.process as P
+        real = P.subprocess.Popen
+        def popen(*a, **k):
+            proc = real(*a, **k)
+            print(proc.pid, flush=True)  # the child's pid, for the test
+            return proc
+        P.subprocess.Popen = popen
+        ChildProcess({str(student)!r}, timeout=600)  # its import loops: this blocks
+        """
+    )
+    checker = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    child = int(checker.stdout.readline())
+    time.sleep(1.0)  # the child is importing the loop now
+    checker.send_signal(signal.SIGKILL)
+    checker.wait()
+    for _ in range(100):  # the watchdog looks every 0.5 s; the orphan's new parent reaps it
+        try:
+            os.kill(child, 0)  # still there?
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError("the checker's child outlived the checker")
