@@ -37,6 +37,7 @@ from .. import functional as F
 from .._checks import as_int, check_d_context, check_d_lse
 from ..masks import StructuredMask
 from .base import AttentionArgs, Kernel
+from .registry import get_kernel
 
 
 def key_shards(Lk: int, num_shards: int, block: int = 1) -> list[np.ndarray]:
@@ -107,8 +108,6 @@ class SplitKVKernel(Kernel):
     name = "split_kv"
 
     def __init__(self, num_shards: int = 2, inner="vectorized", block: int = 1, order: str = "flat"):
-        from . import get_kernel  # noqa: PLC0415 - the registry imports this module
-
         self.num_shards = as_int(num_shards, "num_shards", minimum=1)
         self.block = as_int(block, "block", minimum=1)
         if order not in F.MERGE_ORDERS:
