@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import functional as F
 from ..models import layers
+from . import check_namespace
 
 NOT_ANSWERED = "not answered yet"
 CORRECT = "correct"
@@ -123,7 +124,6 @@ def pair_function(name: str, half: str = "backward") -> Judge:
     def judge(answer):
         if not callable(answer):
             return f"expected a function {name}_{half}, got {type(answer).__name__}"
-        from . import check_namespace  # the package imports this module's neighbours; import it when needed
 
         report = check_namespace({f"{name}_{half}": answer}, only=[name])
         if report.passed:

@@ -28,7 +28,7 @@ from .. import functional as F
 from ..models import layers as LY
 from ..models.tiny import TinyAttentionModel
 from ..optim import Adam, clip_grad_norm
-from ..train import make_batch
+from ..train import evaluate, make_batch, one_blas_thread
 from .diagnose import RTOL, scale_of
 
 MODEL_BACKWARD = "capstone_model_backward"
@@ -446,7 +446,6 @@ def train(backward: Callable | None, task: str = "reverse", *, length: int = 8, 
 
     -> (held-out token accuracy, the list of training losses). NotImplementedError if ``backward`` raises it.
     """
-    from ..train import evaluate, one_blas_thread
 
     seq_init, seq_data, seq_eval = np.random.SeedSequence(seed).spawn(3)
     data_rng = np.random.default_rng(seq_data)

@@ -28,6 +28,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import cases
 from .load import BadPath, CannotRun, StudentFileError, check_path, code_cells
 from .process import DEFAULT_TIMEOUT, ChildProcess
 from .runner import CAPSTONES, Row, check_student, plan
@@ -55,7 +56,6 @@ class GradeCases:
 
 def known_functions() -> set[str]:
     """Every function name the checker grades."""
-    from . import cases
 
     names = {f"{p.name}_{side}" for p in cases.PAIRS for side in ("forward", "backward")}
     return names | {cases.ONLINE_SOFTMAX} | {c.function for c in CAPSTONES}
