@@ -18,6 +18,7 @@ import inspect
 import numpy as np
 
 from .._optional import require
+from ..interop import mask_to_torch_mha
 from .adapters import (
     MASK_CONVENTIONS,
     Call,
@@ -132,7 +133,6 @@ def torch_mha(need_weights: bool = True, *, dtypes=DTYPES, without=(), device="c
     ``mha_numpy.interop.mask_to_torch_mha`` (key_padding_mask / attn_mask, True = ignore). It has no scale, no
     causal flag without a mask, no given dropout mask and no GQA: those cases are n/a."""
     torch = _torch()
-    from ..interop import mask_to_torch_mha
 
     def run(call: Call) -> Outcome:
         B, H, Lq, d = call.q.shape
