@@ -208,6 +208,29 @@ def test_inference_in_bands_of_sequences_is_the_one_band_result_to_a_few_units_i
             model(inputs.input_ids, num_threads=bad)
 
 
+def test_call_keeps_no_cache_and_its_output_flags_only_leave_tuples_out(model64):
+    """__call__ drops each layer's backward cache as it goes and can leave the attentions and hidden states out
+    (output_attentions / output_hidden_states, Hugging Face's names): the numbers it returns are forward's, bit for
+    bit on one band, whichever flags."""
+    inputs = model64.tokenize(SENTENCES)  # padded: the additive padding mask is in play
+    ids, mask, types = inputs.input_ids, inputs.attention_mask, inputs.token_type_ids
+    ref, cache = model64.forward(ids, mask, types)
+    assert len(cache.layers) == model64.config.num_hidden_layers
+    for flags in ({}, dict(output_attentions=False), dict(output_hidden_states=False),
+                  dict(output_attentions=False, output_hidden_states=False)):  # fmt: skip
+        out = model64(ids, mask, types, num_threads=1, **flags)
+        assert np.array_equal(out.last_hidden_state, ref.last_hidden_state)
+        for name in ("attentions", "hidden_states"):
+            kept = flags.get(f"output_{name}", True)
+            assert len(getattr(out, name)) == (len(getattr(ref, name)) if kept else 0)
+            assert all(np.array_equal(a, b) for a, b in zip(getattr(out, name), getattr(ref, name)))
+        banded = model64(ids, mask, types, num_threads=2, **flags)  # bands concatenate empty tuples as well
+        assert len(banded.attentions) == len(out.attentions) and len(banded.hidden_states) == len(out.hidden_states)
+    for bad in (None, 1, "yes"):
+        with pytest.raises(ValueError, match="output_attentions"):
+            model64(ids, output_attentions=bad)
+
+
 # --------------------------------------------------------------------------- sentence embeddings
 
 
