@@ -127,12 +127,16 @@ def layer_norm_forward(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: 
     gamma, beta = as_float_array(gamma, "gamma", ndim=1), as_float_array(beta, "beta", ndim=1)
     if x.ndim < 1 or gamma.shape != (x.shape[-1],) or beta.shape != gamma.shape:
         raise ValueError(f"layer_norm: x {x.shape} needs gamma and beta of shape (E,), got {gamma.shape}, {beta.shape}")
+    # Two (..., E) arrays are made, xc (becoming x_hat in place) and out: every fresh array costs its first touch
+    # of memory (a page fault per 4 KiB, as much as the arithmetic at BERT's sizes), so the steps reuse them.
     mean = x.mean(axis=-1, keepdims=True)  # F1: (..., 1) μ
-    xc = x - mean  # F2: (..., E) x - μ
-    var = (xc * xc).mean(axis=-1, keepdims=True)  # F3: (..., 1) σ² (biased)
+    xc = x - mean  # F2: (..., E) x - μ, a new array
+    var = np.einsum("...e,...e->...", xc, xc)[..., None] / x.shape[-1]  # F3: (..., 1) σ² (biased), no (..., E) temp
     rstd = 1.0 / np.sqrt(var + eps)  # F4: (..., 1) 1/σ with σ = sqrt(σ² + eps)
-    x_hat = xc * rstd  # F5: (..., E) normalised
-    out = x_hat * gamma + beta  # F6: (..., E)
+    x_hat = xc  # F5: (..., E) normalised, in place: x - μ is not needed again
+    x_hat *= rstd
+    out = x_hat * gamma  # F6: (..., E)
+    out += beta
     return out, (x_hat, rstd, gamma)
 
 
@@ -147,8 +151,11 @@ def layer_norm_backward(d_out: np.ndarray, cache):
     dbeta = d_out.sum(axis=lead)  # ← F6: (E,)
     dx_hat = d_out * gamma  # ← F6: (..., E)
     mean_d = dx_hat.mean(axis=-1, keepdims=True)  # ← F2, F1: (..., 1) the part that moves μ
-    mean_dx = (dx_hat * x_hat).mean(axis=-1, keepdims=True)  # ← F4, F3: (..., 1) the part that moves σ
-    dx = rstd * (dx_hat - mean_d - x_hat * mean_dx)  # ← F5 ... F1: (..., E)
+    mean_dx = np.einsum("...e,...e->...", dx_hat, x_hat)[..., None] / x_hat.shape[-1]  # ← F4, F3: (..., 1) moves σ
+    dx = dx_hat  # ← F5 ... F1: (..., E) rstd · (dx̂ - mean_d - x̂ · mean_dx), in place on the fresh dx̂
+    dx -= mean_d
+    dx -= x_hat * mean_dx
+    dx *= rstd
     return dx, dgamma, dbeta
 
 
