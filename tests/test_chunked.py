@@ -398,3 +398,22 @@ def test_a_bias_broadcast_over_every_axis_takes_the_pivot_rows_of_every_row(Lq):
     largest = max(np.abs(g).max() for g in grads[0].values() if g.size)
     for name, g in grads[0].items():
         assert np.abs(grads[1][name] - g).max(initial=0) <= 1e-13 * largest, name
+
+
+def test_the_profiling_script_runs_and_its_shares_add_up(capsys):
+    """benchmarks/profile_chunked.py (issue 27, item 4) still runs against the kernel's API, and its tile profile
+    splits a tile into products, exps and other passes that add up to the whole (no timing is checked)."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "profile_chunked.py"
+    spec = importlib.util.spec_from_file_location("profile_chunked", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--no-torch", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    shares = re.search(r"products (\d+)%, the 2 exps (\d+)%, the other passes (\d+)%", out)
+    assert shares is not None, out
+    assert 98 <= sum(int(x) for x in shares.groups()) <= 102  # each share rounded to a percent
+    assert "the bare calls" in out
