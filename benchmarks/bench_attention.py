@@ -422,7 +422,9 @@ def memory_target(args) -> dict:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        description="\n\n".join(__doc__.split("\n\n")[:2]), formatter_class=argparse.RawDescriptionHelpFormatter
+    )  # the commands, unwrapped
     p.add_argument("--quick", action="store_true", help="a reduced run that finishes in under a minute")
     p.add_argument("--out", type=Path, default=None, help=f"directory for results.md, results.csv and the plots "
                    f"(default: the scratch folder {SCRATCH.relative_to(ROOT)})")  # fmt: skip

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_bert.py                          # batch 32 × ~20 tokens and 4 × ~256 tokens, 2 threads
     python benchmarks/bench_bert.py --batch 16 --length 32 --threads 1 2 --dtype float32
+    python benchmarks/bench_bert.py --batch 4 --length 16 --rounds 1     # a smoke run: seconds
 
 Inference (``mha_numpy.bert.BertModel(ids, mask, types)`` against ``transformers.BertModel`` under
 ``torch.no_grad``, eager and sdpa attention) and forward + backward (``BertModel.forward`` + ``BertModel.backward``,
@@ -13,8 +14,6 @@ relative to the largest in float32). Ours and the two transformers variants run 
 gives sentences per second and our time over each variant's (median of the per-round ratios, min..max), and both
 sides' share of the GEMM peak measured in the same run (``gemm_peak.py``) from the same useful FLOPs
 (``flops.bert``: every linear of every layer and the attention core over the real tokens, padding excluded).
-
-    python benchmarks/bench_bert.py --batch 4 --length 16 --rounds 1      # a smoke run: seconds
 """
 
 from __future__ import annotations
@@ -143,7 +142,9 @@ def table(rows: list[dict]) -> list[str]:
 def main(argv=None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        description="\n\n".join(__doc__.split("\n\n")[:2]), formatter_class=argparse.RawDescriptionHelpFormatter
+    )  # the commands, unwrapped
     p.add_argument("--batch", type=int, default=None, help="one batch of this many sentences (with --length)")
     p.add_argument("--length", type=int, default=32, help="about this many tokens per sentence")
     p.add_argument("--threads", type=int, nargs="+", default=[2])

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import numpy as np
-from gemm_peak import pct, peak_lines
+from gemm_peak import pct, peak_lines, percent
 
 MiB = 2**20
 VARIANTS = ["naive", "vectorized", "chunked-t1", "chunked-t2", "auto", "torch-mha", "torch-sdpa"]
@@ -89,7 +89,7 @@ def write_outputs(out: Path, env: dict, rows, sweep, mem: dict | None, extra: di
                 continue
             lines.append(
                 f"| {r['case']} | {r['L']} | {r['variant']} | {r['fwd_s'] * 1e3:.1f} | {r['fwd_bwd_s'] * 1e3:.1f} | "
-                f"{r['fwd_bwd_gflops']:.1f} | {r['fwd_bwd_pct_peak']:.0f}% | {r['fwd_pct_peak']:.0f}% | "
+                f"{r['fwd_bwd_gflops']:.1f} | {percent(r['fwd_bwd_pct_peak'])} | {percent(r['fwd_pct_peak'])} | "
                 f"{fmt(r.get('peak_mib'))} |"
             )
         lines.append("")

@@ -69,7 +69,13 @@ def pct(flops: float | None, seconds: float | None, peak: Peak | float | None) -
     is missing (a skipped row)."""
     if flops is None or not seconds or peak is None:
         return ""
-    s = share(flops, seconds, peak)
+    return percent(share(flops, seconds, peak))
+
+
+def percent(s: float | None) -> str:
+    """A share in percent as a cell: '71%', '3.4%', '0.052%'; '' for None."""
+    if s is None:
+        return ""
     return f"{s:.0f}%" if s >= 10 else f"{s:.1f}%" if s >= 1 else f"{s:.2g}%"
 
 
