@@ -302,6 +302,7 @@ def main(argv=None) -> int:
         env = environment(args.threads)
         env.pop("torch", None)  # not used here
         print("\n".join(f"{k}: {v}" for k, v in env.items()), flush=True)
+        print(gemm_peak(np.float32, args.threads).line(), flush=True)  # measured before the timings, used after
         rows, skipped, loads = measure(args)
     env["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     lines = report(args, env, rows, skipped, loads, time.perf_counter() - start)
