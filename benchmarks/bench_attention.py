@@ -22,8 +22,10 @@ against transformers (``bench_bert.py``); the ratios there come from interleaved
     torch-sdpa   torch linear projections + torch.nn.functional.scaled_dot_product_attention
 
 Each time is the median of ``--repeats`` runs after one warm-up. GFLOP/s counts the model FLOPs
-(formula in ``flops``; the chunked backward's recomputation of QKᵀ is not counted), and "% peak" divides
-by the measured float32 / float64 GEMM rate of this machine at the same thread count. Peak memory is
+(``flops.self_attention``; the chunked backward's recomputation of QKᵀ is not counted), and "% peak" divides
+by the float32 / float64 GEMM rate of this machine measured in the same run at the same thread count
+(``gemm_peak.py``): in every table, for ours and for torch in the same row, with the same FLOP count (a causal
+row counts the allowed half only, ``flops.causal_entries``); each table states the peak it divides by. Peak memory is
 tracemalloc for NumPy (every NumPy allocation during forward + backward) and, for torch, the growth of
 the process's peak resident set (VmHWM, reset through /proc/self/clear_refs) in a child process.
 Writes results.md, results.csv, time_vs_L.png and memory_vs_L.png into ``--out``, by default the scratch
@@ -53,6 +55,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # bench_compare, bench_peers, benc
 
 from bench_compare import interleaved, ratio_spread  # noqa: E402
 from bench_report import VARIANTS, MiB, score_bytes, write_outputs  # noqa: E402
+from flops import causal_entries, self_attention  # noqa: E402
+from gemm_peak import gemm_peak  # noqa: E402
 
 from mha_numpy import MultiHeadAttention  # noqa: E402
 from mha_numpy.masks import causal_mask  # noqa: E402
@@ -65,29 +69,11 @@ SCRATCH = ROOT / "out" / "bench"  # every other run (git ignores out/)
 # --------------------------------------------------------------------------- what is measured
 
 
-def flops(B: int, L: int, E: int, backward: bool) -> float:
-    """Model FLOPs of self-attention: 4 projections 2·B·L·E² each, QKᵀ and PV 2·B·L²·E each.
-
-    forward = 8·B·L·E² + 4·B·L²·E; the backward costs two matmuls per forward matmul, so
-    forward + backward = 3 × forward.
-    """
-    forward = 8.0 * B * L * E * E + 4.0 * B * L * L * E
-    return 3.0 * forward if backward else forward
-
-
-def gemm_peak(dtype, n: int = 2048, repeats: int = 5) -> float:
-    """Measured GFLOP/s of an (n × n) @ (n × n) matmul: the ceiling everything else is compared with."""
-    rng = np.random.default_rng(0)
-    a, b = rng.standard_normal((n, n)).astype(dtype), rng.standard_normal((n, n)).astype(dtype)
-    a @ b  # warm-up
-    best = min(_timed(lambda: a @ b) for _ in range(repeats))  # a peak: the best run, not the median
-    return 2.0 * n**3 / best / 1e9
-
-
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+def flops(B: int, L: int, E: int, H: int, backward: bool, causal: bool = False) -> float:
+    """Model FLOPs of self-attention (``flops.self_attention``): 4 projections 2·B·L·E² each, QKᵀ and PV
+    2·B·L²·E each; forward = 8·B·L·E² + 4·B·L²·E, forward + backward = 3 × forward; ``causal``: the core over
+    the L(L+1)/2 allowed pairs only."""
+    return self_attention(B, L, E, H, backward, entries=causal_entries(L) if causal else None)
 
 
 def median_time(fn, repeats: int, warmup: int = 1) -> float:
@@ -280,8 +266,8 @@ def run(args) -> list[dict]:
     rows = []
     too_slow: dict = {}  # (dtype, E, H, B, variant) -> reason: skip it at the larger L
     for dtype in args.dtypes:
-        peak = gemm_peak(dtype)
-        print(f"{np.dtype(dtype).name}: measured GEMM peak {peak:.1f} GFLOP/s at {args.threads} threads", flush=True)
+        peak = gemm_peak(dtype, args.threads).gflops
+        print(f"{np.dtype(dtype).name}: {gemm_peak(dtype, args.threads).line()}", flush=True)
         for label, B, L, E, H in cases(args):
             for variant in args.variants:
                 row = dict(dtype=np.dtype(dtype).name, case=label, B=B, L=L, E=E, H=H, variant=variant, peak=peak)
@@ -305,7 +291,7 @@ def run(args) -> list[dict]:
                     row["fwd_bwd_s"] = median_time(fwd_bwd, reps, warmup=0)
                     row["repeats"] = reps
                     for mode, key in (("fwd", "fwd_s"), ("fwd_bwd", "fwd_bwd_s")):
-                        row[f"{mode}_gflops"] = flops(B, L, E, mode == "fwd_bwd") / row[key] / 1e9
+                        row[f"{mode}_gflops"] = flops(B, L, E, H, mode == "fwd_bwd") / row[key] / 1e9
                         row[f"{mode}_pct_peak"] = 100 * row[f"{mode}_gflops"] / peak
                     msg = (
                         f"fwd {row['fwd_s'] * 1e3:9.1f} ms  fwd+bwd {row['fwd_bwd_s'] * 1e3:9.1f} ms  "
@@ -349,7 +335,8 @@ def block_sweep(args) -> list[dict]:
             for nt in (min(2, args.threads),):
                 _, fwd_bwd, *_ = numpy_runner(f"chunked-t{nt}", 1, L, 768, 12, dtype, block_size=bs)
                 t = median_time(fwd_bwd, 1 if args.quick else 2)
-                out.append(dict(dtype=np.dtype(dtype).name, L=L, block_size=bs, num_threads=nt, fwd_bwd_s=t))
+                out.append(dict(dtype=np.dtype(dtype).name, L=L, block_size=bs, num_threads=nt, fwd_bwd_s=t,
+                                flops=flops(1, L, 768, 12, True), peak=gemm_peak(dtype, args.threads)))  # fmt: skip
                 print(f"  block sweep {np.dtype(dtype).name} L={L} block={bs:<5} threads={nt}: {t * 1e3:8.1f} ms")
     return out
 
@@ -366,7 +353,9 @@ def causal_rows(args) -> list[dict]:
             t = interleaved(fns, rounds=2 if args.quick else 3)
             ratio, lo, hi = ratio_spread(t[True], t[False])
             out.append(dict(L=L, E=E, H=H, variant=variant, full_ms=1e3 * min(t[False]), causal_ms=1e3 * min(t[True]),
-                            ratio=ratio, lo=lo, hi=hi))  # fmt: skip
+                            ratio=ratio, lo=lo, hi=hi, full_flops=flops(1, L, E, H, True),
+                            causal_flops=flops(1, L, E, H, True, causal=True),
+                            peak=gemm_peak(np.float32, args.threads)))  # fmt: skip
             print(f"  causal L={L} E={E} H={H} {variant}: {out[-1]['causal_ms']:.0f} ms causal vs "
                   f"{out[-1]['full_ms']:.0f} ms unmasked: {ratio:.2f}× [{lo:.2f}..{hi:.2f}]", flush=True)  # fmt: skip
     return out
@@ -394,7 +383,8 @@ def ratio_rows(args) -> list[dict]:
         ratio, lo, hi = ratio_spread(t[ours], t["torch-mha"])
         ms = {name: 1e3 * min(times) for name, times in t.items()}
         out.append(dict(dtype=np.dtype(dtype).name, case=label, B=B, L=L, E=E, H=H, variant=ours, ours_ms=ms[ours],
-                        torch_ms=ms["torch-mha"], ratio=ratio, lo=lo, hi=hi))  # fmt: skip
+                        torch_ms=ms["torch-mha"], ratio=ratio, lo=lo, hi=hi, flops=flops(B, L, E, H, True),
+                        peak=gemm_peak(dtype, args.threads)))  # fmt: skip
         print(
             f"  ratio {out[-1]['dtype']} {label} L={L} {ours} / torch-mha: {ratio:.2f} [{lo:.2f}..{hi:.2f}]", flush=True
         )
@@ -432,7 +422,9 @@ def memory_target(args) -> dict:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        description="\n\n".join(__doc__.split("\n\n")[:2]), formatter_class=argparse.RawDescriptionHelpFormatter
+    )  # the commands, unwrapped
     p.add_argument("--quick", action="store_true", help="a reduced run that finishes in under a minute")
     p.add_argument("--out", type=Path, default=None, help=f"directory for results.md, results.csv and the plots "
                    f"(default: the scratch folder {SCRATCH.relative_to(ROOT)})")  # fmt: skip
@@ -512,7 +504,7 @@ def main(argv=None) -> int:
             import bench_peers
 
             print("peers (float64):", flush=True)
-            extra["peers"] = bench_peers.run()
+            extra["peers"] = bench_peers.run(threads=args.threads)
         if args.bert and args.torch and not args.quick:
             import bench_bert
 

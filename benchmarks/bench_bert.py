@@ -2,6 +2,7 @@
 
     python benchmarks/bench_bert.py                          # batch 32 × ~20 tokens and 4 × ~256 tokens, 2 threads
     python benchmarks/bench_bert.py --batch 16 --length 32 --threads 1 2 --dtype float32
+    python benchmarks/bench_bert.py --batch 4 --length 16 --rounds 1     # a smoke run: seconds
 
 Inference (``mha_numpy.bert.BertModel(ids, mask, types)`` against ``transformers.BertModel`` under
 ``torch.no_grad``, eager and sdpa attention) and forward + backward (``BertModel.forward`` + ``BertModel.backward``,
@@ -10,7 +11,9 @@ mode). The same weights (transformers loads the same directory), the same senten
 own tokenizer; padded to the longest), the same upstream gradient. NumPy's BLAS threads (threadpoolctl) and
 ``torch.set_num_threads`` are set to the same count. Before timing, the last hidden states must agree (1e-4
 relative to the largest in float32). Ours and the two transformers variants run in interleaved rounds; the table
-gives sentences per second and our time over each variant's (median of the per-round ratios, min..max).
+gives sentences per second and our time over each variant's (median of the per-round ratios, min..max), and both
+sides' share of the GEMM peak measured in the same run (``gemm_peak.py``) from the same useful FLOPs
+(``flops.bert``: every linear of every layer and the attention core over the real tokens, padding excluded).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench_compare import interleaved, ratio_spread  # noqa: E402
+from flops import bert  # noqa: E402
+from gemm_peak import gemm_peak, pct, peak_lines  # noqa: E402
 
 from mha_numpy.bert import BertModel, default_model_dir  # noqa: E402
 
@@ -74,6 +79,8 @@ def _run(ours, theirs, torch, batches, rounds, threads) -> list[dict]:
             if err > 1e-4:
                 raise SystemExit(f"transformers {impl} disagrees with the NumPy BERT ({err:.1e}): not timed")
         d = np.random.default_rng(0).standard_normal(ref.shape).astype(ours.dtype)
+        lengths, c = np.asarray(mask).sum(axis=1), ours.config  # real tokens per sentence
+        peak = gemm_peak(ours.dtype, threads)
         for mode in modes:
             fns = {"numpy": _ours(ours, ids, mask, types, d, mode)}
             fns.update({f"torch-{impl}": _theirs(torch, m, feed, d, mode) for impl, m in theirs.items()})
@@ -81,8 +88,10 @@ def _run(ours, theirs, torch, batches, rounds, threads) -> list[dict]:
             for impl in theirs:
                 ratio, lo, hi = ratio_spread(t["numpy"], t[f"torch-{impl}"])
                 sps = {"ours_sps": n / min(t["numpy"]), "theirs_sps": n / min(t[f"torch-{impl}"])}
+                fl = bert(lengths, c.hidden_size, c.intermediate_size, c.num_hidden_layers, mode != "inference")
                 rows.append(dict(batch=n, tokens=ids.shape[1], threads=threads, mode=mode, vs=impl, ratio=ratio,
-                                 lo=lo, hi=hi, **sps))  # fmt: skip
+                                 lo=lo, hi=hi, **sps, ours_s=min(t["numpy"]), theirs_s=min(t[f"torch-{impl}"]),
+                                 flops=fl, peak=peak))  # fmt: skip
                 r = rows[-1]
                 print(f"  BERT {n} × {r['tokens']} {mode}: numpy {r['ours_sps']:.1f} sentences/s, torch-{impl} "
                       f"{r['theirs_sps']:.1f}; time ratio {ratio:.2f}× [{lo:.2f}..{hi:.2f}]", flush=True)  # fmt: skip
@@ -118,18 +127,24 @@ def _theirs(torch, model, feed, d, mode):
 
 
 def table(rows: list[dict]) -> list[str]:
-    lines = ["| batch × tokens | threads | mode | numpy sentences/s | transformers | its sentences/s "
-             "| numpy / its time | spread |",
-             "| --- | ---: | --- | ---: | --- | ---: | ---: | --- |"]  # fmt: skip
+    """Sentences per second, the time ratio and both sides' share of the GEMM peak (the same ``flops.bert``)."""
+    lines = peak_lines(rows, "flops.bert over the real tokens, the same for both sides")
+    lines += ["| batch × tokens | threads | mode | numpy sentences/s | transformers | its sentences/s "
+              "| numpy / its time | spread | numpy % peak | its % peak |",
+              "| --- | ---: | --- | ---: | --- | ---: | ---: | --- | ---: | ---: |"]  # fmt: skip
     lines += [f"| {r['batch']} × {r['tokens']} | {r['threads']} | {r['mode']} | {r['ours_sps']:.1f} | {r['vs']} | "
-              f"{r['theirs_sps']:.1f} | {r['ratio']:.2f}× | {r['lo']:.2f}..{r['hi']:.2f} |" for r in rows]  # fmt: skip
+              f"{r['theirs_sps']:.1f} | {r['ratio']:.2f}× | {r['lo']:.2f}..{r['hi']:.2f} | "
+              f"{pct(r.get('flops'), r.get('ours_s'), r.get('peak'))} | "
+              f"{pct(r.get('flops'), r.get('theirs_s'), r.get('peak'))} |" for r in rows]  # fmt: skip
     return lines
 
 
 def main(argv=None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        description="\n\n".join(__doc__.split("\n\n")[:2]), formatter_class=argparse.RawDescriptionHelpFormatter
+    )  # the commands, unwrapped
     p.add_argument("--batch", type=int, default=None, help="one batch of this many sentences (with --length)")
     p.add_argument("--length", type=int, default=32, help="about this many tokens per sentence")
     p.add_argument("--threads", type=int, nargs="+", default=[2])

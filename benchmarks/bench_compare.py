@@ -11,7 +11,9 @@ A side is one of
 Every measurement is a fresh subprocess (run in the side's checkout, PYTHONPATH = it) that times self-attention
 forward + backward (one warm-up, then the best of ``--repeats``); the two sides alternate round by round (A B,
 B A, ...), so a change of machine load hits both. Per case the table gives each side's median, the median of the
-per-round ratios B / A and their spread (min..max): judge a change by the ratio, not by one noisy time.
+per-round ratios B / A and their spread (min..max): judge a change by the ratio, not by one noisy time; and each
+side's share of the GEMM peak measured in this process at the same thread count (``gemm_peak.py``), from the same
+FLOPs for both (``flops.self_attention``; a causal case: the allowed L(L+1)/2 pairs only).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from flops import causal_entries, self_attention
+from gemm_peak import gemm_peak, pct
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CASES = ["1:2048:768:12:float32", "8:128:768:12:float32", "32:64:384:12:float32"]
@@ -119,15 +124,26 @@ def compare(a: str, b: str, cases: list[str], rounds: int, repeats: int, threads
             print(f"  {text} round {r + 1}/{rounds}: A {times[0][-1] * 1e3:8.1f} ms  B {times[1][-1] * 1e3:8.1f} ms  "
                   f"B/A {times[1][-1] / times[0][-1]:.3f}", flush=True)  # fmt: skip
         ratios = [tb / ta for ta, tb in zip(*times)]
+        entries = causal_entries(case["L"]) if case["causal"] else None
         results.append(dict(case=text, a_ms=1e3 * statistics.median(times[0]), b_ms=1e3 * statistics.median(times[1]),
-                            ratio=statistics.median(ratios), lo=min(ratios), hi=max(ratios)))  # fmt: skip
-    print("\n| case (B:L:E:H:dtype) | A ms | B ms | B / A | spread (min..max) |")
-    print("| --- | ---: | ---: | ---: | --- |")
-    for res in results:
-        print(f"| {res['case']} | {res['a_ms']:.1f} | {res['b_ms']:.1f} | {res['ratio']:.2f} | "
-              f"{res['lo']:.2f}..{res['hi']:.2f} |")  # fmt: skip
+                            ratio=statistics.median(ratios), lo=min(ratios), hi=max(ratios),
+                            flops=self_attention(case["B"], case["L"], case["E"], case["H"], True, entries),
+                            peak=gemm_peak(case["dtype"], threads)))  # fmt: skip
+    print("\n".join(compare_table(results)))
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return results
+
+
+def compare_table(results: list[dict]) -> list[str]:
+    """The --compare table: both medians, the ratio and its spread, both sides' share of the GEMM peak."""
+    lines = [""] + [f"% peak = FLOPs (flops.self_attention, the same for A and B) / median time / {p.line()}."
+                    for p in dict.fromkeys(r["peak"] for r in results)]  # fmt: skip
+    lines += ["", "| case (B:L:E:H:dtype) | A ms | B ms | B / A | spread (min..max) | A % peak | B % peak |",
+              "| --- | ---: | ---: | ---: | --- | ---: | ---: |"]  # fmt: skip
+    lines += [f"| {r['case']} | {r['a_ms']:.1f} | {r['b_ms']:.1f} | {r['ratio']:.2f} | {r['lo']:.2f}..{r['hi']:.2f} | "
+              f"{pct(r['flops'], r['a_ms'] / 1e3, r['peak'])} | {pct(r['flops'], r['b_ms'] / 1e3, r['peak'])} |"
+              for r in results]  # fmt: skip
+    return lines
 
 
 def interleaved(fns: dict, rounds: int, repeats: int = 1) -> dict:

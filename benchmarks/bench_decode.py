@@ -7,7 +7,10 @@ matrix), imported into ``DecoderModel`` by ``interop.llama_model.from_hf_llama_m
 per layer; HF's ``DynamicCache``, which ``generate`` makes); tokens per second count the new tokens of the whole
 batch over the whole run. Each round times both sides one after the other, alternating which goes first
 (interleaved), with torch and BLAS on the same number of threads; reported: the median over the rounds, the
-spread (min..max) of the per-round ratio, and whether both sides generated the same tokens.
+spread (min..max) of the per-round ratio, whether both sides generated the same tokens, and both sides' share of
+the GEMM peak measured in the same run at the same threads (``gemm_peak.py``), from the same useful FLOPs
+(``flops.greedy_decoding``: the prefill and every one-token step, each layer's products and the LM head on the last
+position; decoding is small products and overhead, so these shares are small by nature).
 
     python benchmarks/bench_decode.py --quick          # one small config, 2 rounds: under a minute
     python benchmarks/bench_decode.py --write-results  # 2 configs x batch 1, 8; 5 rounds; --profile adds a profile
@@ -35,6 +38,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from flops import greedy_decoding  # noqa: E402
+from gemm_peak import gemm_peak, pct  # noqa: E402
 
 from mha_numpy.kv_cache import KVCache  # noqa: E402
 
@@ -119,7 +126,9 @@ def measure(name: str, batch: int, args) -> dict:
     tokens = batch * args.new
     row = dict(config=name, batch=batch, new=args.new, ours_tok_s=tokens / statistics.median(times["ours"]),
                hf_tok_s=tokens / statistics.median(times["hf"]), ratio=statistics.median(ratios),
-               lo=min(ratios), hi=max(ratios), same_tokens=same)  # fmt: skip
+               lo=min(ratios), hi=max(ratios), same_tokens=same, ours_s=statistics.median(times["ours"]),
+               hf_s=statistics.median(times["hf"]), flops=greedy_decoding(CONFIGS[name], batch, args.prompt, args.new),
+               peak_gflops=gemm_peak(np.float32, args.threads).gflops)  # fmt: skip
     print(f"{name:>5} B={batch}: ours {row['ours_tok_s']:8.1f} tok/s, HF generate {row['hf_tok_s']:8.1f} tok/s, "
           f"time ours/HF {row['ratio']:.2f}x [{row['lo']:.2f}..{row['hi']:.2f}], same tokens: {same}")  # fmt: skip
     if args.profile:
@@ -141,7 +150,10 @@ def profile(model, embed, prompt, new: int) -> None:
     print(s.getvalue())
 
 
-def write(rows: list[dict], out: Path, args) -> None:
+def write(rows: list[dict], out: Path, args, peak=None) -> None:
+    """decode_results.md and .csv; ``peak``: the ``gemm_peak.Peak`` the rows' shares divide by (default: this
+    run's float32 peak at ``args.threads``, measured by the first call)."""
+    peak = peak or gemm_peak(np.float32, args.threads)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "decode_results.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
@@ -149,14 +161,20 @@ def write(rows: list[dict], out: Path, args) -> None:
         w.writerows(rows)
     lines = [
         f"Greedy decoding, float32, prompt {args.prompt} tokens, {args.new} new tokens, {args.threads} threads, "
-        f"{args.rounds} interleaved rounds (median; the ratio's min..max over rounds).",
+        f"{args.rounds} interleaved rounds (median; the ratio's min..max over rounds). Load average "
+        f"{args.load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end.",
         "",
-        "| config | batch | ours tok/s | HF generate tok/s | time ours / HF | same tokens |",
-        "|---|---|---|---|---|---|",
+        "% peak = the useful FLOPs of the whole generation (flops.greedy_decoding, the same for both sides) / median "
+        f"time / {peak.line()}.",
+        "",
+        "| config | batch | ours tok/s | HF generate tok/s | time ours / HF | same tokens | GFLOP per run "
+        "| ours % peak | HF % peak |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [
         f"| {r['config']} | {r['batch']} | {r['ours_tok_s']:.1f} | {r['hf_tok_s']:.1f} | {r['ratio']:.2f}× "
-        f"[{r['lo']:.2f}..{r['hi']:.2f}] | {'yes' if r['same_tokens'] else 'no'} |"
+        f"[{r['lo']:.2f}..{r['hi']:.2f}] | {'yes' if r['same_tokens'] else 'no'} | {r['flops'] / 1e9:.3g} | "
+        f"{pct(r['flops'], r['ours_s'], peak)} | {pct(r['flops'], r['hf_s'], peak)} |"
         for r in rows
     ]
     (out / "decode_results.md").write_text("\n".join(lines) + "\n")
@@ -181,6 +199,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    args.load_start = os.getloadavg()[0]
     cases = [("tiny", 1)] if args.quick else [(c, b) for c in CONFIGS for b in (1, 8)]
     rows = [measure(name, batch, args) for name, batch in cases]
     write(rows, COMMITTED if args.write_results else args.out, args)

@@ -21,6 +21,9 @@ ratio structured / dense of mask + forward + backward (median, min..max). Memory
 the mask and the forward + backward (q, k, v and the upstream gradient made before; the output and the three
 gradients, 4 (L, H·d) arrays, are counted), in a separate run since tracing slows allocation. The dense mask is
 skipped where its L² bytes exceed ``--max-dense-gib`` or the memory free now (/proc/meminfo) is under 2.5 L².
+Share of the GEMM peak: the useful FLOPs of forward + backward (``flops.attention_core`` over the mask's allowed
+pairs: ``flops.window_entries`` / ``flops.causal_entries``, the same for the dense and the structured row) over
+the best forward + backward time, divided by the float32 GEMM peak measured in the same run (``gemm_peak.py``).
 Writes masks_results.md, masks_results.csv and masks_vs_L.png into ``--out`` (default out/bench/); only
 ``--write-results`` writes the committed copies: benchmarks/masks_results.{md,csv} and
 docs/performance_masks_vs_L.png.
@@ -46,6 +49,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_attention import environment  # noqa: E402
 from bench_report import MiB  # noqa: E402
+from flops import attention_core, causal_entries, window_entries  # noqa: E402
+from gemm_peak import gemm_peak, pct  # noqa: E402
 
 from mha_numpy import kernels, masks  # noqa: E402
 
@@ -59,6 +64,12 @@ FAMILIES = {  # name -> (title, the mask at L given as entries or as its rule, i
     "causal": ("causal", lambda L, structured: masks.causal_mask(L, structured=structured),
                (4096, 8192, 16384, 32768)),
 }  # fmt: skip
+ENTRIES = {"window": lambda L: window_entries(L, WINDOW), "causal": causal_entries}  # allowed pairs at L
+
+
+def fwd_bwd_flops(family: str, L: int) -> float:
+    """Useful FLOPs of one forward + backward of the core on (1, H, L, D) under the family's mask at L."""
+    return attention_core(1, H, D, ENTRIES[family](L), backward=True)
 
 
 def load() -> float:
@@ -165,7 +176,9 @@ def ratio(rows: dict, family: str, L: int) -> str:
     return f"{statistics.median(rs):.2f}" + (f" ({min(rs):.2f}..{max(rs):.2f})" if len(rs) > 1 else "")
 
 
-def report(args, env: dict, rows: dict, skipped: dict, loads: list, elapsed: float) -> list[str]:
+def report(args, env: dict, rows: dict, skipped: dict, loads: list, elapsed: float, peak=None) -> list[str]:
+    """The markdown; ``peak``: the ``gemm_peak.Peak`` of the shares (default: this run's float32 peak)."""
+    peak = peak or gemm_peak(np.float32, args.threads)
     cmd = "python benchmarks/bench_masks.py" + (" --quick" if args.quick else " --write-results" * args.write_results)
     lines = ["# The chunked kernel with a dense mask vs a StructuredMask", ""]
     lines += [f"Made by `{cmd}` in {elapsed / 60:.1f} min: {args.rounds} interleaved round(s) (a row whose first "
@@ -174,25 +187,30 @@ def report(args, env: dict, rows: dict, skipped: dict, loads: list, elapsed: flo
               "float32. Times in seconds: the best of the rounds (+ the spread, max / min - 1); ratio: structured / "
               "dense of mask + forward + backward per round, median (min..max). Peak: tracemalloc of building the "
               "mask + forward + backward, MiB, and in units of one (L, H·d) float32 array (the output and the three "
-              "gradients, 4 such arrays, are counted in it); mask: the bytes the mask object holds.", ""]  # fmt: skip
+              "gradients, 4 such arrays, are counted in it); mask: the bytes the mask object holds.", "",
+              "% peak = useful FLOPs of forward + backward (flops.attention_core over the allowed pairs only, the "
+              f"same for both rows of an L) / the best forward + backward time / {peak.line()}.", ""]  # fmt: skip
     lines += ["| | |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in env.items()]
     lines += [f"| load average while timing | {min(loads):.2f} .. {max(loads):.2f} (median "
               f"{statistics.median(loads):.2f}) |", f"| wall time | {elapsed / 60:.1f} min |", ""]  # fmt: skip
     for family, (title, _, lengths) in FAMILIES.items():
         lines += [f"## {title}", ""]
         lines += ["| L | mask | rounds | build mask (s) | forward (s) | backward (s) | mask + fwd + bwd (s) | "
-                  "structured / dense | peak MiB | peak / (L, H·d) | mask MiB | tiles classified |",
-                  "| --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
+                  "structured / dense | fwd + bwd % peak | peak MiB | peak / (L, H·d) | mask MiB | tiles classified |",
+                  "| --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: "
+                  "| ---: |"]  # fmt: skip
         for L in (L for L in lengths if L <= args.max_len):
             for kind in KINDS:
                 row = rows.get((family, kind, L))
                 if row is None:
-                    lines.append(f"| {L} | {kind} | 0 | {skipped.get((family, L), '')} | | | | | | | | |")
+                    lines.append(f"| {L} | {kind} | 0 | {skipped.get((family, L), '')} | | | | | | | | | |")
                     continue
                 n = len(row["t_fwd"])
                 tot, rat = [total(row, r) for r in range(n)], ratio(rows, family, L) if kind == "structured" else ""
+                fb = min(row["t_fwd"][r] + row["t_bwd"][r] for r in range(n))  # the best forward + backward
                 lines.append(f"| {L} | {kind} | {n} | {best(row['t_mask'])} | {best(row['t_fwd'])} | "
                              f"{best(row['t_bwd'])} | {best(tot)} | {rat} | "
+                             f"{pct(fwd_bwd_flops(family, L), fb, peak)} | "
                              f"{row['peak']:.0f} | {row['peak'] * MiB / (L * H * D * 4):.1f} | "
                              f"{row['mask_mib']:.2f} | {row['tiles']} |")  # fmt: skip
         lines.append("")
@@ -284,6 +302,7 @@ def main(argv=None) -> int:
         env = environment(args.threads)
         env.pop("torch", None)  # not used here
         print("\n".join(f"{k}: {v}" for k, v in env.items()), flush=True)
+        print(gemm_peak(np.float32, args.threads).line(), flush=True)  # measured before the timings, used after
         rows, skipped, loads = measure(args)
     env["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     lines = report(args, env, rows, skipped, loads, time.perf_counter() - start)

@@ -6,12 +6,15 @@ Each peer is a plain NumPy-style MHA written once with the array module ``xp`` (
 our module's parameters, differentiated by its framework. Before any timing, its output and every gradient (input
 and parameters) must agree with ours (float64: 1e-10 relative to the largest entry); a peer that disagrees is
 reported and not timed. Then ours (vectorized, chunked) and the peers run in interleaved rounds; the table gives
-each peer's time over our best kernel's, with the spread over rounds. Install the peers with
+each peer's time over our best kernel's, with the spread over rounds, and every row's share of the GEMM peak
+measured in the same run (``gemm_peak.py``; the same FLOPs for every row of a shape: ``flops.self_attention``).
+Install the peers with
 ``pip install -r benchmarks/requirements.txt`` (benchmarks only: the package and its tests never import them).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -19,8 +22,11 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_compare import interleaved, ratio_spread  # noqa: E402
+from flops import self_attention  # noqa: E402
+from gemm_peak import gemm_peak, pct, peak_lines  # noqa: E402
 
 from mha_numpy import MultiHeadAttention  # noqa: E402
 
@@ -94,8 +100,17 @@ def worst_error(a, b) -> float:
     return max(float(np.abs(np.asarray(u) - v).max()) for u, v in pairs) / largest
 
 
-def run(shapes=SHAPES, dtype=np.float64, rounds: int = 3, tol: float = 1e-10) -> list[dict]:
-    """Verify every peer against ours, then time ours and the verified peers interleaved -> rows."""
+def run(shapes=SHAPES, dtype=np.float64, rounds: int = 3, tol: float = 1e-10, threads: int | None = None) -> list:
+    """Verify every peer against ours, then time ours and the verified peers interleaved -> rows (NumPy's BLAS at
+    ``threads``, default min(2, cores); the GEMM peak measured at the same count)."""
+    from threadpoolctl import threadpool_limits
+
+    threads = threads or min(2, os.cpu_count() or 1)
+    with threadpool_limits(limits=threads, user_api="blas"):
+        return _run(shapes, dtype, rounds, tol, threads)
+
+
+def _run(shapes, dtype, rounds: int, tol: float, threads: int) -> list[dict]:
     rows = []
     for B, L, E, H in shapes:
         mha = MultiHeadAttention(E, H, dtype=dtype, rng=0)
@@ -128,17 +143,21 @@ def run(shapes=SHAPES, dtype=np.float64, rounds: int = 3, tol: float = 1e-10) ->
         for name, times in t.items():
             ratio, lo, hi = ratio_spread(times, t[best])
             rows.append(dict(shape=(B, L, E, H), dtype=np.dtype(dtype).name, variant=name, ms=1e3 * min(times),
-                             vs=best, ratio=ratio, lo=lo, hi=hi))  # fmt: skip
+                             vs=best, ratio=ratio, lo=lo, hi=hi, flops=self_attention(B, L, E, H, True),
+                             peak=gemm_peak(dtype, threads)))  # fmt: skip
             print(f"  ({B}, {L}, {E}, {H}) {name:<10} {1e3 * min(times):8.1f} ms  {ratio:5.2f}× ours ({best}) "
                   f"[{lo:.2f}..{hi:.2f}]", flush=True)  # fmt: skip
     return rows
 
 
 def table(rows: list[dict]) -> list[str]:
-    lines = ["| shape (B, L, E, H) | dtype | variant | fwd+bwd ms (best) | time / ours | spread |",
-             "| --- | --- | --- | ---: | ---: | --- |"]  # fmt: skip
+    """Each peer's time over ours and every row's share of the GEMM peak (the same FLOPs per shape)."""
+    lines = peak_lines(rows, "flops.self_attention, the same for every row of a shape")
+    lines += ["| shape (B, L, E, H) | dtype | variant | fwd+bwd ms (best) | time / ours | spread | % peak |",
+              "| --- | --- | --- | ---: | ---: | --- | ---: |"]  # fmt: skip
     lines += [f"| {r['shape']} | {r['dtype']} | {r['variant']} | {r['ms']:.1f} | {r['ratio']:.2f}× {r['vs']} | "
-              f"{r['lo']:.2f}..{r['hi']:.2f} |" for r in rows]  # fmt: skip
+              f"{r['lo']:.2f}..{r['hi']:.2f} | {pct(r.get('flops'), r['ms'] / 1e3, r.get('peak'))} |"
+              for r in rows]  # fmt: skip
     return lines
 
 

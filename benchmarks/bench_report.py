@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+from gemm_peak import pct, peak_lines, percent
 
 MiB = 2**20
 VARIANTS = ["naive", "vectorized", "chunked-t1", "chunked-t2", "auto", "torch-mha", "torch-sdpa"]
@@ -19,18 +20,36 @@ def score_bytes(B: int, H: int, L: int, itemsize: int) -> int:
 
 
 def ratio_table(rows: list[dict]) -> list[str]:
-    lines = ["| dtype | case | L | ours | ours ms (best) | torch-mha ms (best) | ours / torch | spread |",
-             "| --- | --- | ---: | --- | ---: | ---: | ---: | --- |"]  # fmt: skip
+    """Ours against torch-mha; both shares of the GEMM peak from the same FLOPs (``flops.self_attention``)."""
+    lines = peak_lines(rows, "flops.self_attention, the same for both")
+    lines += ["| dtype | case | L | ours | ours ms (best) | torch-mha ms (best) | ours / torch | spread | ours % peak "
+              "| torch % peak |", "| --- | --- | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: |"]  # fmt: skip
     lines += [f"| {r['dtype']} | {r['case']} | {r['L']} | {r['variant']} | {r['ours_ms']:.1f} | {r['torch_ms']:.1f} | "
-              f"{r['ratio']:.2f}× | {r['lo']:.2f}..{r['hi']:.2f} |" for r in rows]  # fmt: skip
+              f"{r['ratio']:.2f}× | {r['lo']:.2f}..{r['hi']:.2f} | "
+              f"{pct(r.get('flops'), r['ours_ms'] / 1e3, r.get('peak'))} | "
+              f"{pct(r.get('flops'), r['torch_ms'] / 1e3, r.get('peak'))} |" for r in rows]  # fmt: skip
     return lines
 
 
 def causal_table(rows: list[dict]) -> list[str]:
-    lines = ["| L | E | H | variant | unmasked ms | causal ms | causal / unmasked | spread |",
-             "| ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |"]  # fmt: skip
+    """Causal against unmasked per variant; the causal share counts the allowed L(L+1)/2 pairs only."""
+    lines = peak_lines(rows, "flops.self_attention; causal: the allowed L(L+1)/2 pairs only")
+    lines += ["| L | E | H | variant | unmasked ms | causal ms | causal / unmasked | spread | unmasked % peak "
+              "| causal % peak |", "| ---: | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: |"]  # fmt: skip
     lines += [f"| {r['L']} | {r['E']} | {r['H']} | {r['variant']} | {r['full_ms']:.0f} | {r['causal_ms']:.0f} | "
-              f"{r['ratio']:.2f}× | {r['lo']:.2f}..{r['hi']:.2f} |" for r in rows]  # fmt: skip
+              f"{r['ratio']:.2f}× | {r['lo']:.2f}..{r['hi']:.2f} | "
+              f"{pct(r.get('full_flops'), r['full_ms'] / 1e3, r.get('peak'))} | "
+              f"{pct(r.get('causal_flops'), r['causal_ms'] / 1e3, r.get('peak'))} |" for r in rows]  # fmt: skip
+    return lines
+
+
+def sweep_table(sweep: list[dict]) -> list[str]:
+    """The chunked kernel's block sizes: time and share of the GEMM peak (``flops.self_attention``)."""
+    lines = peak_lines(sweep, "flops.self_attention")
+    lines += ["| dtype | L | block_size | num_threads | fwd+bwd ms | % peak |",
+              "| --- | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    lines += [f"| {s['dtype']} | {s['L']} | {s['block_size']} | {s['num_threads']} | {s['fwd_bwd_s'] * 1e3:.1f} | "
+              f"{pct(s.get('flops'), s['fwd_bwd_s'], s.get('peak'))} |" for s in sweep]  # fmt: skip
     return lines
 
 
@@ -57,6 +76,9 @@ def write_outputs(out: Path, env: dict, rows, sweep, mem: dict | None, extra: di
     for dtype in dict.fromkeys(r["dtype"] for r in rows):
         peak = next(r["peak"] for r in rows if r["dtype"] == dtype)
         lines += [f"## {dtype} (GEMM peak {peak:.1f} GFLOP/s)", ""]
+        lines += [f"% peak = model FLOPs (flops.self_attention, the same for every variant of a row's case) / time / "
+                  f"GEMM peak {peak:.1f} GFLOP/s ({dtype}, {env.get('threads', '?')} BLAS threads; the best of 5 "
+                  "(2048 × 2048) @ (2048 × 2048) NumPy products, measured in this run).", ""]  # fmt: skip
         lines += ["| case | L | variant | fwd ms | fwd+bwd ms | GFLOP/s | % peak | fwd % peak | peak MiB |"]
         lines += ["| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in rows:
@@ -67,15 +89,13 @@ def write_outputs(out: Path, env: dict, rows, sweep, mem: dict | None, extra: di
                 continue
             lines.append(
                 f"| {r['case']} | {r['L']} | {r['variant']} | {r['fwd_s'] * 1e3:.1f} | {r['fwd_bwd_s'] * 1e3:.1f} | "
-                f"{r['fwd_bwd_gflops']:.1f} | {r['fwd_bwd_pct_peak']:.0f}% | {r['fwd_pct_peak']:.0f}% | "
+                f"{r['fwd_bwd_gflops']:.1f} | {percent(r['fwd_bwd_pct_peak'])} | {percent(r['fwd_pct_peak'])} | "
                 f"{fmt(r.get('peak_mib'))} |"
             )
         lines.append("")
     if sweep:
         lines += ["## chunked block size and threads (forward + backward, E=768, H=12)", ""]
-        lines += ["| dtype | L | block_size | num_threads | fwd+bwd ms |", "| --- | ---: | ---: | ---: | ---: |"]
-        lines += [f"| {s['dtype']} | {s['L']} | {s['block_size']} | {s['num_threads']} | {s['fwd_bwd_s'] * 1e3:.1f} |"
-                  for s in sweep]  # fmt: skip
+        lines += sweep_table(sweep)
         lines.append("")
     sections = (
         (

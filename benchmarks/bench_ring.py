@@ -18,6 +18,10 @@ For each P it launches ``mpiexec -n P python benchmarks/bench_ring.py --worker .
 Writes ring_results.md, ring_results.csv and distributed_ring.png into ``--out`` (default out/bench/);
 ``--write-results`` writes the committed copies: benchmarks/ring_results.{md,csv} and docs/distributed_ring.png.
 Timings on a loaded machine say little: the memory, the bytes and the errors do not depend on the load.
+Share of the GEMM peak, per rank: the core's useful FLOPs of one rank (``flops.ring_per_rank``: forward +
+backward over the causal pairs, divided by P, zigzag giving every rank the same share) over the slowest rank's
+forward + backward time, divided by the float64 GEMM peak of ONE core measured in the same run (``gemm_peak.py``,
+1 thread): on 2 cores a rank has one core at P = 2, both at P = 1, and less than one when oversubscribed.
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from flops import ring_per_rank  # noqa: E402
+from gemm_peak import gemm_peak, pct  # noqa: E402
 
 from mha_numpy.distributed import experiment  # noqa: E402
 
@@ -73,15 +81,16 @@ def launch(P: int, spec: dict) -> list[dict]:
 def summarise(P: int, runs: list[dict]) -> dict:
     memory = runs[0]
     ranks = memory["result"]["ranks"]
-    config = experiment.RingConfig(**memory["config"])
+    c = experiment.RingConfig(**memory["config"])
     row = {
         "P": P,
         "peak_MiB": max(r["peak_bytes"] for r in ranks) / 2**20,
         "bytes_sent": max(r["bytes_sent"] for r in ranks),
-        "bytes_formula": config.bytes_formula(P),
+        "bytes_formula": c.bytes_formula(P),
         "forward_s": max(r["forward_s"] for r in ranks),
         "backward_s": max(r["backward_s"] for r in ranks),
         "float64_error": max(memory["result"]["errors"].values()),
+        "flops_per_rank": ring_per_rank(c.length, c.heads, c.head_dim, P, True, c.causal, c.batch),
     }
     for order in ("sequential", "tree"):
         errs = [run["result"]["errors"] for run in runs[1:] if run["config"]["order"] == order]
@@ -90,7 +99,11 @@ def summarise(P: int, runs: list[dict]) -> dict:
     return row
 
 
-def write(rows: list[dict], out: Path, command: str, length: int, seeds: int, wall: float, load: tuple) -> None:
+def write(rows: list[dict], out: Path, command: str, length: int, seeds: int, wall: float, load: tuple,
+          peak=None) -> None:  # fmt: skip
+    """ring_results.md, .csv and the plot; ``peak``: the ``gemm_peak.Peak`` of the shares (default: this run's
+    float64 peak at one thread)."""
+    peak = peak or gemm_peak("float64", 1)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "ring_results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -106,17 +119,20 @@ def write(rows: list[dict], out: Path, command: str, length: int, seeds: int, wa
         f"mask (every row merges P partials), the worst of {seeds} seeds, against the float64 single-process "
         "result, relative to the largest entry.",
         "",
+        "% peak per rank = the core's FLOPs of one rank (flops.ring_per_rank: forward + backward over the causal "
+        f"pairs / P) / (forward + backward s) / {peak.line()}.",
+        "",
         "| P | peak per rank (MiB) | × P / peak(1) | bytes sent per rank | formula (3P-2) blocks | forward (s) | "
         "backward (s) | float64 error | f32 context, sequential | f32 context, tree | f32 dq/dk/dv, sequential "
-        "| f32 dq/dk/dv, tree |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| f32 dq/dk/dv, tree | % peak per rank |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         lines.append(
             f"| {r['P']} | {r['peak_MiB']:.2f} | {r['peak_MiB'] * r['P'] / base:.2f} | {r['bytes_sent']:,} | "
             f"{r['bytes_formula']:,} | {r['forward_s']:.3f} | {r['backward_s']:.3f} | {r['float64_error']:.1e} | "
             f"{r['f32_context_sequential']:.2e} | {r['f32_context_tree']:.2e} | {r['f32_grads_sequential']:.2e} | "
-            f"{r['f32_grads_tree']:.2e} |"
+            f"{r['f32_grads_tree']:.2e} | {pct(r['flops_per_rank'], r['forward_s'] + r['backward_s'], peak)} |"
         )
     (out / "ring_results.md").write_text("\n".join(lines) + "\n")
     plot(rows, out / "distributed_ring.png", length)

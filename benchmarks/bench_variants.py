@@ -10,13 +10,17 @@
     python benchmarks/bench_variants.py              # N = 1024, L = 16384: a few minutes on 2 cores
 
 Times are the median of ``--repeats`` runs (decoding: one run each, it is long); memory is the tracemalloc peak of
-NumPy allocations during the call (the (L, L) bool mask is built before and not counted). Writes
-``variants_results.md`` into ``--out`` (default benchmarks/).
+NumPy allocations during the call (the (L, L) bool mask is built before and not counted). "% peak": useful FLOPs
+over the time over the GEMM peak measured in the same run at ``--threads`` (``gemm_peak.py``): decoding counts
+``flops.kv_decoding`` for both rows (recomputing does the same useful work, and more); the window table counts
+``flops.self_attention`` over each mask's allowed pairs only. Writes ``variants_results.md`` into ``--out``
+(default benchmarks/).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tracemalloc
 from pathlib import Path
@@ -25,8 +29,11 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_attention import median_time  # noqa: E402
+from flops import causal_entries, kv_decoding, self_attention, window_entries  # noqa: E402
+from gemm_peak import gemm_peak, pct  # noqa: E402
 
 from mha_numpy import KVCache, MultiHeadAttention, masks  # noqa: E402
 
@@ -112,6 +119,7 @@ def window(L: int, w: int, E: int, H: int, dtype, repeats: int) -> list[dict]:
                 t_fwd_bwd=timed(fwd_bwd, repeats),
                 peak_mib=peak_mib(fwd_bwd),
                 allowed=float(mask.mean()),
+                entries=causal_entries(L) if name == "full causal" else window_entries(L, w),
             )
         )
     return rows
@@ -123,36 +131,74 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks", help="output directory (default benchmarks/)")
     p.add_argument("--repeats", type=int, default=1, help="repeats of the window timings (median)")
     p.add_argument("--every", type=int, default=None, help="recompute every k-th step only (default: 1 quick, 8 full)")
+    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="BLAS threads")
     args = p.parse_args(argv)
-    N, L = (256, 4096) if args.quick else (1024, 16384)
-    every = args.every or (1 if args.quick else 8)
+    from threadpoolctl import threadpool_limits
 
-    lines = ["# Today's variants: KV-cache decoding and sliding-window attention", ""]
-    lines += ["Made by `python benchmarks/bench_variants.py" + (" --quick" if args.quick else "") + "`.", ""]
-    lines += [f"## Decoding {N} tokens one at a time (E = 256, H = 8, RoPE, float64)", ""]
-    if every > 1:
-        lines += [f"Recomputation timed on every {every}th step and multiplied by {every} (an estimate).", ""]
-    lines += ["| Hkv | with KVCache (s) | recompute causal prefix (s) | ratio | max abs diff | cache MiB |"]
-    lines += ["| --- | --- | --- | --- | --- | --- |"]
-    for Hkv in (8, 2):
-        r = decoding(N, 256, 8, Hkv, np.float64, every)
-        print(r, flush=True)
-        lines.append(
-            f"| {Hkv} | {r['t_cache']:.2f} | {r['t_full']:.2f} | {r['ratio']:.1f}× | {r['max_diff']:.1e} | "
-            f"{r['kv_mib']:.2f} |"
-        )
-    lines += ["", f"## Chunked kernel at L = {L}: causal window of 256 vs full causal (E = 256, H = 4, float32)", ""]
-    lines += ["| mask | allowed fraction | forward (s) | forward + backward (s) | peak MiB (fwd + bwd) |"]
-    lines += ["| --- | --- | --- | --- | --- |"]
-    for r in window(L, 256, 256, 4, np.float32, args.repeats):
-        print(r, flush=True)
-        lines.append(
-            f"| {r['mask']} | {r['allowed']:.4f} | {r['t_fwd']:.2f} | {r['t_fwd_bwd']:.2f} | {r['peak_mib']:.0f} |"
-        )
+    load0 = os.getloadavg()[0]
+    with threadpool_limits(limits=args.threads, user_api="blas"):
+        lines = tables(args, load0)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "variants_results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
+
+
+def tables(args, load0: float) -> list[str]:
+    """Measure both parts -> the markdown lines."""
+    N, L = (256, 4096) if args.quick else (1024, 16384)
+    every = args.every or (1 if args.quick else 8)
+
+    lines = ["# Today's variants: KV-cache decoding and sliding-window attention", ""]
+    cmd = "python benchmarks/bench_variants.py" + (" --quick" if args.quick else "")
+    lines += [f"Made by `{cmd}` with {args.threads} BLAS threads; load average {load0:.2f} at the start.", ""]
+    decode_rows = []
+    for Hkv in (8, 2):
+        decode_rows.append(decoding(N, 256, 8, Hkv, np.float64, every))
+        print(decode_rows[-1], flush=True)
+    peak64 = gemm_peak(np.float64, args.threads)
+    lines += decoding_table(decode_rows, peak64)
+    window_rows = window(L, 256, 256, 4, np.float32, args.repeats)
+    print(window_rows, flush=True)
+    lines += ["", *window_table(window_rows, gemm_peak(np.float32, args.threads))]
+    return lines + ["", f"Load average at the end: {os.getloadavg()[0]:.2f}."]
+
+
+def decoding_table(rows: list[dict], peak) -> list[str]:
+    """KV cache against recomputing: times, ratio, and both shares of the peak from the same ``flops.kv_decoding``."""
+    r0 = rows[0]
+    lines = [f"## Decoding {r0['N']} tokens one at a time (E = {r0['E']}, H = {r0['H']}, RoPE, {r0['dtype']})", ""]
+    if r0["every"] > 1:
+        lines += [f"Recomputation timed on every {r0['every']}th step and multiplied by {r0['every']} (an estimate).",
+                  ""]  # fmt: skip
+    lines += ["% peak = the useful FLOPs of decoding (flops.kv_decoding: per step one token's projections and its "
+              f"attention over the keys so far; the same for both columns) / time / {peak.line()}.", ""]  # fmt: skip
+    lines += ["| Hkv | with KVCache (s) | recompute causal prefix (s) | ratio | max abs diff | cache MiB "
+              "| KVCache % peak | recompute % peak |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for r in rows:
+        fl = kv_decoding(r["N"], r["E"], r["H"], r["Hkv"])
+        lines.append(
+            f"| {r['Hkv']} | {r['t_cache']:.2f} | {r['t_full']:.2f} | {r['ratio']:.1f}× | {r['max_diff']:.1e} | "
+            f"{r['kv_mib']:.2f} | {pct(fl, r['t_cache'], peak)} | {pct(fl, r['t_full'], peak)} |"
+        )
+    return lines
+
+
+def window_table(rows: list[dict], peak, E: int = 256, H: int = 4) -> list[str]:
+    """Window against full causal: times, memory, and each row's share of the peak over its allowed pairs."""
+    L = rows[0]["L"]
+    lines = [f"## Chunked kernel at L = {L}: causal window of 256 vs full causal (E = {E}, H = {H}, float32)", ""]
+    lines += ["% peak = useful FLOPs (flops.self_attention over the row's allowed pairs only) / time / "
+              f"{peak.line()}.", ""]  # fmt: skip
+    lines += ["| mask | allowed fraction | forward (s) | forward + backward (s) | peak MiB (fwd + bwd) "
+              "| forward % peak | fwd + bwd % peak |", "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for r in rows:
+        fwd, both = (self_attention(1, r["L"], E, H, b, entries=r["entries"]) for b in (False, True))
+        lines.append(
+            f"| {r['mask']} | {r['allowed']:.4f} | {r['t_fwd']:.2f} | {r['t_fwd_bwd']:.2f} | {r['peak_mib']:.0f} | "
+            f"{pct(fwd, r['t_fwd'], peak)} | {pct(both, r['t_fwd_bwd'], peak)} |"
+        )
+    return lines
 
 
 if __name__ == "__main__":
