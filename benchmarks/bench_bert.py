@@ -4,7 +4,8 @@
     python benchmarks/bench_bert.py --batch 16 --length 32 --threads 1 2 --dtype float32
     python benchmarks/bench_bert.py --batch 4 --length 16 --rounds 1     # a smoke run: seconds
 
-Inference (``mha_numpy.bert.BertModel(ids, mask, types)`` against ``transformers.BertModel`` under
+Inference (``mha_numpy.bert.BertModel(ids, mask, types, output_attentions=False, output_hidden_states=False)``,
+the last hidden state as transformers returns by default, against ``transformers.BertModel`` under
 ``torch.no_grad``, eager and sdpa attention) and forward + backward (``BertModel.forward`` + ``BertModel.backward``,
 every parameter gradient, against ``last_hidden_state.backward`` with every parameter requiring a gradient, eval
 mode). The same weights (transformers loads the same directory), the same sentences (tokenized with the model's
@@ -100,7 +101,9 @@ def _run(ours, theirs, torch, batches, rounds, threads) -> list[dict]:
 
 def _ours(model, ids, mask, types, d, mode):
     if mode == "inference":
-        return lambda: model(ids, mask, types)
+        # the outputs transformers' call returns by default: the last hidden state (and its pooler), not every
+        # layer's attention maps and hidden states, which ours keeps unless asked not to
+        return lambda: model(ids, mask, types, output_attentions=False, output_hidden_states=False)
 
     def fwd_bwd():
         out, cache = model.forward(ids, mask, types)
