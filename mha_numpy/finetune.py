@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._checks import as_bool, as_int, as_number
+from ._checks import as_bool, as_int, as_number, positive_int_or_none
 from .models.bert import BertModel
 from .models.classifier import BertClassifier
-from .optim import AdamW, clip_grad_norm, global_norm, warmup_linear
+from .optim import AdamW, clip_grad_norm, warmup_linear
 from .threads import blas_single_threaded
 
 TASK = "sentiment"
@@ -93,12 +93,13 @@ class FinetuneResult:
     config: dict = field(default_factory=dict)
 
 
-def evaluate(clf: BertClassifier, texts: list[str], labels: np.ndarray, batch_size: int = 64) -> float:
-    """Accuracy of ``clf`` (eval mode) on ``texts``."""
+def evaluate(
+    clf: BertClassifier, texts: list[str], labels: np.ndarray, batch_size: int = 64, num_threads: int | None = None
+) -> float:
+    """Accuracy of ``clf`` (eval mode) on ``texts``; each batch in ``num_threads`` bands (None: one per core)."""
     correct = 0
     for s in range(0, len(texts), batch_size):
-        inputs = clf.bert.tokenize(texts[s : s + batch_size])
-        logits, _ = clf.forward(inputs.input_ids, inputs.attention_mask, inputs.token_type_ids)
+        logits = clf.logits(clf.bert.tokenize(texts[s : s + batch_size]), num_threads)  # (b, C)
         correct += int((logits.argmax(-1) == labels[s : s + batch_size]).sum())
     return correct / len(texts)
 
@@ -123,12 +124,16 @@ def finetune(
     seed: int = 0,
     log_every: int = 10,
     log: Callable[[str], None] | None = print,
+    num_threads: int | None = None,
 ) -> FinetuneResult:
     """Fine-tune ``model`` (its ``params`` change in memory) on the sentiment task; -> FinetuneResult.
 
     warmup: warm-up steps (default 10% of ``steps``). dropout: BERT's dropouts while training (masks from the seed).
     steps, batch_size, eval_size, log_every: positive ints; seed, warmup: non-negative ints; lr, max_grad_norm: > 0;
     weight_decay: >= 0 (a ValueError naming the argument otherwise, before any work).
+    num_threads: each batch (training and evaluation) runs as that many bands of sentences on a pool of threads,
+    BLAS on one thread each (None: one per available core); the results do not depend on it beyond rounding
+    (``BertClassifier.loss_and_grads``).
     """
     if not isinstance(model, BertModel):
         raise ValueError(f"model must be a mha_numpy BertModel, got {type(model).__name__}")
@@ -140,6 +145,7 @@ def finetune(
     warmup = None if warmup is None else as_int(warmup, "warmup", minimum=0)
     lr, max_grad_norm = as_number(lr, "lr", positive=True), as_number(max_grad_norm, "max_grad_norm", positive=True)
     weight_decay, dropout = as_number(weight_decay, "weight_decay", minimum=0), as_bool(dropout, "dropout")
+    num_threads = positive_int_or_none(num_threads, "num_threads")
     if log is not None and not callable(log):
         raise ValueError(f"log must be a function of one str, or None; got {log!r:.60}")
     seq_head, seq_data, seq_eval, seq_drop = np.random.SeedSequence(seed).spawn(4)
@@ -154,21 +160,23 @@ def finetune(
     with blas_single_threaded():
         example = {"text": eval_texts[0], "word": eval_words[0], "tokens": model.tokenize(eval_texts[0]).tokens[0]}
         example["before"] = _attentions(clf, example["text"])
-        accuracy_before = evaluate(clf, eval_texts, eval_labels)
+        accuracy_before = evaluate(clf, eval_texts, eval_labels, num_threads=num_threads)
         if log:
             log(f"held-out accuracy before fine-tuning: {accuracy_before:.3f} ({eval_size} sentences)")
         for step in range(steps):
             texts, labels, _ = make_sentences("train", batch_size, data_rng)
             opt.lr = lr * warmup_linear(step, steps, warmup)
-            loss, logits, grads, _ = clf.loss_and_grads(model.tokenize(texts), labels, dropout, drop_rng)
-            norm = global_norm({n: grads[n] for n in trainable})
-            opt.step(clip_grad_norm({n: grads[n] for n in trainable}, max_grad_norm)[0])
+            loss, logits, grads, _ = clf.loss_and_grads(
+                model.tokenize(texts), labels, dropout, drop_rng, num_threads, names=list(trainable)
+            )  # only the trainable parameters' gradients: the frozen table's is not summed over the bands
+            clipped, norm = clip_grad_norm(grads, max_grad_norm)  # norm: before clipping
+            opt.step(clipped)
             accuracy = float((logits.argmax(-1) == labels).mean())
             for key, value in zip(history, (step + 1, loss, accuracy, norm, opt.lr)):
                 history[key].append(value)
             if log and ((step + 1) % log_every == 0 or step in (0, steps - 1)):
                 log(f"step {step + 1:4d}/{steps}  loss {loss:.4f}  accuracy {accuracy:.3f}  grad norm {norm:.2f}")
-        accuracy = evaluate(clf, eval_texts, eval_labels)
+        accuracy = evaluate(clf, eval_texts, eval_labels, num_threads=num_threads)
         example["after"] = _attentions(clf, example["text"])
     config = dict(task=TASK, steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, weight_decay=weight_decay,
                   max_grad_norm=max_grad_norm, dropout=dropout, eval_size=eval_size, seed=seed)  # fmt: skip

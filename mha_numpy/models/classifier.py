@@ -5,6 +5,15 @@
 
 Mean pooling, not BERT's [CLS] pooler: all-MiniLM-L6-v2 was trained to make sentence embeddings as the mean
 of its token vectors (its pooler weights are unused), so the mean is the feature it already knows.
+
+Bands (``loss_and_grads``, ``logits``): the batch runs as bands of sentences, one per thread of a pool, BLAS on one
+thread each, as ``BertModel.__call__`` runs inference. Sentences never meet before the loss (attention stays within
+a sentence), so each band's forward is the one-band forward of its rows; the loss is then taken over the whole
+batch's logits, and each band's backward gets its rows of d_logits, which already carry the mean's 1/B:
+
+    d_logits = (p - onehot) / B  (B, C)     grads = Σ_bands backward(d_logits[band])     (sums over sentences)
+
+so the bands' parameter gradients add up to the one-band gradient, up to rounding (tests/test_finetune.py).
 """
 
 from __future__ import annotations
@@ -14,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import functional as F
+from .._checks import positive_int_or_none
+from ..threads import AVAILABLE_CORES, row_bands, run_items
 from . import layers as LY
 from .bert import BertCache, BertModel
 
@@ -60,9 +71,61 @@ class BertClassifier:
         d_h = LY.mean_pool_backward(d_pooled, cache._caches["pool"])  # ← F1: (B, L, E)
         return {**self.bert.backward(d_h.astype(self.bert.dtype, copy=False), cache.bert), HEAD[0]: dW, HEAD[1]: db}
 
-    def loss_and_grads(self, inputs, labels: np.ndarray, training=False, rng=None):
-        """One forward and backward on a BertInputs batch: -> (loss, logits (B, C), grads, cache)."""
-        logits, cache = self.forward(inputs.input_ids, inputs.attention_mask, inputs.token_type_ids, training, rng)
+    def logits(self, inputs, num_threads: int | None = None) -> np.ndarray:
+        """Eval-mode logits (B, C) of a BertInputs batch, in ``num_threads`` bands (None: one per available core)."""
+        bands = self._bands(inputs, num_threads)
+        return np.concatenate([logits for logits, _ in self._forward_bands(inputs, bands, False, None)])  # (B, C)
+
+    def loss_and_grads(self, inputs, labels: np.ndarray, training=False, rng=None, num_threads=1, names=None):
+        """One forward and backward on a BertInputs batch: -> (loss, logits (B, C), grads, caches).
+
+        num_threads: the batch runs as that many bands of sentences, each band's forward and backward on its own
+        thread (None: one band per available core; 1: the plain one-band call). The dropout keep-masks are drawn
+        for the whole batch from ``rng``, as a one-band forward draws them, and each band takes its rows, so the
+        masks (and the results, up to rounding) do not depend on the band count.
+        names: the parameters whose gradients are returned (default: all of ``params``); a frozen table's need not
+        be summed over the bands. caches: one ClassifierCache per band.
+        """
+        bands = self._bands(inputs, num_threads)
+        B, L = np.shape(inputs.input_ids)
+        drop = self.bert.sample_dropout_masks(B, L, rng) if training else None  # the whole batch's: (B, ...) each
+        outs = self._forward_bands(inputs, bands, training, drop)
+        logits = np.concatenate([band_logits for band_logits, _ in outs])  # (B, C)
         loss, c_loss = LY.softmax_cross_entropy_forward(logits, labels)
-        grads = self.backward(LY.softmax_cross_entropy_backward(1.0, c_loss), cache)
-        return loss, logits, grads, cache
+        d_logits = LY.softmax_cross_entropy_backward(1.0, c_loss)  # (B, C), the mean's 1/B inside
+        band_grads = [None] * len(bands)
+
+        def backward(i: int) -> None:
+            band_grads[i] = self.backward(d_logits[bands[i]], outs[i][1])
+
+        run_items(backward, range(len(bands)), len(bands))
+        names = list(self.params) if names is None else names
+        if len(bands) == 1:
+            grads = {name: band_grads[0][name] for name in names}
+        else:  # Σ over the bands, band by band in order
+            grads = {name: np.add(band_grads[0][name], band_grads[1][name]) for name in names}
+            for g in band_grads[2:]:
+                for name in names:
+                    grads[name] += g[name]
+        return loss, logits, grads, [cache for _, cache in outs]
+
+    def _bands(self, inputs, num_threads) -> list[slice]:
+        threads = positive_int_or_none(num_threads, "num_threads") or AVAILABLE_CORES
+        shape = np.shape(inputs.input_ids)
+        if len(shape) != 2 or shape[0] == 0:
+            raise ValueError(f"inputs.input_ids must be a non-empty (B, L) batch, got shape {shape}")
+        return row_bands(shape[0], min(threads, shape[0]))
+
+    def _forward_bands(self, inputs, bands, training, drop) -> list[tuple[np.ndarray, ClassifierCache]]:
+        """(logits (b, C), cache) of each band, the bands on a pool; drop: the whole batch's dropout masks or None."""
+        ids, mask, types = inputs.input_ids, inputs.attention_mask, inputs.token_type_ids
+        outs = [None] * len(bands)
+
+        def forward(i: int) -> None:
+            rows = bands[i]
+            band_drop = None if drop is None else {name: m[rows] for name, m in drop.items()}  # (b, ...) views
+            outs[i] = self.forward(ids[rows], mask[rows], None if types is None else types[rows], training, None,
+                                   band_drop)  # fmt: skip
+
+        run_items(forward, range(len(bands)), len(bands))
+        return outs
