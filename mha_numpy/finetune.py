@@ -23,7 +23,7 @@ from ._checks import as_bool, as_int, as_number, positive_int_or_none
 from .models.bert import BertModel
 from .models.classifier import BertClassifier
 from .optim import AdamW, clip_grad_norm, warmup_linear
-from .threads import blas_single_threaded
+from .threads import AVAILABLE_CORES, blas_single_threaded, run_items
 
 TASK = "sentiment"
 POSITIVE = {
@@ -71,6 +71,15 @@ def make_sentences(split: str, n: int, rng: np.random.Generator) -> tuple[list[s
         texts.append(template.format(noun=noun, adj=adj))
         words.append(str(adj))
     return texts, labels.astype(np.int64), words
+
+
+def split_evenly(params: dict[str, np.ndarray], n: int) -> list[dict[str, np.ndarray]]:
+    """``params`` in ``n`` groups of about equal size (largest first, each to the smallest group so far)."""
+    sizes, groups = [0] * n, [{} for _ in range(n)]
+    for name in sorted(params, key=lambda name: -params[name].size):
+        i = sizes.index(min(sizes))
+        groups[i][name], sizes[i] = params[name], sizes[i] + params[name].size
+    return [g for g in groups if g]
 
 
 def no_decay_names(params) -> set[str]:
@@ -152,7 +161,9 @@ def finetune(
     data_rng, drop_rng = np.random.default_rng(seq_data), np.random.default_rng(seq_drop)
     clf = BertClassifier(model, 2, rng=np.random.default_rng(seq_head))
     trainable = {n: p for n, p in clf.params.items() if n != "embeddings.word_embeddings.weight"}
-    opt = AdamW(trainable, lr=lr, weight_decay=weight_decay, no_decay=no_decay_names(trainable))
+    # AdamW is elementwise: one optimizer per group of parameters, the groups stepped on the pool's threads
+    groups = split_evenly(trainable, min(num_threads or AVAILABLE_CORES, len(trainable)))
+    opts = [AdamW(g, lr=lr, weight_decay=weight_decay, no_decay=no_decay_names(g)) for g in groups]
     warmup = max(1, steps // 10) if warmup is None else warmup
     eval_texts, eval_labels, eval_words = make_sentences("heldout", eval_size, np.random.default_rng(seq_eval))
     history: dict[str, list] = {"step": [], "loss": [], "accuracy": [], "grad_norm": [], "lr": []}
@@ -165,14 +176,16 @@ def finetune(
             log(f"held-out accuracy before fine-tuning: {accuracy_before:.3f} ({eval_size} sentences)")
         for step in range(steps):
             texts, labels, _ = make_sentences("train", batch_size, data_rng)
-            opt.lr = lr * warmup_linear(step, steps, warmup)
+            step_lr = lr * warmup_linear(step, steps, warmup)
             loss, logits, grads, _ = clf.loss_and_grads(
                 model.tokenize(texts), labels, dropout, drop_rng, num_threads, names=list(trainable)
             )  # only the trainable parameters' gradients: the frozen table's is not summed over the bands
             clipped, norm = clip_grad_norm(grads, max_grad_norm)  # norm: before clipping
-            opt.step(clipped)
+            for opt in opts:
+                opt.lr = step_lr
+            run_items(lambda opt, grads=clipped: opt.step(grads), opts, len(opts))
             accuracy = float((logits.argmax(-1) == labels).mean())
-            for key, value in zip(history, (step + 1, loss, accuracy, norm, opt.lr)):
+            for key, value in zip(history, (step + 1, loss, accuracy, norm, step_lr)):
                 history[key].append(value)
             if log and ((step + 1) % log_every == 0 or step in (0, steps - 1)):
                 log(f"step {step + 1:4d}/{steps}  loss {loss:.4f}  accuracy {accuracy:.3f}  grad norm {norm:.2f}")

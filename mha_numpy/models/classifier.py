@@ -99,14 +99,17 @@ class BertClassifier:
             band_grads[i] = self.backward(d_logits[bands[i]], outs[i][1])
 
         run_items(backward, range(len(bands)), len(bands))
-        names = list(self.params) if names is None else names
+        names = list(self.params) if names is None else list(names)
         if len(bands) == 1:
-            grads = {name: band_grads[0][name] for name in names}
-        else:  # Σ over the bands, band by band in order
-            grads = {name: np.add(band_grads[0][name], band_grads[1][name]) for name in names}
+            return loss, logits, {name: band_grads[0][name] for name in names}, [outs[0][1]]
+        grads = dict.fromkeys(names)  # the order of params; filled on the pool
+
+        def total(name: str) -> None:  # Σ over the bands, band by band in order
+            grads[name] = np.add(band_grads[0][name], band_grads[1][name])
             for g in band_grads[2:]:
-                for name in names:
-                    grads[name] += g[name]
+                grads[name] += g[name]
+
+        run_items(total, names, len(bands))
         return loss, logits, grads, [cache for _, cache in outs]
 
     def _bands(self, inputs, num_threads) -> list[slice]:
