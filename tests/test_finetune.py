@@ -13,7 +13,7 @@ import pytest
 from helpers import require_torch
 
 from mha_numpy.bert import BertModel, default_model_dir
-from mha_numpy.finetune import NOUNS, TEMPLATES, finetune, make_sentences, no_decay_names
+from mha_numpy.finetune import NOUNS, TEMPLATES, evaluate, finetune, make_sentences, no_decay_names
 from mha_numpy.models.classifier import BertClassifier
 from mha_numpy.optim import AdamW, warmup_linear
 
@@ -166,11 +166,26 @@ def test_bands_give_the_one_band_loss_gradients_and_dropout_masks(model64):
         assert abs(loss - loss1) <= 1e-14 * abs(loss1)
         worst = max(float(np.abs(grads[n] - grads1[n]).max()) for n in grads1)
         assert worst <= 1e-12 * scale, (threads, worst / scale)
-    eval_logits = clf.logits(inputs, num_threads=3)
-    np.testing.assert_allclose(eval_logits, clf.logits(inputs, num_threads=1), rtol=0, atol=1e-13 * scale)
+    arrays = (inputs.input_ids, inputs.attention_mask, inputs.token_type_ids)
+    eval_logits = clf.logits(*arrays, num_threads=3)
+    one_band = clf.forward(*arrays)[0]
+    np.testing.assert_allclose(eval_logits, one_band, rtol=0, atol=1e-13 * np.abs(one_band).max())
     names = ["classifier.bias", "encoder.layer.0.output.dense.weight"]
     some = clf.loss_and_grads(inputs, labels, True, 7, num_threads=2, names=names)[2]
     assert list(some) == names and np.allclose(some[names[1]], grads1[names[1]], rtol=0, atol=1e-12 * scale)
+
+
+def test_evaluate_batched_by_length_is_the_plain_accuracy(model64):
+    """evaluate sorts the sentences by length and cuts each batch to its longest: the same predictions as one
+    padded batch in the given order (a label paired with the wrong sentence would change the count)."""
+    clf = BertClassifier(model64, 2, rng=np.random.default_rng(2))
+    clf.head["classifier.weight"] *= 50  # predictions that differ from sentence to sentence
+    texts, labels, _ = make_sentences("heldout", 21, np.random.default_rng(6))
+    inputs = model64.tokenize(texts)
+    predicted = clf.forward(inputs.input_ids, inputs.attention_mask, inputs.token_type_ids)[0].argmax(-1)
+    assert 0 < (predicted == labels).sum() < 21
+    for flipped in (labels, 1 - labels):
+        assert evaluate(clf, texts, flipped, batch_size=8) == (predicted == flipped).mean()
 
 
 @pytest.fixture(scope="module")

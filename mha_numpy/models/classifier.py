@@ -71,10 +71,11 @@ class BertClassifier:
         d_h = LY.mean_pool_backward(d_pooled, cache._caches["pool"])  # ← F1: (B, L, E)
         return {**self.bert.backward(d_h.astype(self.bert.dtype, copy=False), cache.bert), HEAD[0]: dW, HEAD[1]: db}
 
-    def logits(self, inputs, num_threads: int | None = None) -> np.ndarray:
-        """Eval-mode logits (B, C) of a BertInputs batch, in ``num_threads`` bands (None: one per available core)."""
-        bands = self._bands(inputs, num_threads)
-        return np.concatenate([logits for logits, _ in self._forward_bands(inputs, bands, False, None)])  # (B, C)
+    def logits(self, input_ids, attention_mask, token_type_ids=None, num_threads: int | None = None) -> np.ndarray:
+        """(B, L) ints -> eval-mode logits (B, C), in ``num_threads`` bands (None: one per available core)."""
+        batch = (input_ids, attention_mask, token_type_ids)
+        bands = self._bands(input_ids, num_threads)
+        return np.concatenate([logits for logits, _ in self._forward_bands(batch, bands, False, None)])  # (B, C)
 
     def loss_and_grads(self, inputs, labels: np.ndarray, training=False, rng=None, num_threads=1, names=None):
         """One forward and backward on a BertInputs batch: -> (loss, logits (B, C), grads, caches).
@@ -86,10 +87,11 @@ class BertClassifier:
         names: the parameters whose gradients are returned (default: all of ``params``); a frozen table's need not
         be summed over the bands. caches: one ClassifierCache per band.
         """
-        bands = self._bands(inputs, num_threads)
+        batch = (inputs.input_ids, inputs.attention_mask, inputs.token_type_ids)
+        bands = self._bands(inputs.input_ids, num_threads)
         B, L = np.shape(inputs.input_ids)
         drop = self.bert.sample_dropout_masks(B, L, rng) if training else None  # the whole batch's: (B, ...) each
-        outs = self._forward_bands(inputs, bands, training, drop)
+        outs = self._forward_bands(batch, bands, training, drop)
         logits = np.concatenate([band_logits for band_logits, _ in outs])  # (B, C)
         loss, c_loss = LY.softmax_cross_entropy_forward(logits, labels)
         d_logits = LY.softmax_cross_entropy_backward(1.0, c_loss)  # (B, C), the mean's 1/B inside
@@ -112,16 +114,17 @@ class BertClassifier:
         run_items(total, names, len(bands))
         return loss, logits, grads, [cache for _, cache in outs]
 
-    def _bands(self, inputs, num_threads) -> list[slice]:
+    def _bands(self, input_ids, num_threads) -> list[slice]:
         threads = positive_int_or_none(num_threads, "num_threads") or AVAILABLE_CORES
-        shape = np.shape(inputs.input_ids)
+        shape = np.shape(input_ids)
         if len(shape) != 2 or shape[0] == 0:
-            raise ValueError(f"inputs.input_ids must be a non-empty (B, L) batch, got shape {shape}")
+            raise ValueError(f"input_ids must be a non-empty (B, L) batch, got shape {shape}")
         return row_bands(shape[0], min(threads, shape[0]))
 
-    def _forward_bands(self, inputs, bands, training, drop) -> list[tuple[np.ndarray, ClassifierCache]]:
-        """(logits (b, C), cache) of each band, the bands on a pool; drop: the whole batch's dropout masks or None."""
-        ids, mask, types = inputs.input_ids, inputs.attention_mask, inputs.token_type_ids
+    def _forward_bands(self, batch, bands, training, drop) -> list[tuple[np.ndarray, ClassifierCache]]:
+        """(logits (b, C), cache) of each band, the bands on a pool. batch: (input_ids, attention_mask,
+        token_type_ids or None), (B, L) each; drop: the whole batch's dropout masks or None."""
+        ids, mask, types = batch
         outs = [None] * len(bands)
 
         def forward(i: int) -> None:
