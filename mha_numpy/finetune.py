@@ -22,7 +22,7 @@ import numpy as np
 from ._checks import as_bool, as_int, as_number, positive_int_or_none
 from .models.bert import BertModel
 from .models.classifier import BertClassifier
-from .optim import AdamW, clip_grad_norm, warmup_linear
+from .optim import AdamW, clip_grad_norm, global_norm, warmup_linear
 from .threads import AVAILABLE_CORES, blas_single_threaded, run_items
 
 TASK = "sentiment"
@@ -80,6 +80,23 @@ def split_evenly(params: dict[str, np.ndarray], n: int) -> list[dict[str, np.nda
         i = sizes.index(min(sizes))
         groups[i][name], sizes[i] = params[name], sizes[i] + params[name].size
     return [g for g in groups if g]
+
+
+def clipped_step(opts: list[AdamW], grads: dict[str, np.ndarray], max_norm: float, lr: float) -> float:
+    """Clip ``grads`` by their global norm and step each optimizer (each over its own group of the parameters), the
+    groups on the pool's threads; -> the global norm before clipping (from the groups' norms: the norm of the norms,
+    as torch's ``clip_grad_norm_``)."""
+    groups = [{name: grads[name] for name in opt.params} for opt in opts]
+    norms = [0.0] * len(opts)
+    run_items(lambda i: norms.__setitem__(i, global_norm(groups[i])), range(len(opts)), len(opts))
+    norm = float(np.sqrt(sum(n * n for n in norms)))
+
+    def step(i: int) -> None:
+        opts[i].lr = lr
+        opts[i].step(clip_grad_norm(groups[i], max_norm, norm)[0])
+
+    run_items(step, range(len(opts)), len(opts))
+    return norm
 
 
 def no_decay_names(params) -> set[str]:
@@ -188,10 +205,7 @@ def finetune(
             loss, logits, grads, _ = clf.loss_and_grads(
                 model.tokenize(texts), labels, dropout, drop_rng, num_threads, names=list(trainable)
             )  # only the trainable parameters' gradients: the frozen table's is not summed over the bands
-            clipped, norm = clip_grad_norm(grads, max_grad_norm)  # norm: before clipping
-            for opt in opts:
-                opt.lr = step_lr
-            run_items(lambda opt, grads=clipped: opt.step(grads), opts, len(opts))
+            norm = clipped_step(opts, grads, max_grad_norm, step_lr)
             accuracy = float((logits.argmax(-1) == labels).mean())
             for key, value in zip(history, (step + 1, loss, accuracy, norm, step_lr)):
                 history[key].append(value)

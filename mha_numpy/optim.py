@@ -18,15 +18,19 @@ def global_norm(grads: dict[str, np.ndarray]) -> float:
     return float(np.sqrt(sum(np.sum(g * g) for g in grads.values())))
 
 
-def clip_grad_norm(grads: dict[str, np.ndarray], max_norm: float) -> tuple[dict[str, np.ndarray], float]:
+def clip_grad_norm(
+    grads: dict[str, np.ndarray], max_norm: float, norm: float | None = None
+) -> tuple[dict[str, np.ndarray], float]:
     """Scale all gradients together so that their global L2 norm is at most ``max_norm``.
 
     As ``torch.nn.utils.clip_grad_norm_``: factor = min(1, max_norm / (norm + 1e-6)).
     Returns (new dict of clipped gradients, the global norm before clipping); ``grads`` is not modified.
+    norm: the global norm when the caller knows it already (``grads`` then may be one group of a larger set:
+    the finetune demo clips each optimizer's group on its own thread), else ``global_norm(grads)``.
     """
     if not max_norm > 0:
         raise ValueError(f"max_norm must be > 0, got {max_norm}")
-    norm = global_norm(grads)
+    norm = global_norm(grads) if norm is None else norm
     factor = min(1.0, max_norm / (norm + 1e-6))
     return {name: g * factor for name, g in grads.items()}, norm
 

@@ -7,13 +7,14 @@ Mean pooling, not BERT's [CLS] pooler: all-MiniLM-L6-v2 was trained to make sent
 of its token vectors (its pooler weights are unused), so the mean is the feature it already knows.
 
 Bands (``loss_and_grads``, ``logits``): the batch runs as bands of sentences, one per thread of a pool, BLAS on one
-thread each, as ``BertModel.__call__`` runs inference. Sentences never meet before the loss (attention stays within
-a sentence), so each band's forward is the one-band forward of its rows; the loss is then taken over the whole
-batch's logits, and each band's backward gets its rows of d_logits, which already carry the mean's 1/B:
+thread each, as ``BertModel.__call__`` runs inference. Sentences never meet (attention stays within a sentence, and
+the loss is a mean over sentences), so each band runs forward, loss and backward on its own rows, its loss weighted
+by its share b / B of the batch:
 
-    d_logits = (p - onehot) / B  (B, C)     grads = Σ_bands backward(d_logits[band])     (sums over sentences)
+    loss = Σ_bands (b / B) · loss_band      d_logits_band = (b / B) · (p - onehot) / b = (p - onehot) / B   (b, C)
+    grads = Σ_bands backward(d_logits_band)                                            (sums over sentences)
 
-so the bands' parameter gradients add up to the one-band gradient, up to rounding (tests/test_finetune.py).
+so the bands' loss and parameter gradients add up to the one-band ones, up to rounding (tests/test_finetune.py).
 """
 
 from __future__ import annotations
@@ -87,23 +88,31 @@ class BertClassifier:
         names: the parameters whose gradients are returned (default: all of ``params``); a frozen table's need not
         be summed over the bands. caches: one ClassifierCache per band.
         """
-        batch = (inputs.input_ids, inputs.attention_mask, inputs.token_type_ids)
-        bands = self._bands(inputs.input_ids, num_threads)
-        B, L = np.shape(inputs.input_ids)
+        ids, mask, types = (np.asarray(a) for a in (inputs.input_ids, inputs.attention_mask, inputs.token_type_ids))
+        bands = self._bands(ids, num_threads)
+        B, L = ids.shape
         drop = self.bert.sample_dropout_masks(B, L, rng) if training else None  # the whole batch's: (B, ...) each
-        outs = self._forward_bands(batch, bands, training, drop)
-        logits = np.concatenate([band_logits for band_logits, _ in outs])  # (B, C)
-        loss, c_loss = LY.softmax_cross_entropy_forward(logits, labels)
-        d_logits = LY.softmax_cross_entropy_backward(1.0, c_loss)  # (B, C), the mean's 1/B inside
-        band_grads = [None] * len(bands)
+        labels = np.asarray(labels)
+        if labels.shape != (B,):
+            raise ValueError(f"labels must be (B,) = ({B},) for input_ids {ids.shape}, got shape {labels.shape}")
+        outs = [None] * len(bands)
 
-        def backward(i: int) -> None:
-            band_grads[i] = self.backward(d_logits[bands[i]], outs[i][1])
+        def band(i: int) -> None:  # forward, loss and backward of the band's rows
+            rows = bands[i]
+            band_drop = None if drop is None else {name: m[rows] for name, m in drop.items()}  # (b, ...) views
+            logits, cache = self.forward(ids[rows], mask[rows], types[rows], training, None, band_drop)  # (b, C)
+            loss, c_loss = LY.softmax_cross_entropy_forward(logits, labels[rows])  # the band's mean
+            share = (rows.stop - rows.start) / B  # b / B: the band's weight in the batch's mean
+            d_logits = LY.softmax_cross_entropy_backward(share, c_loss)  # (b, C): (p - onehot) / B
+            outs[i] = (share * loss, logits, self.backward(d_logits, cache), cache)
 
-        run_items(backward, range(len(bands)), len(bands))
+        run_items(band, range(len(bands)), len(bands))
+        loss = sum(out[0] for out in outs)
+        logits = np.concatenate([out[1] for out in outs])  # (B, C)
+        band_grads = [out[2] for out in outs]
         names = list(self.params) if names is None else list(names)
         if len(bands) == 1:
-            return loss, logits, {name: band_grads[0][name] for name in names}, [outs[0][1]]
+            return loss, logits, {name: band_grads[0][name] for name in names}, [outs[0][3]]
         grads = dict.fromkeys(names)  # the order of params; filled on the pool
 
         def total(name: str) -> None:  # Σ over the bands, band by band in order
@@ -112,7 +121,7 @@ class BertClassifier:
                 grads[name] += g[name]
 
         run_items(total, names, len(bands))
-        return loss, logits, grads, [cache for _, cache in outs]
+        return loss, logits, grads, [out[3] for out in outs]
 
     def _bands(self, input_ids, num_threads) -> list[slice]:
         threads = positive_int_or_none(num_threads, "num_threads") or AVAILABLE_CORES
@@ -124,7 +133,7 @@ class BertClassifier:
     def _forward_bands(self, batch, bands, training, drop) -> list[tuple[np.ndarray, ClassifierCache]]:
         """(logits (b, C), cache) of each band, the bands on a pool. batch: (input_ids, attention_mask,
         token_type_ids or None), (B, L) each; drop: the whole batch's dropout masks or None."""
-        ids, mask, types = batch
+        ids, mask, types = (None if a is None else np.asarray(a) for a in batch)  # (B, L) each, for slicing
         outs = [None] * len(bands)
 
         def forward(i: int) -> None:
