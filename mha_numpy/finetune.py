@@ -10,6 +10,10 @@ clipping by global norm, AdamW (no decay on biases and LayerNorm weights) with a
 The word-embedding table (12M of MiniLM's 22M parameters) is frozen: the held-out words' rows would get no
 gradient anyway, and moving only the training words' rows would pull them away from the held-out ones.
 ``model.params`` are updated in memory only; the weights on disk are never written.
+
+Speed: each batch runs as bands of sentences on a pool of threads (``BertClassifier.loss_and_grads``), the held-out
+sentences are batched by length, and AdamW steps one group of parameters per thread; the results do not depend
+on the thread count beyond rounding (docs/performance.md, "The finetune demo").
 """
 
 from __future__ import annotations
