@@ -10,6 +10,10 @@ clipping by global norm, AdamW (no decay on biases and LayerNorm weights) with a
 The word-embedding table (12M of MiniLM's 22M parameters) is frozen: the held-out words' rows would get no
 gradient anyway, and moving only the training words' rows would pull them away from the held-out ones.
 ``model.params`` are updated in memory only; the weights on disk are never written.
+
+Speed: each batch runs as bands of sentences on a pool of threads (``BertClassifier.loss_and_grads``), the held-out
+sentences are batched by length, and AdamW steps one group of parameters per thread; the results do not depend
+on the thread count beyond rounding (docs/performance.md, "The finetune demo").
 """
 
 from __future__ import annotations
@@ -19,11 +23,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._checks import as_bool, as_int, as_number
+from ._checks import as_bool, as_int, as_number, positive_int_or_none
 from .models.bert import BertModel
 from .models.classifier import BertClassifier
 from .optim import AdamW, clip_grad_norm, global_norm, warmup_linear
-from .threads import blas_single_threaded
+from .threads import AVAILABLE_CORES, blas_single_threaded, run_items
 
 TASK = "sentiment"
 POSITIVE = {
@@ -73,6 +77,32 @@ def make_sentences(split: str, n: int, rng: np.random.Generator) -> tuple[list[s
     return texts, labels.astype(np.int64), words
 
 
+def split_evenly(params: dict[str, np.ndarray], n: int) -> list[dict[str, np.ndarray]]:
+    """``params`` in ``n`` groups of about equal size (largest first, each to the smallest group so far)."""
+    sizes, groups = [0] * n, [{} for _ in range(n)]
+    for name in sorted(params, key=lambda name: -params[name].size):
+        i = sizes.index(min(sizes))
+        groups[i][name], sizes[i] = params[name], sizes[i] + params[name].size
+    return [g for g in groups if g]
+
+
+def clipped_step(opts: list[AdamW], grads: dict[str, np.ndarray], max_norm: float, lr: float) -> float:
+    """Clip ``grads`` by their global norm and step each optimizer (each over its own group of the parameters), the
+    groups on the pool's threads; -> the global norm before clipping (from the groups' norms: the norm of the norms,
+    as torch's ``clip_grad_norm_``)."""
+    groups = [{name: grads[name] for name in opt.params} for opt in opts]
+    norms = [0.0] * len(opts)
+    run_items(lambda i: norms.__setitem__(i, global_norm(groups[i])), range(len(opts)), len(opts))
+    norm = float(np.sqrt(sum(n * n for n in norms)))
+
+    def step(i: int) -> None:
+        opts[i].lr = lr
+        opts[i].step(clip_grad_norm(groups[i], max_norm, norm)[0])
+
+    run_items(step, range(len(opts)), len(opts))
+    return norm
+
+
 def no_decay_names(params) -> set[str]:
     """Biases and LayerNorm weights: not decayed (as in BERT's fine-tuning recipe)."""
     return {n for n in params if n.endswith(".bias") or "LayerNorm" in n}
@@ -93,13 +123,22 @@ class FinetuneResult:
     config: dict = field(default_factory=dict)
 
 
-def evaluate(clf: BertClassifier, texts: list[str], labels: np.ndarray, batch_size: int = 64) -> float:
-    """Accuracy of ``clf`` (eval mode) on ``texts``."""
+def evaluate(
+    clf: BertClassifier, texts: list[str], labels: np.ndarray, batch_size: int = 64, num_threads: int | None = None
+) -> float:
+    """Accuracy of ``clf`` (eval mode) on ``texts``; each batch in ``num_threads`` bands (None: one per core).
+
+    The sentences are batched by length, and each batch cut to its longest sentence: less padding to compute
+    (each sentence's logits do not depend on its batch, up to rounding)."""
+    inputs = clf.bert.tokenize(texts)  # (N, L), right-padded to the longest of all
+    lengths = inputs.attention_mask.sum(axis=1)  # (N,)
+    order = np.argsort(lengths, kind="stable")  # (N,)
     correct = 0
     for s in range(0, len(texts), batch_size):
-        inputs = clf.bert.tokenize(texts[s : s + batch_size])
-        logits, _ = clf.forward(inputs.input_ids, inputs.attention_mask, inputs.token_type_ids)
-        correct += int((logits.argmax(-1) == labels[s : s + batch_size]).sum())
+        rows, L = order[s : s + batch_size], int(lengths[order[s : s + batch_size]].max())
+        batch = (a[rows, :L] for a in (inputs.input_ids, inputs.attention_mask, inputs.token_type_ids))  # (b, L)
+        logits = clf.logits(*batch, num_threads=num_threads)  # (b, C)
+        correct += int((logits.argmax(-1) == labels[rows]).sum())
     return correct / len(texts)
 
 
@@ -123,12 +162,16 @@ def finetune(
     seed: int = 0,
     log_every: int = 10,
     log: Callable[[str], None] | None = print,
+    num_threads: int | None = None,
 ) -> FinetuneResult:
     """Fine-tune ``model`` (its ``params`` change in memory) on the sentiment task; -> FinetuneResult.
 
     warmup: warm-up steps (default 10% of ``steps``). dropout: BERT's dropouts while training (masks from the seed).
     steps, batch_size, eval_size, log_every: positive ints; seed, warmup: non-negative ints; lr, max_grad_norm: > 0;
     weight_decay: >= 0 (a ValueError naming the argument otherwise, before any work).
+    num_threads: each batch (training and evaluation) runs as that many bands of sentences on a pool of threads,
+    BLAS on one thread each (None: one per available core); the results do not depend on it beyond rounding
+    (``BertClassifier.loss_and_grads``).
     """
     if not isinstance(model, BertModel):
         raise ValueError(f"model must be a mha_numpy BertModel, got {type(model).__name__}")
@@ -140,13 +183,16 @@ def finetune(
     warmup = None if warmup is None else as_int(warmup, "warmup", minimum=0)
     lr, max_grad_norm = as_number(lr, "lr", positive=True), as_number(max_grad_norm, "max_grad_norm", positive=True)
     weight_decay, dropout = as_number(weight_decay, "weight_decay", minimum=0), as_bool(dropout, "dropout")
+    num_threads = positive_int_or_none(num_threads, "num_threads")
     if log is not None and not callable(log):
         raise ValueError(f"log must be a function of one str, or None; got {log!r:.60}")
     seq_head, seq_data, seq_eval, seq_drop = np.random.SeedSequence(seed).spawn(4)
     data_rng, drop_rng = np.random.default_rng(seq_data), np.random.default_rng(seq_drop)
     clf = BertClassifier(model, 2, rng=np.random.default_rng(seq_head))
     trainable = {n: p for n, p in clf.params.items() if n != "embeddings.word_embeddings.weight"}
-    opt = AdamW(trainable, lr=lr, weight_decay=weight_decay, no_decay=no_decay_names(trainable))
+    # AdamW is elementwise: one optimizer per group of parameters, the groups stepped on the pool's threads
+    groups = split_evenly(trainable, min(num_threads or AVAILABLE_CORES, len(trainable)))
+    opts = [AdamW(g, lr=lr, weight_decay=weight_decay, no_decay=no_decay_names(g)) for g in groups]
     warmup = max(1, steps // 10) if warmup is None else warmup
     eval_texts, eval_labels, eval_words = make_sentences("heldout", eval_size, np.random.default_rng(seq_eval))
     history: dict[str, list] = {"step": [], "loss": [], "accuracy": [], "grad_norm": [], "lr": []}
@@ -154,21 +200,22 @@ def finetune(
     with blas_single_threaded():
         example = {"text": eval_texts[0], "word": eval_words[0], "tokens": model.tokenize(eval_texts[0]).tokens[0]}
         example["before"] = _attentions(clf, example["text"])
-        accuracy_before = evaluate(clf, eval_texts, eval_labels)
+        accuracy_before = evaluate(clf, eval_texts, eval_labels, num_threads=num_threads)
         if log:
             log(f"held-out accuracy before fine-tuning: {accuracy_before:.3f} ({eval_size} sentences)")
         for step in range(steps):
             texts, labels, _ = make_sentences("train", batch_size, data_rng)
-            opt.lr = lr * warmup_linear(step, steps, warmup)
-            loss, logits, grads, _ = clf.loss_and_grads(model.tokenize(texts), labels, dropout, drop_rng)
-            norm = global_norm({n: grads[n] for n in trainable})
-            opt.step(clip_grad_norm({n: grads[n] for n in trainable}, max_grad_norm)[0])
+            step_lr = lr * warmup_linear(step, steps, warmup)
+            loss, logits, grads, _ = clf.loss_and_grads(
+                model.tokenize(texts), labels, dropout, drop_rng, num_threads, names=list(trainable)
+            )  # only the trainable parameters' gradients: the frozen table's is not summed over the bands
+            norm = clipped_step(opts, grads, max_grad_norm, step_lr)
             accuracy = float((logits.argmax(-1) == labels).mean())
-            for key, value in zip(history, (step + 1, loss, accuracy, norm, opt.lr)):
+            for key, value in zip(history, (step + 1, loss, accuracy, norm, step_lr)):
                 history[key].append(value)
             if log and ((step + 1) % log_every == 0 or step in (0, steps - 1)):
                 log(f"step {step + 1:4d}/{steps}  loss {loss:.4f}  accuracy {accuracy:.3f}  grad norm {norm:.2f}")
-        accuracy = evaluate(clf, eval_texts, eval_labels)
+        accuracy = evaluate(clf, eval_texts, eval_labels, num_threads=num_threads)
         example["after"] = _attentions(clf, example["text"])
     config = dict(task=TASK, steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, weight_decay=weight_decay,
                   max_grad_norm=max_grad_norm, dropout=dropout, eval_size=eval_size, seed=seed)  # fmt: skip

@@ -155,3 +155,9 @@ def pooled_matmul(a: np.ndarray, b: np.ndarray, num_threads: int) -> np.ndarray:
     bands = [slice(N * i // t, N * (i + 1) // t) for i in range(t)]
     run_items(lambda rows: np.matmul(a[rows], b, out=out[rows]), bands, t)  # (n, K) @ (K, M) -> (n, M) each
     return out
+
+
+def row_bands(n: int, num_bands: int) -> list[slice]:
+    """``num_bands`` consecutive slices that cover range(n), their sizes differing by at most one (the bands of
+    sequences that the NumPy BERT's inference and the fine-tuning's training steps give each thread)."""
+    return [slice(n * i // num_bands, n * (i + 1) // num_bands) for i in range(num_bands)]

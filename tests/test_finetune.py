@@ -13,7 +13,7 @@ import pytest
 from helpers import require_torch
 
 from mha_numpy.bert import BertModel, default_model_dir
-from mha_numpy.finetune import NOUNS, TEMPLATES, finetune, make_sentences, no_decay_names
+from mha_numpy.finetune import NOUNS, TEMPLATES, evaluate, finetune, make_sentences, no_decay_names
 from mha_numpy.models.classifier import BertClassifier
 from mha_numpy.optim import AdamW, warmup_linear
 
@@ -57,8 +57,9 @@ def test_finetune_losses_match_torch_step_by_step_in_float64():
     transformers = pytest.importorskip("transformers", reason="pip install -r requirements-dev.txt")
     steps, batch, lr, seed = 4, 4, 1e-4, 3
     model = BertModel.from_pretrained(dtype=np.float64)
+    # num_threads=2: two bands of sentences on threads, the demo's fast path, against torch
     result = finetune(model, steps=steps, batch_size=batch, lr=lr, warmup=2, dropout=False, eval_size=4, seed=seed,
-                      log=None)  # fmt: skip
+                      log=None, num_threads=2)  # fmt: skip
 
     seq_head, seq_data, _, _ = np.random.SeedSequence(seed).spawn(4)  # finetune's documented seeding
     head0 = BertClassifier(BertModel.from_pretrained(dtype=np.float64), 2, rng=np.random.default_rng(seq_head)).head
@@ -140,6 +141,54 @@ def test_cli_finetune_short_run_writes_pngs(tmp_path):
 
 
 @pytest.fixture(scope="module")
+def model64():
+    return BertModel.from_pretrained(dtype=np.float64)
+
+
+def test_bands_give_the_one_band_loss_gradients_and_dropout_masks(model64):
+    """Bands of sentences on threads (each band's forward and backward, the gradients summed) against one band, in
+    float64 with dropout on: the same masks bit for bit (drawn for the whole batch, sliced per band), the same
+    loss and logits, and every gradient within 1e-12 of the largest gradient. 5 sentences: bands of unequal size."""
+    clf = BertClassifier(model64, 2, rng=np.random.default_rng(4))
+    texts, labels, _ = make_sentences("train", 5, np.random.default_rng(5))
+    inputs = model64.tokenize(texts)
+    loss1, logits1, grads1, (cache1,) = clf.loss_and_grads(inputs, labels, True, 7, num_threads=1)
+    B, L = inputs.input_ids.shape
+    masks = model64.sample_dropout_masks(B, L, 7)
+    assert all(np.array_equal(cache1.bert.dropout_masks[n], m) for n, m in masks.items())
+    scale = max(float(np.abs(g).max()) for g in grads1.values())
+    for threads in (2, 3):
+        loss, logits, grads, caches = clf.loss_and_grads(inputs, labels, True, 7, num_threads=threads)
+        assert len(caches) == threads and list(grads) == list(clf.params)
+        for name, m in masks.items():
+            np.testing.assert_array_equal(np.concatenate([c.bert.dropout_masks[name] for c in caches]), m)
+        np.testing.assert_allclose(logits, logits1, rtol=0, atol=1e-13 * np.abs(logits1).max())
+        assert abs(loss - loss1) <= 1e-14 * abs(loss1)
+        worst = max(float(np.abs(grads[n] - grads1[n]).max()) for n in grads1)
+        assert worst <= 1e-12 * scale, (threads, worst / scale)
+    arrays = (inputs.input_ids, inputs.attention_mask, inputs.token_type_ids)
+    eval_logits = clf.logits(*arrays, num_threads=3)
+    one_band = clf.forward(*arrays)[0]
+    np.testing.assert_allclose(eval_logits, one_band, rtol=0, atol=1e-13 * np.abs(one_band).max())
+    names = ["classifier.bias", "encoder.layer.0.output.dense.weight"]
+    some = clf.loss_and_grads(inputs, labels, True, 7, num_threads=2, names=names)[2]
+    assert list(some) == names and np.allclose(some[names[1]], grads1[names[1]], rtol=0, atol=1e-12 * scale)
+
+
+def test_evaluate_batched_by_length_is_the_plain_accuracy(model64):
+    """evaluate sorts the sentences by length and cuts each batch to its longest: the same predictions as one
+    padded batch in the given order (a label paired with the wrong sentence would change the count)."""
+    clf = BertClassifier(model64, 2, rng=np.random.default_rng(2))
+    clf.head["classifier.weight"] *= 50  # predictions that differ from sentence to sentence
+    texts, labels, _ = make_sentences("heldout", 21, np.random.default_rng(6))
+    inputs = model64.tokenize(texts)
+    predicted = clf.forward(inputs.input_ids, inputs.attention_mask, inputs.token_type_ids)[0].argmax(-1)
+    assert 0 < (predicted == labels).sum() < 21
+    for flipped in (labels, 1 - labels):
+        assert evaluate(clf, texts, flipped, batch_size=8) == (predicted == flipped).mean()
+
+
+@pytest.fixture(scope="module")
 def model32():
     return BertModel.from_pretrained(dtype=np.float32)
 
@@ -165,6 +214,7 @@ def model32():
         (dict(max_grad_norm=float("inf")), "max_grad_norm"),
         (dict(dropout="no"), "dropout"),
         (dict(log="print"), "log"),
+        (dict(num_threads=0), "num_threads"),
     ],
 )
 def test_finetune_arguments_are_checked_before_any_work(model32, monkeypatch, kwargs, name):
