@@ -194,7 +194,9 @@ def gelu_forward(x: np.ndarray, approximate: str = "none"):
         raise ValueError(f"approximate must be one of {GELU_APPROXIMATIONS}, got {approximate!r}")
     x = as_float_array(x, "x")
     if approximate == "none":
-        cdf = 0.5 * (1.0 + erf(x / math.sqrt(2.0)))  # F1: (...) Φ(x); Python floats keep float32 float32
+        cdf = erf(x / math.sqrt(2.0))  # F1: (...) Φ(x) = (1 + erf(x / √2)) / 2; Python floats keep float32 float32
+        cdf += 1.0  # in place on erf's fresh array (a fresh one costs its first touch of memory)
+        cdf *= 0.5
     else:
         cdf = 0.5 * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))  # F1: (...) tanh form of Φ(x)
     return x * cdf, (x, cdf, approximate)  # F2: (...)
@@ -204,11 +206,18 @@ def gelu_backward(d_out: np.ndarray, cache):
     """d_out: (...) -> dx: (...). d/dx [x Φ(x)] = Φ(x) + x Φ'(x), Φ' = φ the Gaussian density (or the tanh form's)."""
     x, cdf, approximate = cache
     if approximate == "none":
-        pdf = np.exp(-0.5 * x * x) * (1.0 / math.sqrt(2.0 * math.pi))  # ← F1: φ(x) = Φ'(x)
+        pdf = x * x  # ← F1: φ(x) = Φ'(x) = exp(-x²/2) / √(2π), in place on one fresh array
+        pdf *= -0.5
+        np.exp(pdf, out=pdf)
+        pdf *= 1.0 / math.sqrt(2.0 * math.pi)
     else:
         t = 2.0 * cdf - 1.0  # tanh(u), recovered from F1
         pdf = 0.5 * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x)  # ← F1: d/dx of the tanh form
-    return d_out * (cdf + x * pdf)  # ← F2: product rule
+    dx = pdf  # ← F2: product rule, d_out · (Φ(x) + x φ(x)), in place on pdf
+    dx *= x
+    dx += cdf
+    dx *= d_out
+    return dx
 
 
 def gelu(x: np.ndarray, approximate: str = "none") -> np.ndarray:
