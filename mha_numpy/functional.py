@@ -200,17 +200,16 @@ def apply_mask_forward(scores: np.ndarray, mask: np.ndarray | None = None, check
         out = np.where(mask, scores, -np.inf).astype(scores.dtype, copy=False)  # F1
     else:
         out = scores + mask.astype(scores.dtype, copy=False)  # F1
-    # the cache is the masked scores themselves (the attention cache keeps them anyway): the backward finds the
-    # blocked entries, the -inf ones, there, so the forward makes no (B, H, Lq, Lk) bool array a call may not need
-    return out, out
+    blocked = np.isneginf(out)  # (B, H, Lq, Lk) positions that get zero weight
+    return out, blocked
 
 
 def apply_mask_backward(d_out: np.ndarray, cache):
-    """d_out: (B, H, Lq, Lk) -> d_scores: (B, H, Lq, Lk); zero where the mask blocked (the masked score is -inf)."""
-    masked = cache
-    if masked is None:
+    """d_out: (B, H, Lq, Lk) -> d_scores: (B, H, Lq, Lk); zero where the mask blocked."""
+    blocked = cache
+    if blocked is None:
         return d_out
-    return np.where(np.isneginf(masked), 0.0, d_out).astype(d_out.dtype, copy=False)  # ← F1
+    return np.where(blocked, 0.0, d_out).astype(d_out.dtype, copy=False)  # ← F1
 
 
 # --------------------------------------------------------------------------- softmax
