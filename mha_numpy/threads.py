@@ -152,12 +152,12 @@ def pooled_matmul(a: np.ndarray, b: np.ndarray, num_threads: int) -> np.ndarray:
         return a @ b  # (N, K) @ (K, M) -> (N, M)
     out = np.empty((a.shape[0], b.shape[1]), dtype=np.result_type(a, b))  # (N, M)
     N, t = a.shape[0], min(num_threads, a.shape[0])
-    bands = [slice(N * i // t, N * (i + 1) // t) for i in range(t)]
+    bands = row_bands(N, t)
     run_items(lambda rows: np.matmul(a[rows], b, out=out[rows]), bands, t)  # (n, K) @ (K, M) -> (n, M) each
     return out
 
 
 def row_bands(n: int, num_bands: int) -> list[slice]:
-    """``num_bands`` consecutive slices that cover range(n), their sizes differing by at most one (the bands of
-    sequences that the NumPy BERT's inference and the fine-tuning's training steps give each thread)."""
+    """``num_bands`` consecutive slices that cover range(n), their sizes differing by at most one (the rows of
+    ``pooled_matmul``, the bands of sequences that BERT's inference and the fine-tuning's steps give each thread)."""
     return [slice(n * i // num_bands, n * (i + 1) // num_bands) for i in range(num_bands)]

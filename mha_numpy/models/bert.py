@@ -48,7 +48,7 @@ import numpy as np
 from .. import functional as F
 from .. import masks
 from .._checks import as_array, as_bool, check_like, positive_int_or_none
-from ..threads import AVAILABLE_CORES, run_items
+from ..threads import AVAILABLE_CORES, row_bands, run_items
 from . import layers as LY
 from .bert_files import (  # noqa: F401
     INSTALL_HINT,
@@ -244,7 +244,7 @@ class BertModel:
         ids, attention_mask, token_type_ids = self._check_inputs(input_ids, attention_mask, token_type_ids)
         keep = (as_bool(output_attentions, "output_attentions"), as_bool(output_hidden_states, "output_hidden_states"))
         threads = min(positive_int_or_none(num_threads, "num_threads") or AVAILABLE_CORES, ids.shape[0])
-        bands = [slice(ids.shape[0] * i // threads, ids.shape[0] * (i + 1) // threads) for i in range(threads)]
+        bands = row_bands(ids.shape[0], threads)
         outs = [None] * threads
 
         def work(i: int) -> None:
