@@ -15,6 +15,7 @@ import numpy as np
 from .. import functional as F
 from .._checks import as_array, as_float_array
 from ..functional import rms_norm_backward, rms_norm_forward  # noqa: F401  (one pair: QK-norm's too)
+from .erf import erf_float32
 
 # --------------------------------------------------------------------------- embedding
 
@@ -174,8 +175,11 @@ GELU_APPROXIMATIONS = ("none", "tanh")
 
 
 def erf(x: np.ndarray) -> np.ndarray:
-    """The error function, elementwise, in x's dtype: scipy.special.erf (compiled, ~10x faster) when scipy is
-    installed, else the C library's ``math.erf`` element by element, so that the core needs only NumPy."""
+    """The error function, elementwise, in x's dtype. float32: ``erf.erf_float32`` (NumPy passes, within 1 ulp,
+    ~3x faster than scipy's scalar loop). Otherwise scipy.special.erf (compiled, ~10x faster than Python) when
+    scipy is installed, else the C library's ``math.erf`` element by element, so that the core needs only NumPy."""
+    if x.dtype == np.float32:
+        return erf_float32(x)
     try:
         from scipy.special import erf as scipy_erf
     except ModuleNotFoundError:
@@ -194,11 +198,12 @@ def gelu_forward(x: np.ndarray, approximate: str = "none"):
         raise ValueError(f"approximate must be one of {GELU_APPROXIMATIONS}, got {approximate!r}")
     x = as_float_array(x, "x")
     if approximate == "none":
-        cdf = erf(x / math.sqrt(2.0))  # F1: (...) Φ(x) = (1 + erf(x / √2)) / 2; Python floats keep float32 float32
+        u = np.divide(x, math.sqrt(2.0), out=np.empty_like(x))  # (...) an array even when 0-d; float32 stays float32
+        cdf = erf(u)  # F1: (...) Φ(x) = (1 + erf(x / √2)) / 2
         cdf += 1.0  # in place on erf's fresh array (a fresh one costs its first touch of memory)
         cdf *= 0.5
-    else:
-        cdf = 0.5 * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))  # F1: (...) tanh form of Φ(x)
+        return np.multiply(x, cdf, out=u), (x, cdf, approximate)  # F2: (...) into u's memory, done with
+    cdf = 0.5 * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))  # F1: (...) tanh form of Φ(x)
     return x * cdf, (x, cdf, approximate)  # F2: (...)
 
 
