@@ -3,6 +3,7 @@
     python benchmarks/bench_bert.py                          # batch 32 × ~20 tokens and 4 × ~256 tokens, 2 threads
     python benchmarks/bench_bert.py --batch 16 --length 32 --threads 1 2 --dtype float32
     python benchmarks/bench_bert.py --batch 4 --length 16 --rounds 1     # a smoke run: seconds
+    python benchmarks/bench_bert.py --allocator default      # glibc's thresholds left alone (see below)
 
 Inference (``mha_numpy.bert.BertModel(ids, mask, types, output_attentions=False, output_hidden_states=False)``,
 the last hidden state as transformers returns by default, against ``transformers.BertModel`` under
@@ -15,6 +16,9 @@ relative to the largest in float32). Ours and the two transformers variants run 
 gives sentences per second and our time over each variant's (median of the per-round ratios, min..max), and both
 sides' share of the GEMM peak measured in the same run (``gemm_peak.py``) from the same useful FLOPs
 (``flops.bert``: every linear of every layer and the attention core over the real tokens, padding excluded).
+By default the process keeps freed memory for the next arrays (``mha_numpy.allocator.keep_freed_memory``, as
+the command line does; both sides share it): otherwise each fresh big array costs its page faults, ~19% of a
+band here.
 """
 
 from __future__ import annotations
@@ -34,7 +38,12 @@ from bench_compare import interleaved, ratio_spread  # noqa: E402
 from flops import bert  # noqa: E402
 from gemm_peak import gemm_peak, pct, peak_lines  # noqa: E402
 
+from mha_numpy.allocator import keep_freed_memory  # noqa: E402
 from mha_numpy.bert import BertModel, default_model_dir  # noqa: E402
+
+ALLOCATOR = {"keep": "freed memory kept for the next arrays (allocator.keep_freed_memory(), the whole process: both "
+                     "sides; as `python -m mha_numpy` does)",
+             "default": "glibc's default thresholds (a freed big block goes back to the kernel)"}  # fmt: skip
 
 WORDS = ("the attention layer weighs every token against every other token and sums the values it finds "
          "useful while the feed forward block transforms each position on its own").split()  # fmt: skip
@@ -153,7 +162,13 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, nargs="+", default=[2])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--allocator", choices=["keep", "default"], default="keep",
+                   help="keep: glibc keeps freed memory for the next arrays (allocator.keep_freed_memory), for both "
+                        "sides, as the command line does; default: glibc's own thresholds")  # fmt: skip
     args = p.parse_args(argv)
+    if args.allocator == "keep" and not keep_freed_memory():
+        print("note: this C library has no mallopt; the allocator is its default", file=sys.stderr)
+    print(f"allocator: {ALLOCATOR[args.allocator]}\n")
     batches = [(args.batch, args.length)] if args.batch else BATCHES
     rows = [r for threads in args.threads for r in run(batches, args.rounds, threads, args.dtype)]
     print("\n".join(table(rows)))

@@ -5,6 +5,7 @@ test).
                                                             # benchmark's 4 × 256 and 32 × 20 on two cores)
     python benchmarks/profile_bert.py --mode forward+backward --batch 8 --length 64
     python benchmarks/profile_bert.py --write-results       # benchmarks/bert_profile.md
+    python benchmarks/profile_bert.py --allocator default   # glibc's thresholds left alone: the page faults
 
 ``BertModel.__call__`` runs a batch as bands of sequences, one per core, each with BLAS on one thread; one band on
 one core is therefore what a call's time is made of. Each run is profiled with cProfile on the process's CPU time
@@ -36,6 +37,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench_bert import sentences  # noqa: E402
 
+from mha_numpy.allocator import keep_freed_memory  # noqa: E402
 from mha_numpy.bert import BertModel  # noqa: E402
 
 BANDS = [(2, 256), (16, 20)]  # one band of bench_bert's (4, 256) and (32, 20) on two cores
@@ -116,9 +118,14 @@ def main(argv=None) -> None:
     p.add_argument("--mode", choices=["inference", "forward+backward", "both"], default="both")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--write-results", action="store_true", help="write benchmarks/bert_profile.md")
+    p.add_argument("--allocator", choices=["keep", "default"], default="keep",
+                   help="keep (as bench_bert.py and the command line): allocator.keep_freed_memory(); default: "
+                        "glibc's own thresholds, whose page faults the last row counts")  # fmt: skip
     args = p.parse_args(argv)
     if (args.batch is None) != (args.length is None):
         p.error("--batch and --length go together")
+    if args.allocator == "keep":
+        keep_freed_memory()
     bands = BANDS if args.batch is None else [(args.batch, args.length)]
     modes = ["inference", "forward+backward"] if args.mode == "both" else [args.mode]
     model = BertModel.from_pretrained(dtype=np.dtype(args.dtype))
@@ -131,7 +138,8 @@ def main(argv=None) -> None:
             "# Where the NumPy BERT's time goes (`benchmarks/profile_bert.py --write-results`)",
             "",
             f"all-MiniLM-L6-v2, {args.dtype}, one band on one core (BLAS one thread), CPU time by step under cProfile "
-            f"(own time of each function, mean of 3 calls after a warm-up); load average at the end: {load}.",
+            f"(own time of each function, mean of 3 calls after a warm-up), allocator {args.allocator!r} "
+            f"(`--allocator`: 'keep' is `allocator.keep_freed_memory()`); load average at the end: {load}.",
             "",
             *lines,
             "",

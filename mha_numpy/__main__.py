@@ -6,6 +6,7 @@ import sys
 
 from . import __version__
 from ._optional import MissingDependency
+from .allocator import keep_freed_memory
 from .commands import COMMANDS, Parser, UsageError
 
 
@@ -29,9 +30,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m mha_numpy") -> in
 
 
 def console() -> int:
-    """The ``mha-numpy`` console command (pyproject.toml ``[project.scripts]``): ``main`` under its own name."""
+    """The ``mha-numpy`` console command (pyproject.toml ``[project.scripts]``): ``main`` under its own name, in a
+    process of its own, so freed arrays' memory is kept for the next ones (``allocator.keep_freed_memory``)."""
+    keep_freed_memory()
     return main(prog="mha-numpy")
 
 
 if __name__ == "__main__":
+    keep_freed_memory()  # a process of its own (not main() itself: tests call it in theirs)
     sys.exit(main())
