@@ -45,6 +45,20 @@ ALLOCATOR = {"keep": "freed memory kept for the next arrays (allocator.keep_free
                      "sides; as `python -m mha_numpy` does)",
              "default": "glibc's default thresholds (a freed big block goes back to the kernel)"}  # fmt: skip
 
+
+def add_allocator_argument(p) -> None:
+    """``--allocator keep|default``, as this script and profile_bert.py take it."""
+    p.add_argument("--allocator", choices=list(ALLOCATOR), default="keep",
+                   help="keep: glibc keeps freed memory for the next arrays (allocator.keep_freed_memory), for the "
+                        "whole process, as the command line does; default: glibc's own thresholds")  # fmt: skip
+
+
+def use_allocator(choice: str) -> None:
+    """Apply ``--allocator``: 'keep' calls keep_freed_memory() (a note if this C library has no mallopt)."""
+    if choice == "keep" and not keep_freed_memory():
+        print("note: this C library has no mallopt; the allocator is its default", file=sys.stderr)
+
+
 WORDS = ("the attention layer weighs every token against every other token and sums the values it finds "
          "useful while the feed forward block transforms each position on its own").split()  # fmt: skip
 BATCHES = [(32, 20), (4, 256)]  # (sentences, about this many tokens each)
@@ -162,12 +176,9 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, nargs="+", default=[2])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    p.add_argument("--allocator", choices=["keep", "default"], default="keep",
-                   help="keep: glibc keeps freed memory for the next arrays (allocator.keep_freed_memory), for both "
-                        "sides, as the command line does; default: glibc's own thresholds")  # fmt: skip
+    add_allocator_argument(p)
     args = p.parse_args(argv)
-    if args.allocator == "keep" and not keep_freed_memory():
-        print("note: this C library has no mallopt; the allocator is its default", file=sys.stderr)
+    use_allocator(args.allocator)
     print(f"allocator: {ALLOCATOR[args.allocator]}\n")
     batches = [(args.batch, args.length)] if args.batch else BATCHES
     rows = [r for threads in args.threads for r in run(batches, args.rounds, threads, args.dtype)]

@@ -36,13 +36,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from concurrent.futures import ThreadPoolExecutor  # noqa: E402
-
 from bench_compare import interleaved, ratio_spread  # noqa: E402
 
 from mha_numpy.allocator import keep_freed_memory  # noqa: E402
 from mha_numpy.models import layers as LY  # noqa: E402
 from mha_numpy.models.erf import erf_float32  # noqa: E402
+from mha_numpy.threads import run_items  # noqa: E402
 
 SHAPES = [(2, 256, 1536), (16, 20, 1536)]
 SCALES = [1.1, 3.0]  # the standard deviation of GELU's input h
@@ -89,16 +88,16 @@ def old_gelu(x: np.ndarray) -> np.ndarray:
     return x * (0.5 * (1.0 + scipy_erf(x / math.sqrt(2.0))))
 
 
-def on_threads(fn, arrays, pool):
-    """One call of fn per array, each on its own thread of ``pool``, all at once: -> a function of no argument."""
-    return lambda: list(pool.map(fn, arrays))
+def on_threads(fn, arrays):
+    """One call of fn per array, each on its own thread of the library's pool, all at once (as a BERT call runs
+    its bands): -> a function of no argument."""
+    return lambda: run_items(fn, arrays, len(arrays))
 
 
 def speed(rounds: int) -> list[dict]:
     from scipy.special import erf as scipy_erf
 
     rows = []
-    pool = ThreadPoolExecutor(2)
     for shape in SHAPES:
         for scale in SCALES:
             rng = np.random.default_rng(0)
@@ -111,7 +110,7 @@ def speed(rounds: int) -> list[dict]:
                     if threads == 1:
                         fns = {"ours": lambda f=ours, a=args[0]: f(a), "scipy": lambda f=theirs, a=args[0]: f(a)}
                     else:
-                        fns = {"ours": on_threads(ours, args, pool), "scipy": on_threads(theirs, args, pool)}
+                        fns = {"ours": on_threads(ours, args), "scipy": on_threads(theirs, args)}
                     t = interleaved(fns, rounds)
                     med, lo, hi = ratio_spread(t["ours"], t["scipy"])
                     n = args[0].size * threads
@@ -122,7 +121,6 @@ def speed(rounds: int) -> list[dict]:
                           f"ns/value, scipy {row['scipy_ns']:.1f}; ours/scipy {med:.2f} ({lo:.2f}..{hi:.2f})",
                           flush=True)  # fmt: skip
                     rows.append(row)
-    pool.shutdown()
     return rows
 
 

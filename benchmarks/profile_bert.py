@@ -35,9 +35,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from bench_bert import sentences  # noqa: E402
+from bench_bert import add_allocator_argument, sentences, use_allocator  # noqa: E402
 
-from mha_numpy.allocator import keep_freed_memory  # noqa: E402
 from mha_numpy.bert import BertModel  # noqa: E402
 
 BANDS = [(2, 256), (16, 20)]  # one band of bench_bert's (4, 256) and (32, 20) on two cores
@@ -118,14 +117,11 @@ def main(argv=None) -> None:
     p.add_argument("--mode", choices=["inference", "forward+backward", "both"], default="both")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--write-results", action="store_true", help="write benchmarks/bert_profile.md")
-    p.add_argument("--allocator", choices=["keep", "default"], default="keep",
-                   help="keep (as bench_bert.py and the command line): allocator.keep_freed_memory(); default: "
-                        "glibc's own thresholds, whose page faults the last row counts")  # fmt: skip
+    add_allocator_argument(p)  # the page faults of 'default' are the table's last row
     args = p.parse_args(argv)
     if (args.batch is None) != (args.length is None):
         p.error("--batch and --length go together")
-    if args.allocator == "keep":
-        keep_freed_memory()
+    use_allocator(args.allocator)
     bands = BANDS if args.batch is None else [(args.batch, args.length)]
     modes = ["inference", "forward+backward"] if args.mode == "both" else [args.mode]
     model = BertModel.from_pretrained(dtype=np.dtype(args.dtype))

@@ -5,6 +5,9 @@ every float32 input is benchmarks/bench_erf.py's (its result: benchmarks/erf_res
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from scipy.special import erf as scipy_erf
@@ -12,23 +15,15 @@ from scipy.special import erf as scipy_erf
 from mha_numpy.models import erf as E
 from mha_numpy.models import layers as LY
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from bench_erf import ulps  # noqa: E402  (|a - b| in float32 ulps: the sweep's measure, one definition)
+
 
 def float32_run(centre: float, n: int) -> np.ndarray:
     """The 2n consecutive float32 values around ``centre`` (n below, n from it up), both signs."""
     i = np.array(centre, dtype=np.float32).view(np.int32) + np.arange(-n, n, dtype=np.int32)
     pos = i[i >= 0].view(np.float32)
     return np.concatenate([pos, -pos])
-
-
-def ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """|a - b| in float32 ulps (steps between adjacent float32 values; +0 and -0 are one value), NaN pairs 0."""
-
-    def ordered(v):
-        i = v.view(np.int32).astype(np.int64)
-        return np.where(i < 0, -(i & 0x7FFFFFFF), i)
-
-    both_nan = np.isnan(a) & np.isnan(b)
-    return np.where(both_nan, 0, np.abs(ordered(a) - ordered(b)))
 
 
 def reference(x: np.ndarray) -> np.ndarray:
