@@ -13,17 +13,15 @@ arithmetic; the steps below then compute without checking again. ``mha.steps`` i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 
 import numpy as np
 
-from . import flow
+from . import flow, latent_steps  # noqa: F401  (latent_steps: its steps and options join the registries)
 from ._checks import as_float_array, as_generator
 from .flow import Flow, RecomputeCache
 from .kernels import check_args, get_kernel
-from .steps import AttentionConfig, build_steps, describe
-
-_OPTIONS = tuple(f.name for f in fields(AttentionConfig))
+from .steps import OPTIONS, AttentionConfig, build_steps, describe
 
 
 @dataclass
@@ -149,10 +147,7 @@ class MultiHeadAttention:
         num_threads: int | None = None,
         **options,
     ) -> None:
-        unknown = sorted(set(options) - set(_OPTIONS))
-        if unknown:
-            raise ValueError(f"unknown option {unknown[0]!r}; the options are {', '.join(_OPTIONS[7:])}")
-        config = AttentionConfig(embed_dim, num_heads, bias, kdim, vdim, dropout, dtype, **options)
+        config = AttentionConfig(embed_dim, num_heads, bias, kdim, vdim, dropout, dtype, **options)  # checked
         self.__dict__["config"] = config
         self.kernel = get_kernel(impl, block_size=block_size, num_threads=num_threads)
         self.rng = as_generator(rng)
@@ -160,13 +155,13 @@ class MultiHeadAttention:
 
     def __getattr__(self, name: str):  # only for names not found the usual way: the options
         config = self.__dict__.get("config")
-        if config is not None and (name in _OPTIONS or name in ("q_dim", "kv_dim")):
+        if config is not None and (name in OPTIONS or name in ("q_dim", "kv_dim", "qk_head_dim", "merged_dim")):
             return getattr(config, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __setattr__(self, name: str, value) -> None:
-        if name in _OPTIONS:  # an option: checked again, and the next call's steps follow it
-            self.__dict__["config"] = replace(self.config, **{name: value})
+        if name in OPTIONS:  # an option: checked again, and the next call's steps follow it
+            self.__dict__["config"] = self.config.replace(**{name: value})
         elif name in ("kernel", "impl"):  # a registered name or a kernel object, resolved and checked now
             self.__dict__["kernel"] = get_kernel(value)
         else:
@@ -178,13 +173,13 @@ class MultiHeadAttention:
         return self.kernel.name
 
     def __repr__(self) -> str:
-        c = self.config
-        shown = {k: v for k, v in c.changed().items() if k not in ("bias", "dropout", "dtype", "kdim", "vdim")}
+        c, first = self.config, ("embed_dim", "num_heads", "bias", "kdim", "vdim", "dropout", "dtype")
+        shown = {k: getattr(c, k) for k in first} | {"dtype": c.dtype.name}
+        shown |= {k: f"{v:g}" if isinstance(v, float) else v for k, v in c.changed().items() if k not in first}
         return (
-            f"MultiHeadAttention(embed_dim={c.embed_dim}, num_heads={c.num_heads}, bias={c.bias}, "
-            f"kdim={c.kdim}, vdim={c.vdim}, dropout={c.dropout}, dtype={c.dtype.name}"
+            f"{type(self).__name__}("
+            + ", ".join(f"{k}={v}" for k, v in shown.items())  # the options in effect (``steps.OPTIONS``)
             + ("" if self.impl == "vectorized" else f", impl={self.kernel!r}")
-            + "".join(f", {k}={v:g}" if isinstance(v, float) else f", {k}={v}" for k, v in shown.items())
             + ")"
         )
 
@@ -236,14 +231,19 @@ class MultiHeadAttention:
     # ------------------------------------------------------------------ checks
 
     def _check_inputs(self, query, key, value):
+        """query, key (None: the query), value (None: the key) as checked arrays; in latent attention the values
+        come from the key's latent, so a value must be omitted or be the key."""
         c = self.config
+        if c.latent and value is not None and value is not key and value is not query:
+            raise ValueError("value must be omitted (or be the key) in latent attention (kv_lora_rank): its values "
+                             "are expanded from the key's latent")  # fmt: skip
         query = as_float_array(query, "query", ndim=3)
-        key = as_float_array(key, "key", ndim=3)
-        value = as_float_array(value, "value", ndim=3)
+        key = query if key is None else as_float_array(key, "key", ndim=3)
+        value = key if value is None or c.latent else as_float_array(value, "value", ndim=3)
         for name, x, size, what in (
             ("query", query, c.embed_dim, "embed_dim"),
             ("key", key, c.kdim, "kdim"),
-            ("value", value, c.vdim, "vdim"),
+            ("value", value, c.kdim if c.latent else c.vdim, "vdim"),
         ):
             if x.shape[-1] != size:
                 raise ValueError(f"{name} with shape {x.shape}: last dim must be {what}={size}")
@@ -278,7 +278,7 @@ class MultiHeadAttention:
         p_drop = c.dropout if training else 0.0
         f.args = check_args(
             shape, c.head_dim, mask, c.scale, p_drop, self.rng, dropout_mask, dtype=c.dtype, mask_keys=keys
-        )
+        )  # head_dim: the query/key heads' width, dqk in MLA
         f.pos_q = np.arange(f.cached, f.cached + Lq) if positions is None else positions  # RoPE's positions
         f.pos_k = np.arange(f.cached, keys) if positions is None else positions
         f.kernel = self.kernel.choose(shape)  # the kernel of this call, once (``auto`` picks one by the shape)
@@ -290,8 +290,8 @@ class MultiHeadAttention:
     def forward(
         self,
         query: np.ndarray,
-        key: np.ndarray,
-        value: np.ndarray,
+        key: np.ndarray | None = None,
+        value: np.ndarray | None = None,
         mask: np.ndarray | None = None,
         training: bool = False,
         dropout_mask: np.ndarray | None = None,
@@ -299,6 +299,9 @@ class MultiHeadAttention:
         kv_cache=None,
     ) -> tuple[np.ndarray, MHACache]:
         """query (B, Lq, E), key (B, Lk, kdim), value (B, Lk, vdim) -> output (B, Lq, E), cache.
+
+        key None: the query (self-attention); value None: the key. In latent attention (``kv_lora_rank``) the
+        values come from the key's latent: value is omitted (or the key).
 
         mask: bool (True = may attend) or float (added), broadcastable to (B, H, Lq, Lk), or a
             ``masks.StructuredMask`` (causal, window, documents, prefix, padding given by their rule: the chunked
@@ -310,7 +313,8 @@ class MultiHeadAttention:
             KV cache: its length, length + 1, ...).
         kv_cache: a ``KVCache`` (self-attention, forward only): the call's keys and values are appended and the
             queries attend to every cached position, causally within the call; Lk above counts them all. A
-            ``StreamingKVCache`` keeps its sink tokens and window instead (its mask; no ``positions=``).
+            ``StreamingKVCache`` keeps its sink tokens and window instead (its mask; no ``positions=``). Latent
+            attention: a ``LatentCache`` (c_kv and the rope key, not K and V) or a ``StreamingKVCache``.
         """
         stores = False if kv_cache is None else getattr(kv_cache, "stores", True)  # a KVCache's kind, or True
         steps, specs = self._plan(kv_cache=stores)  # this call's data path; refusals here
@@ -337,7 +341,8 @@ class MultiHeadAttention:
 
         Keys: "query" (B, Lq, E), "key" (B, Lk, kdim), "value" (B, Lk, vdim), and one per
         ``params`` key with that parameter's shape. For self-attention (the same array passed
-        as query, key and value) its gradient is grads["query"] + grads["key"] + grads["value"].
+        as query, key and value, or key and value omitted) its gradient is grads["query"] + grads["key"] +
+        grads["value"]. In latent attention "value" is zeros: the values come from the key's latent.
         """
         return backward_through_plan(self, d_output, cache, ("query", "key", "value"))
 
@@ -375,8 +380,14 @@ def backward_through_plan(module, d_output: np.ndarray, cache, inputs: tuple[str
         )
     if isinstance(cache, RecomputeCache):  # recompute each head group's forward, then its backward
         grads = {name: np.zeros_like(p) for name, p in module.params.items()}
-        return {**flow.recompute_backward(cache, d_output, grads), **grads}
+        inputs_grads = flow.recompute_backward(cache, d_output, grads)
+        for name in inputs:  # an input no step read (latent attention's value): a zero gradient
+            inputs_grads.setdefault(name, np.zeros_like(inputs_grads["key"]))
+        return {**inputs_grads, **grads}
     kernel = cache.attention.kernel  # the kernel that ran the forward, and its product for the projections
     g = Flow(output=d_output, P={}, kernel=kernel, matmul=kernel.matmul, attention=cache.attention)
     flow.backward(cache.plan, g, cache.steps)  # every step, in reverse
-    return {**{name: getattr(g, name) for name in inputs}, **{name: g.P[name] for name in module.params}}
+    grads = {name: getattr(g, name) for name in inputs}
+    for name in inputs:  # an input no step read (latent attention's value): a zero gradient, the key's shape
+        grads[name] = np.zeros_like(grads["key"]) if grads[name] is None else grads[name]
+    return {**grads, **{name: g.P[name] for name in module.params}}

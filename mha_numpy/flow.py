@@ -57,6 +57,7 @@ class Flow:
     args: AttentionArgs = None  # the kernel call's mask, score terms (bias, score mods), dropout, scale
     bias: np.ndarray = None  # backward only: the gradient of args.bias
     sinks: np.ndarray = None  # backward only: the gradient of args.sinks
+    score_params: dict = None  # backward only: the score mods' parameter gradients, {mod: {param: gradient}}
     context: np.ndarray = None  # (B, H, Lq, d)
     merged: np.ndarray = None  # (B, Lq, E)
     output: np.ndarray = None  # (B, Lq, E)

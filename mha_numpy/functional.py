@@ -614,6 +614,70 @@ def relative_position_bias_backward(d_bias: np.ndarray, cache):
     return d_table
 
 
+# --------------------------------------------------------------------------- score terms (kernels.ScoreMod's form)
+#
+# A score term is a pair ``NAME_score(score, b, h, q_idx, kv_idx, **params) -> score'`` / ``NAME_score_vjp(score,
+# b, h, q_idx, kv_idx, d_out, **params) -> (d_score, {param: gradient})``, torch FlexAttention's score_mod and its
+# VJP: every kernel calls it on the block of scores it holds, with that block's indices (broadcastable to it), and
+# sums the parameters' gradients over its blocks. ``steps.ScoreTerm`` turns one into an option of the module.
+
+
+def sum_by_index(d: np.ndarray, index, size: int) -> np.ndarray:
+    """Σ of ``d`` over the entries that share an index: index (ints, broadcastable to d) -> (size,) float64
+    (the backward of a gather ``table.ravel()[index]``; repeated indices accumulate)."""
+    flat = np.broadcast_to(index, d.shape).ravel()
+    return np.bincount(flat, weights=d.ravel(), minlength=size)  # (size,)
+
+
+def _only_keys(term, kv_idx, keys: int):
+    """``term`` where the key j < keys, 0 at the keys appended after them (torch MHA's add_bias_kv, add_zero_attn)."""
+    if np.size(kv_idx) == 0 or np.max(kv_idx) < keys:
+        return term  # no appended key in this block
+    return np.where(kv_idx < keys, term, 0.0)
+
+
+def relative_position_score(score, b, h, q_idx, kv_idx, *, rel_bias, keys):
+    """score + rel_bias[h, clip(j - i, -R, R) + R] for the keys j < ``keys`` (appended keys get no term): the
+    relative-position bias of ``relative_position_bias_forward`` on a block. rel_bias: (H, 2R + 1)."""
+    R = (rel_bias.shape[1] - 1) // 2
+    col = np.clip(kv_idx - q_idx, -R, R) + R  # F1: the table's column of each (i, j)
+    term = rel_bias[h, col]  # F2: gather, broadcast to the block
+    return score + _only_keys(term, kv_idx, keys)  # F3
+
+
+def relative_position_score_vjp(score, b, h, q_idx, kv_idx, d_out, *, rel_bias, keys):
+    """-> (d_score = d_out, {"rel_bias": (H, 2R + 1) the sum of d_out over the entries each column reached})."""
+    n = rel_bias.shape[1]
+    col = np.clip(kv_idx - q_idx, -(n // 2), n // 2) + n // 2  # ← F1
+    d_term = _only_keys(d_out, kv_idx, keys)  # ← F3
+    d_table = sum_by_index(d_term, h * n + col, rel_bias.size).reshape(rel_bias.shape)  # ← F2: scatter-add
+    return d_out, {"rel_bias": d_table.astype(rel_bias.dtype)}
+
+
+def alibi_score(score, b, h, q_idx, kv_idx, *, slopes, offset: int = 0, keys: int):
+    """score - slopes[h] · |(i + offset) - j| for the keys j < ``keys``: ``alibi_bias`` on a block (slopes: (H,)
+    ``alibi_slopes``, a constant)."""
+    term = (-slopes[h] * np.abs(q_idx + offset - kv_idx)).astype(score.dtype)  # the block's penalties
+    return score + _only_keys(term, kv_idx, keys)
+
+
+def alibi_score_vjp(score, b, h, q_idx, kv_idx, d_out, *, slopes, offset: int = 0, keys: int):
+    """-> (d_out, {}): a constant term."""
+    return d_out, {}
+
+
+def head_temperature_score(score, b, h, q_idx, kv_idx, *, head_temperature):
+    """score · exp(t_h): a learned temperature per head (head_temperature (H,), 0 = unchanged)."""
+    return score * np.exp(head_temperature)[h]  # F1: (H,)[h] broadcast to the block
+
+
+def head_temperature_score_vjp(score, b, h, q_idx, kv_idx, d_out, *, head_temperature):
+    """-> (d_out · exp(t_h), {"head_temperature": (H,) Σ over each head's entries of d_out · score · exp(t_h)})."""
+    gain = np.exp(head_temperature)[h]  # ← F1
+    d_t = sum_by_index(d_out * score * gain, h, head_temperature.size)  # (H,)
+    return d_out * gain, {"head_temperature": d_t.astype(head_temperature.dtype)}
+
+
 def append_positions_forward(x: np.ndarray, extra: np.ndarray):
     """Append positions to a sequence of heads: a learned key/value (torch MHA's ``add_bias_kv``) or a zero one
     (``add_zero_attn``).
@@ -785,7 +849,7 @@ class AttentionCache:
     attn_weights: (B, H, Lq, Lk) after softmax, before dropout. Fully masked rows are 0.
     dropout_mask: (B, H, Lq, Lk) bool keep-mask, or None when no dropout was applied.
     steps: each step's cache by name: "scores", "bias", "mask", "softmax", "dropout", "context", and
-        "score_mods" when the call had score changes (a list of (change, cache)).
+        "score_mods" when the call had score changes (``score_mods_forward``'s cache).
     kernel: the kernel that made this cache (set by ``mha_numpy.kernels``), or None.
     lse (a property): (B, H, Lq) float64, each row's log-sum-exp of the masked scores (``log_sum_exp``), the sink
         counted when the call had one ("sinks" in steps: the logits as given, broadcast to (B, H, Lq)).
@@ -838,19 +902,21 @@ def scaled_dot_product_attention_forward(
 
 
 def attention_steps_forward(
-    q, k, v, mask, scale: float, dropout_p: float, keep, bias=None, score_mods=(), kernel=None, sinks=None
+    q, k, v, mask, scale: float, dropout_p: float, keep, bias=None, score_mods=(), kernel=None, sinks=None, index=None
 ):
     """The composition itself, on arguments already checked (``keep``: bool keep-mask or None).
 
-    score_mods: elementwise changes of the scores after the bias, before the mask (e.g. a soft-cap), each an
-    object with a pair ``forward(s) -> (s, cache)`` / ``backward(ds, cache) -> ds`` (``kernels.ScoreMod``).
+    score_mods: changes of the scores after the bias, before the mask (a soft-cap, a relative-position table, ...),
+    each called ``mod(score, b, h, q_idx, kv_idx)`` with ``mod.backward(score, b, h, q_idx, kv_idx, d_out) ->
+    (d_score, {param: grad})`` (``kernels.ScoreMod``); index: their (b, h, q_idx, kv_idx), broadcastable to the
+    scores (default: the positions in a (B, H, Lq, Lk) tensor, ``score_index``).
     kernel: the kernel running this composition, recorded in the cache (None when called directly).
     sinks: None, or each row's sink logit, broadcastable to (B, H, Lq) (a kernel passes its heads' (H, 1)): the
     softmax is then ``sink_softmax_forward`` and the backward returns the sinks' gradient in that shape.
     """
     scores, c_scores = attention_scores_forward(q, k, scale)  # (B, H, Lq, Lk)
     biased, c_bias = score_bias_forward(scores, bias)  # (B, H, Lq, Lk)
-    modded, c_mods = score_mods_forward(biased, score_mods)  # (B, H, Lq, Lk)
+    modded, c_mods = score_mods_forward(biased, score_mods, index)  # (B, H, Lq, Lk)
     masked, c_mask = apply_mask_forward(modded, mask, check=False)  # (B, H, Lq, Lk)
     if sinks is None:
         weights, c_soft = softmax_forward(masked, check=False)  # (B, H, Lq, Lk)
@@ -860,26 +926,39 @@ def attention_steps_forward(
     context, c_ctx = attention_context_forward(dropped, v)  # (B, H, Lq, dv)
     steps = dict(scores=c_scores, bias=c_bias, mask=c_mask, softmax=c_soft, dropout=c_drop, context=c_ctx)
     if score_mods:
-        steps["score_mods"] = c_mods
+        steps["score_mods"] = c_mods  # (mods, inputs, index)
     if sinks is not None:
         steps["sinks"] = sinks
     return context, AttentionCache(modded, masked, weights, None if c_drop is None else c_drop[0], steps, kernel)
 
 
-def score_mods_forward(scores: np.ndarray, mods=()):
-    """Apply each elementwise score change in order: (B, H, Lq, Lk) -> (B, H, Lq, Lk), and their caches."""
-    caches = []
+def score_index(shape) -> tuple:
+    """(b, h, q_idx, kv_idx) of every entry of a (B, H, Lq, Lk) score tensor, broadcastable to it:
+    (B, 1, 1, 1), (1, H, 1, 1), (1, 1, Lq, 1), (1, 1, 1, Lk)."""
+    return np.ix_(*(np.arange(n) for n in shape))
+
+
+def score_mods_forward(scores: np.ndarray, mods=(), index=None):
+    """Apply each score change in order: scores (B, H, Lq, Lk) or any block of them -> the same shape, and the
+    cache (the mods, each one's input, the block's index (b, h, q_idx, kv_idx); default ``score_index``)."""
+    index = score_index(scores.shape) if index is None and mods else index
+    inputs = []
     for mod in mods:
-        scores, c = mod.forward(scores)  # F1: (B, H, Lq, Lk), one per change
-        caches.append((mod, c))
-    return scores, caches
+        inputs.append(scores)  # what its backward is taken at
+        scores = mod(scores, *index)  # F1: one per change
+    return scores, (tuple(mods), inputs, index)
 
 
-def score_mods_backward(d_out: np.ndarray, caches):
-    """d_out: (B, H, Lq, Lk) -> the gradient of the scores before the changes, in reverse order."""
-    for mod, c in reversed(caches):
-        d_out = mod.backward(d_out, c)  # ← F1
-    return d_out
+def score_mods_backward(d_out: np.ndarray, cache):
+    """d_out: the gradient of the changed scores -> (the gradient of the scores before the changes, in reverse
+    order, {mod name: {param: gradient}} for the changes with parameters)."""
+    mods, inputs, index = cache
+    d_params = {}
+    for mod, scores in zip(reversed(mods), reversed(inputs)):
+        d_out, grads = mod.backward(scores, *index, d_out)  # ← F1
+        if grads:
+            d_params[mod.name] = grads
+    return d_out, d_params
 
 
 def scaled_dot_product_attention_backward(d_context: np.ndarray, cache: AttentionCache, d_lse=None):
@@ -893,7 +972,8 @@ def scaled_dot_product_attention_backward(d_context: np.ndarray, cache: Attentio
 
 
 def attention_steps_backward(d_context: np.ndarray, cache: AttentionCache, d_lse=None):
-    """The steps of ``attention_steps_forward`` in reverse: -> (dq, dk, dv, d_bias or None, d_sinks or None).
+    """The steps of ``attention_steps_forward`` in reverse: -> (dq, dk, dv, d_bias or None, d_sinks or None,
+    {mod name: {param: gradient}} of the score mods with parameters).
 
     d_lse: None, or (B, H, Lq) (checked) the gradient of the rows' log-sum-exp (``cache.lse``)."""
     c = cache.steps
@@ -905,10 +985,10 @@ def attention_steps_backward(d_context: np.ndarray, cache: AttentionCache, d_lse
         lse_grad = () if d_lse is None else (d_lse,)  # a softmax_backward(dp, cache) swapped in still fits
         d_masked, d_sinks = softmax_backward(d_weights, c["softmax"], *lse_grad), None  # d_lse: lse's gradient joins
     d_modded = apply_mask_backward(d_masked, c["mask"])  # (B, H, Lq, Lk)
-    d_biased = score_mods_backward(d_modded, c.get("score_mods", ()))  # (B, H, Lq, Lk)
+    d_biased, d_params = score_mods_backward(d_modded, c["score_mods"]) if "score_mods" in c else (d_modded, {})
     d_scores, d_bias = score_bias_backward(d_biased, c["bias"])  # (B, H, Lq, Lk), bias shape
     dq, dk = attention_scores_backward(d_scores, c["scores"])  # (B, H, Lq, d), (B, H, Lk, d)
-    return dq, dk, dv, d_bias, d_sinks
+    return dq, dk, dv, d_bias, d_sinks, d_params
 
 
 # Short alias: the functional "call" is the forward half of the pair.

@@ -8,7 +8,6 @@ Run the checks in float64.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -184,7 +183,7 @@ def check_mha(
     the dropout mask sampled by the first forward is held fixed for every perturbed forward.
     The arrays passed in and ``mha.params`` are left as they were. Empty inputs raise ValueError (nothing to check).
     """
-    takes_value = "value" in inspect.signature(mha.forward).parameters
+    takes_value = not getattr(getattr(mha, "config", None), "latent", False)  # latent attention: no value
     if takes_value == (value is None):
         raise ValueError(
             f"value is {'None' if value is None else f'an array of shape {np.shape(value)}'}: "

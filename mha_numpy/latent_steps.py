@@ -28,97 +28,52 @@ and the groups' gradients add up).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+import warnings
 
 import numpy as np
 
 from . import functional as F
-from ._checks import as_bool, as_float_dtype, as_int, as_number, check_probability
-from .kv_cache import LatentCache
-from .steps import AppendToCache, Attend, Merge, OutProject, Param, Rope, Step, check_plan
+from ._checks import as_bool, as_int, as_number
+from .kv_cache import LatentCache, StreamingKVCache
+from .steps import AppendToCache, AttentionConfig, Option, Param, Rope, Step, build_steps
 
-# --------------------------------------------------------------------------- the options
+# --------------------------------------------------------------------------- the options (declared on the steps)
 
 
-@dataclass(frozen=True)
-class LatentConfig:
-    """Every option of MLA's data path, checked (``ValueError`` naming the option), with DeepSeek's names.
+def _latent_size(value, name, o):
+    """kv_lora_rank's companions: required (a positive int) with kv_lora_rank, refused without it."""
+    if o["kv_lora_rank"] is None:
+        if value is not None:
+            raise ValueError(f"{name} is an option of latent attention: give kv_lora_rank too")
+        return None
+    n = as_int(value, name, minimum=1) if value is not None else None
+    if n is None:
+        raise ValueError(f"latent attention (kv_lora_rank) needs {name}, a positive int")
+    if name == "qk_rope_head_dim" and n % 2:
+        raise ValueError(f"qk_rope_head_dim must be even (RoPE turns pairs of features), got {n}")
+    return n
 
-    embed_dim E (hidden_size), num_heads H; kv_lora_rank r: the width of the keys' and values' latent c_kv;
-    qk_rope_head_dim dr (even): the rope part of each query head and of the shared rope key; qk_nope_head_dim dn: the
-    part of each query/key head without positions; v_head_dim dv; q_lora_rank rq (None: the query is one projection
-    W_q, DeepSeek-V2-Lite; an int: through a latent of rq features with its RMSNorm, V2 and V3); bias: biases on the
-    two down-projections and the output (HF's attention_bias; W_q, W_qb, W_kvb never have one); rope_theta; and
-    rope_interleave: the rope features come in pairs (0, 1), (2, 3), ... (DeepSeek's checkpoints, HF's default)
-    rather than (i, i + dr/2); norm_eps: of both latent RMSNorms (HF's fixed 1e-6); scale (None: 1/√dqk, the
-    default RoPE's; YaRN's rescaled angles are not modelled); dropout on the attention weights in training; dtype;
-    recompute (one head at a time).
-    """
 
-    embed_dim: int
-    num_heads: int
-    kv_lora_rank: int
-    qk_rope_head_dim: int
-    qk_nope_head_dim: int
-    v_head_dim: int
-    q_lora_rank: int | None = None
-    bias: bool = False
-    rope_theta: float = 10000.0
-    rope_interleave: bool = True
-    norm_eps: float = 1e-6
-    scale: float | None = None
-    dropout: float = 0.0
-    dtype: np.dtype = field(default=np.dtype(np.float64))
-    recompute: bool = False
+def _q_lora_rank(value, name, o):
+    if value is not None and o["kv_lora_rank"] is None:
+        raise ValueError("q_lora_rank is an option of latent attention: give kv_lora_rank too")
+    return None if value is None else as_int(value, name, minimum=1)
 
-    def __post_init__(self) -> None:
-        sizes = ("embed_dim", "num_heads", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
-        resolved = {name: as_int(getattr(self, name), name, minimum=1) for name in sizes}
-        if resolved["qk_rope_head_dim"] % 2:
-            raise ValueError(
-                f"qk_rope_head_dim must be even (RoPE turns pairs of features), got {self.qk_rope_head_dim}"
-            )
-        rq = self.q_lora_rank
-        resolved.update(
-            q_lora_rank=None if rq is None else as_int(rq, "q_lora_rank", minimum=1),
-            rope_theta=as_number(self.rope_theta, "rope_theta", positive=True),
-            norm_eps=as_number(self.norm_eps, "norm_eps", positive=True),
-            scale=None if self.scale is None else as_number(self.scale, "scale", positive=True),
-            dropout=check_probability(self.dropout, "dropout"), dtype=as_float_dtype(self.dtype),
-            **{name: as_bool(getattr(self, name), name) for name in ("bias", "rope_interleave", "recompute")},
-        )  # fmt: skip
-        for name, value in resolved.items():
-            object.__setattr__(self, name, value)
 
-    @property
-    def qk_head_dim(self) -> int:
-        """dqk = dn + dr: each query and key head, [nope | rope]."""
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
+def LatentConfig(embed_dim, num_heads, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim, q_lora_rank=None,
+                 bias=False, rope_theta=10000.0, **options):  # fmt: skip
+    """Deprecated (0.4): MLA's options are ``steps.AttentionConfig``'s; this makes one with 0.3's defaults."""
+    warnings.warn("latent_steps.LatentConfig is deprecated: use steps.AttentionConfig(..., kv_lora_rank=...)",
+                  DeprecationWarning, stacklevel=2)  # fmt: skip
+    sizes = dict(kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim, qk_nope_head_dim=qk_nope_head_dim,
+                 v_head_dim=v_head_dim, q_lora_rank=q_lora_rank)  # fmt: skip
+    return AttentionConfig(embed_dim, num_heads, bias=bias, rope_theta=rope_theta, **sizes, **options)
 
-    @property
-    def q_dim(self) -> int:
-        """H · dqk, the width of the query projection."""
-        return self.num_heads * self.qk_head_dim
 
-    @property
-    def merged_dim(self) -> int:
-        """H · dv, the merged heads' width: W_o's columns (``steps.OutProject``)."""
-        return self.num_heads * self.v_head_dim
-
-    @property
-    def num_kv_heads(self) -> int:
-        """H: after the expansion every query head has its own key and value head (the flow's head groups)."""
-        return self.num_heads
-
-    def changed(self) -> dict:
-        """The options that differ from their defaults (for ``repr``), in declaration order."""
-        sizes = [getattr(self, f.name) for f in fields(self)[:6]]
-        defaults = LatentConfig(*sizes)
-        return {
-            f.name: getattr(self, f.name)
-            for f in fields(self)[6:]
-            if getattr(self, f.name) != getattr(defaults, f.name)
-        }
+def build_latent_steps(c, kv_cache: bool = False):
+    """Deprecated (0.4): ``steps.build_steps`` builds MLA's steps too."""
+    warnings.warn("latent_steps.build_latent_steps is deprecated: use steps.build_steps", DeprecationWarning, 2)
+    return build_steps(c, kv_cache)
 
 
 def _linear_init(shape):
@@ -142,6 +97,8 @@ class QueryProject(Step):
     """q = query W_qᵀ, or through the low-rank latent c_q: q = rms_norm(query W_qaᵀ + b_qa) W_qbᵀ (q_lora_rank)."""
 
     names = ("q_proj", "q_a_proj", "q_a_norm", "q_b_proj")
+    place, family = 10, "latent"
+    options = {"q_lora_rank": Option(None, _q_lora_rank, requires="kv_lora_rank")}  # rq; None: one projection W_q
 
     def params(self):
         c = self.c
@@ -180,11 +137,19 @@ class LatentProject(Step):
     """[c_kv | k_rope] = key W_kvaᵀ + b_kva, c_kv = rms_norm(c_kv): the keys' and values' latent, and the rope key."""
 
     names = ("kv_a_proj", "kv_a_split", "kv_a_norm")
+    place, family = 12, "latent"
+    options = {
+        "kv_lora_rank": Option(None, lambda v, n, o: None if v is None else as_int(v, n, minimum=1)),  # r: MLA
+        "qk_rope_head_dim": Option(None, _latent_size, requires="kv_lora_rank"),  # dr, even
+        "qk_nope_head_dim": Option(None, _latent_size, requires="kv_lora_rank"),  # dn
+        "v_head_dim": Option(None, _latent_size, requires="kv_lora_rank"),  # dv
+        "norm_eps": Option(1e-6, lambda v, n, o: as_number(v, n, positive=True), requires="kv_lora_rank"),  # both norms
+    }
 
     def params(self):
         c = self.c
         r, n = c.kv_lora_rank, c.kv_lora_rank + c.qk_rope_head_dim  # shared by every head: groups add gradients
-        shape = (n, c.embed_dim)
+        shape = (n, c.kdim)  # the key's features (E unless kdim is given)
         out = {
             "W_kva": Param(shape, None, init=_linear_init(shape), rank=0),
             "kv_a_norm": Param((r,), None, init=_ones(r)),
@@ -211,6 +176,7 @@ class SplitQuery(Step):
     """Q (B, H, Lq, dqk): head h reads features h·dqk ... (h+1)·dqk - 1 of q, each [nope | rope]."""
 
     names = ("q_split",)
+    place, family = 20, "latent"
 
     def forward(self, f, s):
         f.Q, s["q_split"] = F.split_heads_forward(f.q, f.H, check=False)  # F1: (B, H, Lq, dqk)
@@ -226,6 +192,8 @@ class DecoupledRope(Rope):
 
     option = None  # always in MLA's data path
     names = ("q_rope_split", "q_rope", "q_rope_join", "k_rope")
+    place, family = 40, "latent"
+    options = {"rope_interleave": Option(True, lambda v, n, o: as_bool(v, n), requires="kv_lora_rank")}
 
     def turn(self):
         """The RoPE pair of the config's layout: pairs (0, 1), (2, 3), ... (interleaved) or (i, i + dr/2)."""
@@ -254,18 +222,21 @@ class AppendLatent(AppendToCache):
 
     ``AppendToCache``'s check, causal mask and refusals; only what is stored differs."""
 
-    cache_type = LatentCache
+    cache_type = (LatentCache, StreamingKVCache)  # a StreamingKVCache keeps the latents of its sinks and window
+    place, family = 45, "latent"
     not_groupwise = "decoding keeps every position's latent for every head, recompute keeps none"
 
     def store(self, f):
         latent, f.k_rope = f.kv_cache.append(f.latent[:, None], f.k_rope)  # (B, 1, cached + Lk, r), (.., dr)
         f.latent = latent[:, 0]  # (B, cached + Lk, r): every position so far
+        return f.latent.shape[1]
 
 
 class Expand(Step):
     """[K_nope | V] = c_kv W_kvbᵀ, cut per head; K = [K_nope | k_rope], the rope key shared by every head."""
 
     names = ("kv_b_proj", "kv_split", "kv_b_split", "k_join")
+    place, family = 48, "latent"
 
     def params(self):
         c = self.c
@@ -286,18 +257,3 @@ class Expand(Step):
         dKV = F.split_features_backward([dK_nope, g.V_heads], s["kv_b_split"])  # ← F3: (B, H, Lk, dn + dv)
         d_kv = F.split_heads_backward(dKV, s["kv_split"])  # ← F2: (B, Lk, H·(dn + dv))
         g.latent, g.P["W_kvb"], _ = F.linear_backward(d_kv, s["kv_b_proj"], g.matmul)  # ← F1: (B, Lk, r)
-
-
-# --------------------------------------------------------------------------- the builder
-
-
-def build_latent_steps(c: LatentConfig, kv_cache: bool = False) -> tuple[Step, ...]:
-    """MLA's steps of one call, in forward order; the refusals are ``steps.check_plan``'s, by declared capability.
-
-    kv_cache: the call appends to a ``LatentCache``.
-    """
-    steps = [QueryProject(c), LatentProject(c), SplitQuery(c), DecoupledRope(c)]
-    if kv_cache:
-        steps.append(AppendLatent(c))
-    steps += [Expand(c), Attend(c), Merge(c), OutProject(c)]
-    return check_plan(c, steps, kv_cache)

@@ -42,153 +42,133 @@ not in ``not_decodes``), ``with_dropout`` (it runs with dropout on the weights; 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from collections import ChainMap
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
 
 from . import functional as F
 from . import masks
-from ._checks import as_float_dtype, check_probability
+from ._checks import as_bool, as_float_dtype, as_int, as_number, check_probability
 from .kernels import ScoreMod
 from .kv_cache import KVCache
 
 # --------------------------------------------------------------------------- the options
 
 
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
+@dataclass(frozen=True)
+class Option:
+    """One option of the module, declared once, on the step that reads it (``Step.options``).
+
+    default: its value when not given.  check(value, name, o) -> the resolved value, or ValueError naming the
+    option; ``o`` maps every option to its value so far (resolved for the ones declared before it, as given for
+    the others).  exports: the exports that can express it when it is in effect ("torch_mha": ``to_torch_mha``);
+    any other export refuses it, naming it.  requires: the option without which it has no effect (an eps without
+    its norm).  Everything else derives from these declarations: ``AttentionConfig``'s checks, ``repr``, the
+    exporters' refusals, ``describe()`` and the combination tests.
+    """
+
+    default: object = None
+    check: Callable | None = None
+    exports: tuple = ()
+    requires: str | None = None
 
 
-def _non_negative_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    return int(value)
+OPTIONS: dict[str, Option] = {}  # every declared option, in declaration order (the order they are resolved in)
 
 
-def _flag(value, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
+def _size(value, name, o):
+    return as_int(value, name, minimum=1)
 
 
-def _kv_heads(value, num_heads: int) -> int:
-    Hkv = num_heads if value is None else value
-    if isinstance(Hkv, bool) or not isinstance(Hkv, (int, np.integer)) or Hkv <= 0:
-        raise ValueError(f"num_kv_heads must be a positive int or None, got {value!r}")
-    if num_heads % Hkv:
-        raise ValueError(
-            f"num_heads={num_heads} is not a multiple of num_kv_heads={Hkv}: each key/value head serves "
-            "num_heads // num_kv_heads query heads"
-        )
-    return int(Hkv)
+def _size_or_none(value, name, o):
+    return None if value is None else as_int(value, name, minimum=1)
 
 
-def _rope_theta(theta, head_dim: int) -> float | None:
-    if theta is None:
-        return None
-    if isinstance(theta, bool) or not isinstance(theta, (int, float, np.integer, np.floating)) or not theta > 0:
-        raise ValueError(f"rope_theta must be a positive number or None, got {theta!r}")
-    if head_dim % 2:
-        raise ValueError(f"rope_theta needs an even head dim (RoPE turns pairs of features): head dim {head_dim}")
-    return float(theta)
+def _count(value, name, o):
+    return as_int(value, name, minimum=0)
 
 
-def _positive_or_none(value, name: str) -> float | None:
-    if value is None:
-        return None
-    number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-    if not number or not 0 < value < np.inf:
-        raise ValueError(f"{name} must be a positive finite number or None, got {value!r}")
+def _count_or_none(value, name, o):
+    return None if value is None else as_int(value, name, minimum=0)
+
+
+def _flag(value, name, o):
+    return as_bool(value, name)
+
+
+def _positive(value, name, o, none: str = ""):
+    number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    if not number or not 0 < value < np.inf:  # None, inf and NaN refused, naming the option
+        raise ValueError(f"{name} must be a positive finite number{none}, got {value!r}")
     return float(value)
 
 
-def _diff_kv_heads(diff: bool, num_kv_heads: int) -> None:
-    if diff and num_kv_heads % 2:
-        raise ValueError(
-            f"diff_attention needs an even num_kv_heads (key/value heads j and j + Hkv/2 make a pair's keys and "
-            f"values, as in Hugging Face DiffLlama), got num_kv_heads={num_kv_heads}"
-        )
+def _positive_or_none(value, name, o):
+    return None if value is None else _positive(value, name, o, none=" or None")
 
 
-@dataclass(frozen=True)
+# --------------------------------------------------------------------------- the configuration
+
+
 class AttentionConfig:
-    """Every option of the data path, checked (``ValueError`` naming the option) and resolved (None -> its default).
+    """Every option of the data path, checked (``ValueError`` naming the option) and resolved (None -> its default),
+    by the declarations of the steps (``OPTIONS``; ``describe_options()`` lists them).
 
-    embed_dim E, num_heads H (d = E / H); kdim, vdim: the key / value features (None: E); bias: the projections'
-    biases; dropout: on the attention weights in training; dtype: float32 or float64; head_dim d (None: E / H;
-    given, the heads need not tile E: W_q is (H·d, E) and W_o (E, H·d), as in Gemma and Qwen3); scale: of the
-    scores (None: 1/√d; Gemma 2 uses query_pre_attn_scalar^-1/2). The optional steps:
-    num_kv_heads Hkv (None: H) key/value heads, grouped-query (1: multi-query) attention; rope_theta: rotary
-    positions (RoPE) on Q and K; alibi: ALiBi's distance penalty added to the scores; rel_pos_max_distance R: a
-    learned bias per head and clipped distance (T5-style); add_bias_kv, add_zero_attn: torch MHA's learned and zero
-    extra key/value; sinks: a learned logit per head in every row's softmax denominator (gpt-oss's attention
-    sinks); diff_attention: differential attention (DiffLlama; heads p and p + H/2 make a pair whose two
-    maps are subtracted with a learned λ; λ_init from diff_layer_idx; an RMSNorm of eps diff_norm_eps per pair);
-    recompute: keep only the inputs and recompute each head group in the backward; memory_budget (bytes, None: the
-    kernel's ``default_memory_budget``, 64 MiB for ``impl="auto"``, else none): a call whose backward would keep
-    more than this (``flow.kept_bytes``) runs as ``recompute=True`` does, when its steps allow it.
+    ``AttentionConfig(embed_dim, num_heads, bias=True, kdim=None, vdim=None, dropout=0.0, dtype=np.float64,
+    **options)``; read an option as an attribute (``config.rope_theta``); ``config.replace(name=value)`` is a new,
+    checked config; ``config.changed()`` the options in effect that differ from their defaults. Frozen.
     """
 
-    embed_dim: int
-    num_heads: int
-    bias: bool = True
-    kdim: int | None = None
-    vdim: int | None = None
-    dropout: float = 0.0
-    dtype: np.dtype = field(default=np.dtype(np.float64))
-    head_dim: int | None = None
-    scale: float | None = None
-    num_kv_heads: int | None = None
-    qk_norm: bool = False
-    qk_norm_eps: float = 1e-6
-    rope_theta: float | None = None
-    alibi: bool = False
-    rel_pos_max_distance: int | None = None
-    add_bias_kv: bool = False
-    add_zero_attn: bool = False
-    softcap: float | None = None
-    sinks: bool = False
-    diff_attention: bool = False
-    diff_layer_idx: int = 0
-    diff_norm_eps: float = 1e-5
-    recompute: bool = False
-    memory_budget: int | None = None
+    def __init__(self, embed_dim, num_heads, bias=True, kdim=None, vdim=None, dropout=0.0, dtype=np.float64, **options):
+        given = dict(embed_dim=embed_dim, num_heads=num_heads, bias=bias, kdim=kdim, vdim=vdim, dropout=dropout,
+                     dtype=dtype, **options)  # fmt: skip
+        unknown = sorted(set(given) - set(OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown option {unknown[0]!r}; the options are {', '.join(list(OPTIONS)[7:])}")
+        resolved: dict = {}
+        o = ChainMap(resolved, given, {name: opt.default for name, opt in OPTIONS.items()})
+        for name, opt in OPTIONS.items():  # in declaration order: a check reads the ones before it resolved
+            resolved[name] = o[name] if opt.check is None else opt.check(o[name], name, o)
+        self.__dict__.update(_values=resolved, _given=given)
 
-    def __post_init__(self) -> None:
-        E = _positive_int(self.embed_dim, "embed_dim")
-        H = _positive_int(self.num_heads, "num_heads")
-        if self.head_dim is None and E % H != 0:
-            raise ValueError(f"embed_dim={E} is not divisible by num_heads={H} (or give head_dim)")
-        d = E // H if self.head_dim is None else _positive_int(self.head_dim, "head_dim")
-        R = self.rel_pos_max_distance
-        if R is not None and (isinstance(R, bool) or not isinstance(R, (int, np.integer)) or R < 0):
-            raise ValueError(f"rel_pos_max_distance must be a non-negative int or None, got {R!r}")
-        resolved = dict(
-            embed_dim=E, num_heads=H, num_kv_heads=_kv_heads(self.num_kv_heads, H),
-            kdim=E if self.kdim is None else _positive_int(self.kdim, "kdim"),
-            vdim=E if self.vdim is None else _positive_int(self.vdim, "vdim"),
-            head_dim=d, scale=_positive_or_none(self.scale, "scale"),
-            rope_theta=_rope_theta(self.rope_theta, d), rel_pos_max_distance=None if R is None else int(R),
-            dtype=as_float_dtype(self.dtype), dropout=check_probability(self.dropout, "dropout"),
-            softcap=_positive_or_none(self.softcap, "softcap"),
-            qk_norm_eps=_positive_or_none(self.qk_norm_eps, "qk_norm_eps"),
-            diff_layer_idx=_non_negative_int(self.diff_layer_idx, "diff_layer_idx"),
-            diff_norm_eps=_positive_or_none(self.diff_norm_eps, "diff_norm_eps"),
-            memory_budget=None if (m := self.memory_budget) is None else _non_negative_int(m, "memory_budget"),
-            **{name: _flag(getattr(self, name), name) for name in
-               ("bias", "qk_norm", "alibi", "add_bias_kv", "add_zero_attn", "sinks", "diff_attention", "recompute")},
-        )  # fmt: skip
-        _diff_kv_heads(resolved["diff_attention"], resolved["num_kv_heads"])
-        for name, value in resolved.items():
-            object.__setattr__(self, name, value)
+    def __getattr__(self, name):
+        values = self.__dict__.get("_values", {})
+        if name in values:
+            return values[name]
+        raise AttributeError(f"'AttentionConfig' object has no attribute {name!r}")
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"AttentionConfig is frozen: config.replace({name}=...) makes a new one")
+
+    def replace(self, **changes) -> AttentionConfig:
+        """A new config with ``changes`` (checked again with every other option as given)."""
+        return AttentionConfig(**{**self._given, **changes})
+
+    def __eq__(self, other):
+        return isinstance(other, AttentionConfig) and self._values == other._values
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"AttentionConfig({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
+
+    @property
+    def latent(self) -> bool:
+        """Multi-head latent attention (``kv_lora_rank`` given): the projections are MLA's (``latent_steps``)."""
+        return self.kv_lora_rank is not None
 
     @property
     def q_dim(self) -> int:
-        """H · d, the width of the query projection and of the merged heads (E unless head_dim is given)."""
+        """H · d, the width of the query projection (E unless head_dim is given; H · dqk in MLA)."""
         return self.num_heads * self.head_dim
+
+    @property
+    def qk_head_dim(self) -> int:
+        """dqk, the query and key heads' width (``head_dim``; MLA's name: dn + dr)."""
+        return self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -197,20 +177,37 @@ class AttentionConfig:
 
     @property
     def merged_dim(self) -> int:
-        """The merged heads' width, W_o's columns (``OutProject``): H · d here, H · dv in MLA (``latent_steps``)."""
-        return self.q_dim
+        """The merged heads' width, W_o's columns (``OutProject``): H · d, H · dv in MLA."""
+        return self.num_heads * (self.v_head_dim if self.latent else self.head_dim)
 
     @property
     def diff_lambda_init(self) -> float:
         """λ_init = 0.8 − 0.6 · exp(−0.3 · diff_layer_idx): differential attention's λ when its vectors are 0."""
         return 0.8 - 0.6 * math.exp(-0.3 * self.diff_layer_idx)
 
+    def in_effect(self, name: str) -> bool:
+        """Whether the option ``name`` changes the data path here: given, different from what its default resolves
+        to, and its ``requires`` option in effect too."""
+        opt = OPTIONS[name]
+        if name not in self._given or (opt.requires and not self.in_effect(opt.requires)):
+            return False
+        try:
+            default = AttentionConfig(**{**self._given, name: opt.default})._values[name]
+        except ValueError:  # its default does not fit the others (head_dim where E / H is not whole)
+            return True
+        return self._values[name] != default
+
     def changed(self) -> dict:
-        """The options that differ from their defaults (for ``repr``), in declaration order."""
-        defaults = AttentionConfig(self.embed_dim, self.num_heads, kdim=self.kdim, vdim=self.vdim)
-        return {
-            f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(defaults, f.name)
-        }
+        """The options in effect, by name, in declaration order (for ``repr`` and the exporters)."""
+        return {name: self._values[name] for name in OPTIONS if self.in_effect(name)}
+
+
+def describe_options() -> str:
+    """Every option: its default, the step that declares it and the exports that can express it."""
+    return "\n".join(
+        f"{name:<22} default {opt.default!r:<10} {', '.join(opt.exports) or '(ours only)'}"
+        for name, opt in OPTIONS.items()
+    )
 
 
 # --------------------------------------------------------------------------- parameters
@@ -245,11 +242,70 @@ def _xavier_uniform(shape, fan_in: int, fan_out: int):
 
 # --------------------------------------------------------------------------- the steps
 
+DATA_PATH: list = []  # every step class with a place, in the order they are defined (``Step.__init_subclass__``)
+
+
+def _features(value, name, o):
+    return o["embed_dim"] if value is None else as_int(value, name, minimum=1)  # kdim, vdim: None = E
+
+
+def _head_dim(value, name, o):
+    if o["kv_lora_rank"] is not None:  # latent attention: each query/key head is [nope | rope]
+        if value is not None:
+            raise ValueError("head_dim with kv_lora_rank: latent attention's heads are qk_nope_head_dim + "
+                             "qk_rope_head_dim wide; give those")  # fmt: skip
+        return as_int(o["qk_nope_head_dim"], "qk_nope_head_dim", 1) + as_int(
+            o["qk_rope_head_dim"], "qk_rope_head_dim", 1
+        )
+    if value is not None:
+        return as_int(value, name, minimum=1)
+    E, H = o["embed_dim"], o["num_heads"]
+    if E % H:
+        raise ValueError(f"embed_dim={E} is not divisible by num_heads={H} (or give head_dim)")
+    return E // H
+
+
+def _kv_heads(value, name, o):
+    H = o["num_heads"]
+    Hkv = H if value is None else as_int(value, name, minimum=1)
+    if H % Hkv:
+        raise ValueError(f"num_heads={H} is not a multiple of num_kv_heads={Hkv}: each key/value head serves "
+                         "num_heads // num_kv_heads query heads")  # fmt: skip
+    if o["kv_lora_rank"] is not None and Hkv != H:
+        raise ValueError(f"num_kv_heads={Hkv} with kv_lora_rank: latent attention expands every head's key and "
+                         "value from the latent (num_kv_heads = num_heads)")  # fmt: skip
+    return Hkv
+
+
+def _rope_theta(value, name, o):
+    if value is None:
+        if o["kv_lora_rank"] is not None:
+            raise ValueError("latent attention (kv_lora_rank) needs rope_theta: its decoupled rope key is turned")
+        return None
+    theta = as_number(value, name, positive=True)  # a finite number > 0, or ValueError naming rope_theta
+    if o["kv_lora_rank"] is None and o["head_dim"] % 2:
+        raise ValueError(f"rope_theta needs an even head dim (RoPE turns pairs of features): head dim {o['head_dim']}")
+    return theta
+
+
+def _diff_attention(value, name, o):
+    if as_bool(value, name) and o["num_kv_heads"] % 2:
+        raise ValueError(
+            f"diff_attention needs an even num_kv_heads (key/value heads j and j + Hkv/2 make a pair's keys and "
+            f"values, as in Hugging Face DiffLlama), got num_kv_heads={o['num_kv_heads']}"
+        )
+    return bool(value)
+
 
 class Step:
     """Base of every step: what a step declares, and the defaults (no parameters, nothing to check)."""
 
     option = None  # the option that puts the step in the data path (None: always there)
+    options: dict = {}  # the options it declares, by name (``Option``): each option is declared once, on one step
+    place: int | None = None  # its place in the data path (``build_steps`` sorts by it); None: a base class
+    family: str | None = None  # "mha" or "latent": the projections of one kind of attention; None: both kinds
+    latent = True  # it works in multi-head latent attention (kv_lora_rank)
+    not_latent = ""  # why not, when it does not
     names: tuple[str, ...] = ()  # its caches in MHACache.steps
     groupwise = True  # it can run on one group of heads alone (recompute=True)
     not_groupwise = ""  # why not, when it cannot
@@ -259,6 +315,27 @@ class Step:
     not_with_dropout = ""  # why not, when it cannot
     differentiable = True
     appended = 0  # keys it appends after the sequence's own (they get no mask and no score bias)
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        """Register what a step class declares: its options (``OPTIONS``) and, with a ``place``, the step itself
+        (``DATA_PATH``, which ``build_steps`` reads): a new step is one class, and no list is edited by hand."""
+        super().__init_subclass__(**kwargs)
+        for name, opt in cls.__dict__.get("options", {}).items():
+            if name in OPTIONS:
+                raise TypeError(f"option {name!r} of {cls.__name__} is declared already; declare each option once")
+            OPTIONS[name] = opt
+        if cls.__dict__.get("place") is not None:
+            DATA_PATH.append(cls)
+
+    @classmethod
+    def place_in(cls, c: AttentionConfig, kv_cache: bool | str) -> int | None:
+        """Its place in the data path of a call with the options ``c`` (None: not in it): always, or when its
+        option is set; only in its ``family`` of attention."""
+        if cls.family is not None and cls.family != ("latent" if c.latent else "mha"):
+            return None
+        if cls.option is not None and getattr(c, cls.option) in (None, False):
+            return None
+        return cls.place
 
     def __init__(self, config: AttentionConfig) -> None:
         self.c = config
@@ -290,6 +367,17 @@ class Project(Step):
     """q = query W_qᵀ + b_q, k = key W_kᵀ + b_k, v = value W_vᵀ + b_v (self-attention: one GEMM)."""
 
     names = ("qkv_proj", "q_proj", "k_proj", "v_proj")
+    place, family = 10, "mha"
+    options = {
+        "embed_dim": Option(None, _size, exports=("torch_mha",)),  # E
+        "num_heads": Option(None, _size, exports=("torch_mha",)),  # H
+        "bias": Option(True, _flag, exports=("torch_mha",)),  # the projections' biases
+        "kdim": Option(None, _features, exports=("torch_mha",)),  # the key's features (None: E)
+        "vdim": Option(None, _features, exports=("torch_mha",)),  # the value's features (None: E)
+        "dtype": Option(np.float64, lambda v, n, o: as_float_dtype(v), exports=("torch_mha",)),
+        "head_dim": Option(None, _head_dim),  # d (None: E / H); W_q (H·d, E), W_o (E, H·d) as Gemma's, Qwen3's
+        "num_kv_heads": Option(None, _kv_heads),  # Hkv (None: H): grouped-query (1: multi-query) attention
+    }
 
     def params(self):
         c = self.c
@@ -334,6 +422,7 @@ class Split(Step):
     """Q (B, H, Lq, d), K, V (B, Hkv, Lk, d): head h reads features h·d ... (h+1)·d - 1."""
 
     names = ("q_split", "k_split", "v_split")
+    place, family = 20, "mha"
 
     def forward(self, f, s):
         f.Q, s["q_split"] = F.split_heads_forward(f.q, f.H, check=False)  # F1: (B, H, Lq, d)
@@ -351,6 +440,10 @@ class QKNorm(Step):
 
     option = "qk_norm"
     names = ("q_norm", "k_norm")
+    place = 30
+    options = {"qk_norm": Option(False, _flag), "qk_norm_eps": Option(1e-6, _positive, requires="qk_norm")}
+    latent = False
+    not_latent = "latent attention's queries and keys have RMSNorms of their own, on the latents"
 
     def params(self):
         d = self.c.head_dim  # shared by every head: recompute's groups add their gradients
@@ -370,6 +463,8 @@ class Rope(Step):
 
     option = "rope_theta"
     names = ("q_rope", "k_rope")
+    place, family = 40, "mha"
+    options = {"rope_theta": Option(None, _rope_theta)}  # RoPE's base (latent attention: its rope part's)
 
     def check(self, f):
         if f.positions is not None:
@@ -394,13 +489,22 @@ class AppendToCache(Step):
 
     option = "kv_cache"
     names = ("kv_cache",)
+    place, family = 45, "mha"  # after RoPE; a cache that stores keys before RoPE: 35, before it
     groupwise = False
     not_groupwise = "decoding keeps every head's K and V, recompute keeps none"
     differentiable = False
-    cache_type = KVCache  # what kv_cache must be (MLA's AppendLatent: a LatentCache)
+    cache_type = (KVCache,)  # what kv_cache may be (MLA's AppendLatent: a LatentCache or a StreamingKVCache)
+
+    @classmethod
+    def place_in(cls, c, kv_cache):
+        """A call with a KV cache (a call argument, not an option): after RoPE, or before it for a cache that keeps
+        its keys unturned (``StreamingKVCache``: RoPE then turns every key at its place in the cache)."""
+        if not kv_cache or cls.family != ("latent" if c.latent else "mha"):
+            return None
+        return cls.place - 10 if kv_cache == "keys before RoPE" else cls.place
 
     def check(self, f):
-        cache, kind = f.kv_cache, self.cache_type.__name__
+        cache, kind = f.kv_cache, " or a ".join(t.__name__ for t in self.cache_type)
         if not isinstance(cache, self.cache_type):
             raise ValueError(f"kv_cache must be a {kind} (from mha_numpy import {kind}), got {type(cache).__name__}")
         if f.Lq != f.Lk:
@@ -414,71 +518,112 @@ class AppendToCache(Step):
         s["kv_cache"] = len(f.kv_cache)  # F1: the number of positions cached before the call
         array = f.args.mask is not None and not isinstance(f.args.mask, masks.StructuredMask)
         allowed = f.kv_cache.mask(f.Q.shape[2], structured=not array)  # F1: (Lq, cached + Lq), its rule, or None
-        self.store(f)  # F1: every position the queries see, (B, Hkv, cached + Lq, ·)
+        keys = self.store(f)  # F1: every position the queries see, (B, Hkv, cached + Lq, ·)
         if f.kv_cache.stores == "keys before RoPE":
-            f.pos_k = np.arange(f.K.shape[2])  # RoPE, next, turns each key at its place in the cache
+            f.pos_k = np.arange(keys)  # RoPE, next, turns each key at its place in the cache
         if allowed is not None:
             f.args = replace(f.args, mask=masks.combine_masks(f.args.mask, allowed))  # F1
 
     def store(self, f):
         f.K, f.V = f.kv_cache.append(f.K, f.V)  # (B, Hkv, cached + Lq, d)
+        return f.K.shape[2]  # the keys the queries see
 
     def backward(self, g, s):  # pragma: no cover - build_steps refuses a backward through the cache
         raise ValueError("backward through a call with kv_cache is not supported: the cache is state (forward only)")
 
 
-class RelativeBias(Step):
+class ScoreTerm(Step):
+    """Base of a change of the scores through the kernels' one hook (``kernels.ScoreMod``, FlexAttention's form): a
+    pair ``functional.NAME_score(score, b, h, q_idx, kv_idx, **params)`` / ``NAME_score_vjp(..., d_out, **params)
+    -> (d_score, {param: gradient})``, given the step's parameters by name (and the ``constants`` of the call).
+
+    Every kernel applies it to the block of scores it holds, after the bias, before the mask, and its backward
+    returns the parameters' gradients (``AttentionGrads.score_params``); so a new score term is a pair and a step,
+    with no kernel, flow or cache edit. Under recompute a group's kernel sees its heads as 0 ... g - 1 and the
+    parameters' slices of those heads (``Param.heads``), so ``h`` indexes them as it does the whole."""
+
+    score = staticmethod(None)  # the pair, set by each term
+    score_vjp = staticmethod(None)
+
+    def constants(self, f) -> dict:
+        """What the pair reads besides the parameters, fixed for the call (e.g. the number of keys)."""
+        return {}
+
+    def forward(self, f, s):
+        params, constants = {name: f.P[name] for name in self.params()}, self.constants(f)
+        mod = ScoreMod(self.option, partial(self.score, **constants), partial(self.score_vjp, **constants), params)
+        f.args = f.args.add_score_mod(mod)  # F1: every kernel applies it to the blocks of scores it holds
+
+    def backward(self, g, s):
+        grads = g.score_params.get(self.option, {})  # ← F1: the kernel's backward summed them over its blocks
+        for name in self.params():
+            g.P[name] = grads.get(name)
+
+
+class HeadTemperature(ScoreTerm):
+    """A learned temperature per head, scores · exp(t_h) (head_temperature (H,), 0 at the start: no change)."""
+
+    option = "head_temperature"
+    place = 50
+    options = {"head_temperature": Option(False, _flag)}
+    score = staticmethod(F.head_temperature_score)
+    score_vjp = staticmethod(F.head_temperature_score_vjp)
+
+    def params(self):
+        return {"head_temperature": Param((self.c.num_heads,), "q", init=_zeros((self.c.num_heads,)))}
+
+
+class RelativeBias(ScoreTerm):
     """A learned bias per head and clipped distance j - i, added to the scores (T5-style; the table: rel_bias)."""
 
     option = "rel_pos_max_distance"
-    names = ("rel_bias",)
+    place = 52
+    options = {"rel_pos_max_distance": Option(None, _count_or_none)}  # R: distances clipped to [-R, R]
     decodes = False
     not_decodes = "the table's bias is made per call, for the call's own keys"
+    score = staticmethod(F.relative_position_score)
+    score_vjp = staticmethod(F.relative_position_score_vjp)
 
     def params(self):
         shape = (self.c.num_heads, 2 * self.c.rel_pos_max_distance + 1)
         return {"rel_bias": Param(shape, "q", init=lambda rng, dtype: rng.normal(0.0, 1.0, size=shape).astype(dtype))}
 
-    def forward(self, f, s):
-        Lq, Lk, table = f.Q.shape[2], f.K.shape[2], f.P["rel_bias"]
-        bias, s["rel_bias"] = F.relative_position_bias_forward(table, Lq, Lk, check=False)  # F1: (1, H, Lq, Lk)
-        f.args = f.args.add_bias(bias)  # F2: added to the scores by the kernel
-
-    def backward(self, g, s):
-        g.P["rel_bias"] = F.relative_position_bias_backward(g.bias, s["rel_bias"])  # ← F2, F1: (H, 2R + 1)
+    def constants(self, f):
+        return {"keys": f.K.shape[2]}  # keys appended after these (add_bias_kv, add_zero_attn) get no term
 
 
-class Alibi(Step):
+class Alibi(ScoreTerm):
     """ALiBi: a fixed penalty -m_h · distance per head added to the scores (no parameter, no gradient)."""
 
     option = "alibi"
+    place = 54
+    options = {"alibi": Option(False, _flag)}
+    score = staticmethod(F.alibi_score)
+    score_vjp = staticmethod(F.alibi_score_vjp)
 
-    def forward(self, f, s):
-        Lq, Lk = f.Q.shape[2], f.K.shape[2]
-        bias = F.alibi_bias(self.c.num_heads, Lq, Lk, offset=Lk - Lq, dtype=self.c.dtype)  # (1, H, Lq, Lk)
-        f.args = f.args.add_bias(bias[:, f.heads])  # F1: this flow's heads' slopes
-
-    def backward(self, g, s):
-        pass  # a constant: nothing to differentiate
+    def constants(self, f):
+        Lq, Lk = f.Q.shape[2], f.K.shape[2]  # query i at position i + Lk - Lq: after the cached keys
+        return {"slopes": F.alibi_slopes(self.c.num_heads)[f.heads], "offset": Lk - Lq, "keys": Lk}  # this flow's heads
 
 
-class SoftCap(Step):
+class SoftCap(ScoreTerm):
     """Soft-capped scores, cap · tanh(s / cap), inside the kernel after the score terms, before the mask (Gemma 2)."""
 
     option = "softcap"
+    place = 56
+    options = {"softcap": Option(None, _positive_or_none)}  # the cap (Gemma 2: 50)
 
     def forward(self, f, s):
-        cap = ScoreMod("soft_cap", partial(F.soft_cap_forward, cap=self.c.softcap), F.soft_cap_backward)
-        f.args = f.args.add_score_mod(cap)  # F1: every kernel applies it to the blocks of scores it holds
-
-    def backward(self, g, s):
-        pass  # ← F1: the kernel's backward takes dS through the cap's backward
+        pair = partial(F.soft_cap_forward, cap=self.c.softcap), F.soft_cap_backward
+        f.args = f.args.add_score_mod(ScoreMod.elementwise("softcap", *pair))  # F1: an elementwise pair as a mod
 
 
 class Sinks(Step):
     """A learned logit per head in every row's softmax denominator, weight that goes to no key (gpt-oss's sinks)."""
 
     option = "sinks"
+    place = 58
+    options = {"sinks": Option(False, _flag)}
 
     def params(self):
         H = self.c.num_heads  # one per query head: recompute's groups take their heads' slice
@@ -497,6 +642,10 @@ class BiasKV(Step):
     option = "add_bias_kv"
     names = ("bias_k", "bias_v")
     appended = 1
+    place = 60
+    options = {"add_bias_kv": Option(False, _flag, exports=("torch_mha",))}
+    latent = False
+    not_latent = "its key and value are one per key/value head of the projections, which latent attention expands"
 
     def params(self):
         Ekv, std = self.c.kv_dim, 1.0 / math.sqrt(self.c.embed_dim)  # torch: xavier_normal_ of a (1, 1, E) tensor
@@ -524,6 +673,10 @@ class ZeroAttn(Step):
     option = "add_zero_attn"
     names = ("zero_k", "zero_v")
     appended = 1
+    place = 62
+    options = {"add_zero_attn": Option(False, _flag, exports=("torch_mha",))}
+    latent = False
+    not_latent = "its zero key is d wide, and latent attention's keys (dqk) and values (dv) differ"
 
     def forward(self, f, s):
         Lk, zero = f.K.shape[2], np.zeros((1, 1, self.c.head_dim), dtype=f.K.dtype)  # (1, 1, d), every head
@@ -548,8 +701,16 @@ class DiffValues(Step):
 
     option = "diff_attention"
     names = ("diff_values",)
+    place = 64
+    options = {
+        "diff_attention": Option(False, _diff_attention),
+        "diff_layer_idx": Option(0, _count, requires="diff_attention"),  # λ_init's layer
+        "diff_norm_eps": Option(1e-5, _positive, requires="diff_attention"),  # the pair's RMSNorm
+    }
     groupwise = False
     not_groupwise = _DIFF_NOT_GROUPWISE
+    latent = False
+    not_latent = "its pairs of heads join key/value heads j and j + Hkv/2, which latent attention does not have"
 
     def forward(self, f, s):
         f.V, s["diff_values"] = F.diff_values_forward(f.V, check=False)  # F1: (B, Hkv, Lk, 2d)
@@ -563,6 +724,9 @@ class DiffCombine(Step):
 
     option = "diff_attention"
     names = ("diff_lambda", "diff_combine")
+    place = 85
+    latent = False
+    not_latent = DiffValues.not_latent
     groupwise = False
     not_groupwise = _DIFF_NOT_GROUPWISE
     with_dropout = False
@@ -591,6 +755,7 @@ class RepeatKV(Step):
     """Each key/value head shared by H / Hkv query heads (grouped-query attention; nothing to do when Hkv = H)."""
 
     names = ("k_repeat", "v_repeat")
+    place, family = 70, "mha"
 
     def forward(self, f, s):
         n_rep = f.H // f.Hkv
@@ -611,17 +776,28 @@ class RepeatKV(Step):
 class Attend(Step):
     """context = softmax(Q Kᵀ · scale + score terms + mask) V, by the call's kernel (mha_numpy.kernels)."""
 
+    place = 80
+    options = {
+        "dropout": Option(0.0, lambda v, n, o: check_probability(v, n), exports=("torch_mha",)),  # on the weights
+        "scale": Option(None, _positive_or_none),  # of the scores (None: 1/√d)
+        "recompute": Option(False, _flag, exports=("torch_mha",)),  # memory for time: the same numbers
+        "memory_budget": Option(None, _count_or_none, exports=("torch_mha",)),  # bytes, then as recompute
+    }
+
     def forward(self, f, s):
         f.context, f.attention = f.kernel.run(f.Q, f.K_heads, f.V_heads, f.args)  # F1: (B, H, Lq, dv)
 
     def backward(self, g, s):
-        g.Q, g.K_heads, g.V_heads, g.bias, g.sinks = g.kernel.backward(g.context, g.attention)  # ← F1
+        grads = g.kernel.backward(g.context, g.attention)  # ← F1: AttentionGrads
+        g.Q, g.K_heads, g.V_heads, g.bias, g.sinks = grads
+        g.score_params = getattr(grads, "score_params", {})  # the score terms' parameters (``ScoreTerm``)
 
 
 class Merge(Step):
     """merged (B, Lq, H·dv): the heads' contexts side by side (the inverse of the split; dv = d but in MLA)."""
 
     names = ("merge",)
+    place = 90
 
     def forward(self, f, s):
         f.merged, s["merge"] = F.merge_heads_forward(f.context, check=False)  # F1: (B, Lq, E)
@@ -634,6 +810,7 @@ class OutProject(Step):
     """output = merged W_oᵀ + b_o."""
 
     names = ("out_proj",)
+    place = 95
 
     def params(self):
         E, Eq = self.c.embed_dim, self.c.merged_dim
@@ -658,46 +835,23 @@ class OutProject(Step):
 
 
 def build_steps(c: AttentionConfig, kv_cache: bool | str = False) -> tuple[Step, ...]:
-    """The steps of one call, in forward order: the only place the options meet and a combination is refused.
+    """The steps of one call, in forward order: every registered step (``DATA_PATH``) the options put in it, by
+    ``place`` (``Step.place_in``), then ``check_plan``'s refusals. The only place the options meet.
 
-    kv_cache: the call appends to a ``KVCache`` (a call argument, not an option of the module): True or what the
-    cache ``stores``, "keys after RoPE" (``KVCache``) or "keys before RoPE" (``StreamingKVCache``: appended before
-    RoPE, which then turns every key at its place in the cache).
+    kv_cache: the call appends to a KV cache (a call argument, not an option of the module): True or what the
+    cache ``stores``, "keys after RoPE" (``KVCache``, ``LatentCache``) or "keys before RoPE" (``StreamingKVCache``:
+    appended before RoPE, which then turns every key at its place in the cache).
     """
-    steps = [Project(c), Split(c)]
-    if c.qk_norm:
-        steps.append(QKNorm(c))
-    if kv_cache == "keys before RoPE":
-        steps.append(AppendToCache(c))
-    if c.rope_theta is not None:
-        steps.append(Rope(c))
-    if kv_cache and kv_cache != "keys before RoPE":
-        steps.append(AppendToCache(c))
-    if c.rel_pos_max_distance is not None:
-        steps.append(RelativeBias(c))
-    if c.alibi:
-        steps.append(Alibi(c))
-    if c.softcap is not None:
-        steps.append(SoftCap(c))
-    if c.sinks:
-        steps.append(Sinks(c))
-    if c.add_bias_kv:
-        steps.append(BiasKV(c))
-    if c.add_zero_attn:
-        steps.append(ZeroAttn(c))
-    if c.diff_attention:
-        steps.append(DiffValues(c))
-    steps += [RepeatKV(c), Attend(c)]
-    if c.diff_attention:
-        steps.append(DiffCombine(c))
-    steps += [Merge(c), OutProject(c)]
-    return check_plan(c, steps, kv_cache)
+    placed = [(place, i, cls) for i, cls in enumerate(DATA_PATH) if (place := cls.place_in(c, kv_cache)) is not None]
+    return check_plan(c, [cls(c) for _, _, cls in sorted(placed)], kv_cache)
 
 
 def check_plan(c, steps, kv_cache: bool) -> tuple[Step, ...]:
     """The refusals, by what each step declares it can do (every builder's last line: ``build_steps`` and MLA's
     ``latent_steps.build_latent_steps``) -> the steps as a tuple."""
     for step in steps:
+        if c.latent and not step.latent:
+            raise ValueError(f"{step.option} with kv_lora_rank (latent attention) is not supported: {step.not_latent}")
         if c.recompute and not step.groupwise:
             raise ValueError(f"{step.option} with recompute=True is not supported: {step.not_groupwise}")
         if kv_cache and not step.decodes:

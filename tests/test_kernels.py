@@ -272,7 +272,7 @@ def test_saturated_rows_under_a_score_mod_match_the_plain_path(impl, options, ro
     (a pivot without that derivative is off by 1 - tanh²(s / cap) of its entry: 4% for a score of 10 and a cap
     of 50, far beyond this tolerance)."""
     q, k, v, d, mask = saturated_case(rows, mask_kind, np.float64)
-    cap = (kernels.ScoreMod("soft_cap", partial(F.soft_cap_forward, cap=50.0), F.soft_cap_backward),)
+    cap = (kernels.ScoreMod.elementwise("soft_cap", partial(F.soft_cap_forward, cap=50.0), F.soft_cap_backward),)
     plain = kernels.VectorizedKernel()
     ref = plain.backward(d, plain.forward(q, k, v, mask, scale=1.0, score_mods=cap)[1])[:3]
     kernel = kernels.get_kernel(impl, **options)

@@ -101,7 +101,8 @@ def test_a_loss_of_the_context_and_the_lse_is_gradient_checked(impl, options, ex
     if extra == "bias":
         inputs["bias"] = rng.normal(0, 1, (1, H, LQ, LK))
     if extra == "soft-cap":
-        kw["score_mods"] = (kernels.ScoreMod("soft_cap", partial(F.soft_cap_forward, cap=1.5), F.soft_cap_backward),)
+        cap = partial(F.soft_cap_forward, cap=1.5), F.soft_cap_backward
+        kw["score_mods"] = (kernels.ScoreMod.elementwise("soft_cap", *cap),)
     if extra == "dropout mask":
         kw.update(dropout_p=0.3, dropout_mask=rng.random((B, H, LQ, LK)) >= 0.3)
     ctx, cache = kernel.forward(**inputs, **kw)

@@ -111,7 +111,8 @@ def test_sinks_with_a_bias_a_score_mod_and_dropout(impl, options, extra, rng):
     if extra == "bias":
         inputs["bias"] = ref_kw["bias"] = rng.normal(0, 1, (1, H, LQ, LK))
     if extra == "soft-cap":
-        kw["score_mods"] = (kernels.ScoreMod("soft_cap", partial(F.soft_cap_forward, cap=1.5), F.soft_cap_backward),)
+        cap = partial(F.soft_cap_forward, cap=1.5), F.soft_cap_backward
+        kw["score_mods"] = (kernels.ScoreMod.elementwise("soft_cap", *cap),)
     if extra == "dropout mask":
         keep = rng.random((B, H, LQ, LK)) >= 0.3
         kw.update(dropout_p=0.3, dropout_mask=keep)

@@ -48,8 +48,8 @@ the memory it exists to avoid); reading one never changes what ``backward`` retu
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -59,17 +59,67 @@ from ..masks import StructuredMask
 CACHE_ATTRIBUTES = ("kernel", "scores", "masked_scores", "attn_weights", "dropout_mask", "lse")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ScoreMod:
-    """An elementwise change of the scores without parameters, e.g. a soft-cap s -> c · tanh(s / c).
+    """A change of the scores, the kernels' one hook: torch FlexAttention's ``score_mod``, with its parameters.
 
-    ``forward(s) -> (s', cache)`` and ``backward(ds', cache) -> ds`` are a pair in ``functional`` (with its
-    options bound); a kernel calls them on any block of scores, so they must act entry by entry.
+    mod(score, b, h, q_idx, kv_idx, **params) -> score'    on any block of scores a kernel holds (the whole
+        (B, H, Lq, Lk) tensor, one head's (Lq, Lk), one tile), with ``b``, ``h``, ``q_idx``, ``kv_idx`` integer
+        arrays (or ints) broadcastable to the block: the block's own batch items, heads, queries and keys
+    vjp(score, b, h, q_idx, kv_idx, d_out, **params) -> (d_score, {name: d_param})    its vector-Jacobian
+        product at ``score`` (the mod's input), ``d_param`` with the shape of ``params[name]`` (only the learned
+        ones; a block's share: a kernel sums them over its blocks)
+    params: {name: array} the arrays the mod reads (a bias table, a slope or temperature per head), passed by
+        keyword. A kernel's backward returns their gradients in ``AttentionGrads.score_params[name]``.
+
+    A score term with parameters (a relative-position table, ALiBi, a learned temperature) and an elementwise
+    change (a soft-cap) are the same thing here: a step adds its ``ScoreMod`` to the call (``AttentionArgs``), no
+    kernel knows it. ``ScoreMod.elementwise`` wraps a ``functional`` pair ``forward(s) -> (s', cache)`` /
+    ``backward(ds', cache) -> ds`` (0.3's form).
     """
 
     name: str
-    forward: Callable
-    backward: Callable
+    mod: Callable
+    vjp: Callable
+    params: Mapping = field(default_factory=dict)
+
+    def __call__(self, score, b, h, q_idx, kv_idx):
+        return self.mod(score, b, h, q_idx, kv_idx, **self.params)
+
+    def backward(self, score, b, h, q_idx, kv_idx, d_out):
+        """-> (d_score, {name: d_param}): ``vjp`` with this mod's parameters."""
+        return self.vjp(score, b, h, q_idx, kv_idx, d_out, **self.params)
+
+    @classmethod
+    def elementwise(cls, name: str, forward: Callable, backward: Callable) -> ScoreMod:
+        """A ScoreMod from an elementwise pair (``functional.soft_cap_forward`` / ``_backward`` with its options
+        bound), which reads no index and has no parameters."""
+
+        def vjp(score, b, h, q_idx, kv_idx, d_out):
+            return backward(d_out, forward(score)[1]), {}  # the pair's backward at the block's own cache
+
+        return cls(name, lambda score, b, h, q_idx, kv_idx: forward(score)[0], vjp)
+
+
+def add_score_params(total: dict, part: dict) -> dict:
+    """Add one block's score-mod parameter gradients ``part`` into ``total`` (both {mod: {param: gradient}}); ->
+    total. A kernel sums its blocks' shares in a fixed order, so the result does not depend on its threads."""
+    for mod, grads in part.items():
+        into = total.setdefault(mod, {})
+        for name, g in grads.items():
+            into[name] = g.copy() if name not in into else into[name] + g
+    return total
+
+
+class AttentionGrads(tuple):
+    """What a kernel's backward returns: ``(dq, dk, dv, d_bias, d_sinks)``, one gradient per differentiable input
+    (None for an input not given, always five, as in 0.3), and ``score_params``: each score mod's parameter
+    gradients by name, {mod name: {param name: gradient}} (empty without such mods)."""
+
+    def __new__(cls, dq, dk, dv, d_bias=None, d_sinks=None, score_params=None):
+        grads = super().__new__(cls, (dq, dk, dv, d_bias, d_sinks))
+        grads.score_params = {} if score_params is None else score_params
+        return grads
 
 
 @dataclass(frozen=True)
@@ -82,6 +132,8 @@ class AttentionArgs:
     dropout_p: in [0, 1).   keep: a given bool keep-mask (B, H, Lq, Lk), or None.   rng: draws the rest.
     score_mods: ``ScoreMod`` s applied in order after the bias, before the mask.
     sinks: None or (H,) float, each head's sink logit in every row's softmax denominator (differentiable).
+    key_index: None, or (Lk,) the keys' own indices (the score mods' ``kv_idx``) when a kernel runs on a subset of
+    the keys (``SplitKVKernel``'s shards); None: 0 ... Lk - 1.
     """
 
     shape: tuple[int, int, int, int]
@@ -93,14 +145,28 @@ class AttentionArgs:
     rng: np.random.Generator | None = None
     score_mods: tuple = ()
     sinks: np.ndarray | None = None
+    key_index: np.ndarray | None = None
 
     def add_bias(self, term: np.ndarray) -> AttentionArgs:
         """These arguments with ``term`` (broadcastable to the scores) added to the bias."""
         return replace(self, bias=term if self.bias is None else self.bias + term)
 
     def add_score_mod(self, mod: ScoreMod) -> AttentionArgs:
-        """These arguments with one more elementwise change of the scores, applied after the others."""
+        """These arguments with one more change of the scores (a ``ScoreMod``), applied after the others."""
         return replace(self, score_mods=(*self.score_mods, mod))
+
+    def index(self, b, h, rows, cols) -> tuple:
+        """The score mods' indices of a block: batch items ``b``, heads ``h``, query rows and key columns (each an
+        int or a 1-D array) -> (b, h, q_idx, kv_idx) broadcastable to a (len b, len h, rows, cols) block (an int
+        axis stays an int, and drops out of the block's shape)."""
+        cols = np.asarray(cols) if self.key_index is None else self.key_index[cols]  # the keys' own indices
+        axes = [np.asarray(b), np.asarray(h), np.asarray(rows), cols]
+        n = sum(a.ndim for a in axes)  # the block's number of axes
+        out, at = [], 0
+        for a in axes:  # each 1-D axis to its place among the block's axes: (·, 1, 1), (1, ·, 1), ...
+            out.append(a if a.ndim == 0 else a.reshape((1,) * at + (-1,) + (1,) * (n - at - 1)))
+            at += a.ndim
+        return tuple(out)
 
     def with_sinks(self, sinks: np.ndarray) -> AttentionArgs:
         """These arguments with each head's sink logit (H,) in the softmax's denominator."""

@@ -86,7 +86,7 @@ from .. import functional as F
 from .._checks import check_d_context, check_d_lse, positive_int_or_none
 from ..masks import EMPTY, FULL, MIXED, PARTIAL, StructuredMask
 from ..threads import AVAILABLE_CORES, pooled_matmul, run_items
-from .base import AttentionArgs, Kernel
+from .base import AttentionArgs, AttentionGrads, Kernel, add_score_params
 
 # Both picked by measurement on the 2-core machine of docs/performance.md (block-size sweep there):
 # big tiles amortise the ~15 NumPy calls (and their moments holding the GIL) per tile; the best was
@@ -118,7 +118,7 @@ class _Tiles:
         self.mask = self.rule if self.rule is not None else view(args.mask)
         self.bias, self.keep = view(args.bias), view(args.keep)
         self.Lq, self.Lk = args.shape[2:]
-        self.mods = args.score_mods
+        self.mods, self.args = args.score_mods, args
         self.sinks = None if args.sinks is None else args.sinks[hs]  # (g,) the heads' sink logits, or None
         self.p, self.seed, self.b, self.hs = args.dropout_p, seed, b, hs
         mshape = (1,) * (4 - np.ndim(args.mask)) + np.shape(args.mask)  # the mask's own (b, h, Lq, Lk) sizes
@@ -199,12 +199,14 @@ class _Tiles:
     def finish_scores(self, s: np.ndarray, i0: int, j0: int, state: int, m) -> list:
         """Add the bias, apply the score mods, then a _PARTIAL mask tile m (n, bk), to the score tile
         s = S[:, i0:, j0:] (g, n, bk), in place. -> the mods' caches (for the backward; [] without mods)."""
+        i1, j1 = i0 + s.shape[-2], j0 + s.shape[-1]
         if self.bias is not None:
-            i1, j1 = i0 + s.shape[-2], j0 + s.shape[-1]
             np.add(s, self.bias[:, i0:i1, j0:j1], out=s, casting="unsafe")  # the same order as the vectorized path
         mods = []
         if self.mods:
-            out, mods = F.score_mods_forward(s.copy(), self.mods)  # (g, n, bk); a copy: s is reused in place below
+            heads, rows, cols = np.arange(self.hs.start, self.hs.stop), np.arange(i0, i1), np.arange(j0, j1)
+            index = self.args.index(self.b, heads, rows, cols)  # (b, h, q_idx, kv_idx) of the tile
+            out, mods = F.score_mods_forward(s.copy(), self.mods, index)  # (g, n, bk); a copy: s is reused in place
             s[...] = out
         if state == _PARTIAL:
             if m.dtype == np.bool_:
@@ -320,7 +322,7 @@ class _HeadRows:
         return cls(q * scale, k, v, da, D_l, m, pivot, tiles)  # q * scale: (g, Lq, d)
 
 
-def _backward_keys(r: _HeadRows, bq: int, bk: int, j_start: int, j_stop: int, dq, dk, dv, d_bias, row_sum, gain):
+def _backward_keys(r: _HeadRows, bq: int, bk: int, j_start: int, j_stop: int, dq, dk, dv, d_bias, row_sum, d_params):
     """Backward of a group of g heads over the key rows j_start ... j_stop - 1, tile by tile, recomputing
     P = exp(S - m) / ℓ (FlashAttention-2 order: key blocks outer, so dK, dV rows are finished in place).
 
@@ -328,7 +330,7 @@ def _backward_keys(r: _HeadRows, bq: int, bk: int, j_start: int, j_stop: int, dq
     of dk: (g, Lk, d), dv: (g, Lk, dv); all start at 0; d_bias: None or the (g, Lq, Lk) gradient of the group's
     bias, this key range's columns (starts at 0), and row_sum: (g, Lq) Σ dS_ij over this range's keys j ≠ j* of the
     rows with a pivot (starts at 0): their entries dS_ij* are left out of the tiles and added by ``_add_pivots``;
-    gain: (g, Lq) the score mods' derivative at each pivot of this range (starts at 1; written only with mods).
+    d_params: {mod: {param: gradient}} receives the score mods' parameter gradients of these tiles (starts empty).
     The 1/ℓ of each row rides along in the rows of [dO, -D] / ℓ: with E = exp(S - m) (so P = E / ℓ), one GEMM
     gives (dP - D) / ℓ = ([dO, -D] / ℓ) [v, 1]ᵀ, then dS = E ∘ (dP - D) / ℓ = P ∘ (dP - D) and dV = Eᵀ (dO / ℓ):
     nothing of size (bq, bk) is divided by ℓ.
@@ -367,12 +369,9 @@ def _backward_keys(r: _HeadRows, bq: int, bk: int, j_start: int, j_stop: int, dq
                     at = np.nonzero((pivot >= c0) & (pivot < c1))  # (heads, rows) whose j* is in this part
                     dp[at + (pivot[at] - c0,)] = 0.0  # dS_ij* is left out here: -Σ_{j≠j*} dS_ij at the end
                     row_sum[:, r0:r1] += dp.sum(axis=2)  # (g, bq) Σ_{j≠j*} dS_ij over this part's keys
-                if mods:  # back through the score mods; at a pivot, their derivative waits for _add_pivots
-                    if at is not None and at[0].size:
-                        unit = np.zeros_like(dp)  # (g, bq, bk): 1 at the pivots of this part
-                        unit[at + (pivot[at] - c0,)] = 1.0
-                        gain[:, r0:r1][at] = F.score_mods_backward(unit, mods)[at + (pivot[at] - c0,)]
-                    dp = F.score_mods_backward(dp, mods)  # (g, bq, bk) the gradient of the scores before the mods
+                if mods:  # back through the score mods (a pivot's entry, 0 here, goes through them in _add_pivots)
+                    dp, d_mods = F.score_mods_backward(dp, mods)  # (g, bq, bk) the scores' before the mods
+                    add_score_params(d_params, d_mods)
                 dq[:, r0:r1] += dp @ kj  # (g, bq, bk) @ (g, bk, d) -> (g, bq, d)
                 dk[:, c0:c1] += dp.swapaxes(1, 2) @ r.q[:, r0:r1]  # (g, bk, bq) @ (g, bq, d) -> (g, bk, d)
                 if d_bias is not None:
@@ -450,7 +449,8 @@ class ChunkedCache:
         """(B, H, Lq, Lk) mods(q kᵀ · scale + bias) before the mask (computed now, Lq × Lk memory)."""
         s = (self.q * self.args.scale) @ self.k.swapaxes(-1, -2)  # (B, H, Lq, d) @ (B, H, d, Lk) -> (B, H, Lq, Lk)
         s = s if self.args.bias is None else s + self.args.bias
-        return F.score_mods_forward(s, self.args.score_mods)[0]
+        index = self.args.index(*(np.arange(n) for n in self.args.shape))  # (b, h, i, j) of every score
+        return F.score_mods_forward(s, self.args.score_mods, index)[0]
 
     @property
     def masked_scores(self) -> np.ndarray:
@@ -581,7 +581,6 @@ class ChunkedKernel(Kernel):
         groups = cache.kernel.groups(cache.args, q.dtype)
         n_split = -(-threads // len(groups)) if 0 < len(groups) < threads else 1  # key ranges per group
         row_sums = np.zeros((n_split, B, H, Lq), dtype=q.dtype)  # per key range n: its Σ_{j≠j*} dS_ij
-        gains = np.ones((B, H, Lq), dtype=q.dtype)  # the score mods' derivative at j* (its one key range writes it)
 
         def rows(b, hs) -> _HeadRows:
             m_l_D_j = (cache.m[b, hs], cache.inv_ell[b, hs], D[b, hs], pivot[b, hs])  # (g, Lq) each
@@ -605,15 +604,18 @@ class ChunkedKernel(Kernel):
                 dq[b, hs] if n == 0 else partials.setdefault((b, hs.start, n), np.zeros((g, Lq, q.shape[3]), q.dtype))
             )
             db = None if bias is None else np.zeros((g, Lq, Lk), dtype=q.dtype)  # these heads' dS
-            _backward_keys(
-                r, bs, bs, j_start, j_stop, target, dk[b, hs], dv[b, hs], db, row_sums[n, b, hs], gains[b, hs]
-            )
+            sums, params = row_sums[n, b, hs], item_params[b, hs.start, n]  # (g, Lq), this item's {mod: {param}}
+            _backward_keys(r, bs, bs, j_start, j_stop, target, dk[b, hs], dv[b, hs], db, sums, params)
             if db is not None:
                 with self._bias_lock:  # heads that share a bias entry add into it one at a time
                     for h, d_head in zip(range(H)[hs], db):
                         _add_reduced(d_bias, b, h, d_head)
 
+        item_params = {(b, hs.start, n): {} for b, hs, _, _, n in items}  # each item's share of the mods' params
         run_items(work, items, threads)
+        d_params: dict = {}
+        for b, hs, _, _, n in items:  # summed in the items' order: deterministic
+            add_score_params(d_params, item_params[b, hs.start, n])
         for b, hs, _, _, n in items:  # the partials in the items' order: deterministic
             if n > 0:
                 dq[b, hs] += partials.pop((b, hs.start, n))  # (g, Lq, d)
@@ -624,9 +626,9 @@ class ChunkedKernel(Kernel):
             ds_sink = -np.exp(sinks[:, None] - cache.m) * cache.inv_ell * D  # (B, H, Lq), P_sink = exp(σ - m) / ℓ
             d_sinks = ds_sink.sum(axis=(0, 2))  # (H,) each head's sink: the sum over its rows
             others += ds_sink  # a key's pivot is found from every other entry of its row, the sink's too
-        _add_pivots(pivot, (total - others) * gains, q, k, cache.args.scale, dq, dk, d_bias)  # through the mods
+        _add_pivots(pivot, total - others, q, k, cache.args, dq, dk, d_bias, d_params)  # through the mods
         dq *= cache.args.scale  # the tiles saw q · scale  ->  dq = dq_scaled · scale
-        return dq, dk, dv, d_bias, d_sinks
+        return AttentionGrads(dq, dk, dv, d_bias, d_sinks, d_params)
 
 
 def _add_reduced(d_bias: np.ndarray, b: int, h: int, d_head: np.ndarray) -> None:
@@ -639,20 +641,30 @@ def _add_reduced(d_bias: np.ndarray, b: int, h: int, d_head: np.ndarray) -> None
     view[b if view.shape[0] > 1 else 0, h if view.shape[1] > 1 else 0] += part
 
 
-def _add_pivots(pivot, ds_pivot, q, k, scale: float, dq, dk, d_bias) -> None:
+def _add_pivots(pivot, ds_pivot, q, k, args: AttentionArgs, dq, dk, d_bias, d_params) -> None:
     """The pivot entries dS_ij* (= -Σ_{j≠j*} dS_ij, or d_lse_i - Σ_{j≠j*} dS_ij when the lse is used) of the rows
-    that have one, added where the tiles left them out.
+    that have one, added where the tiles left them out: taken back through the score mods at those entries (their
+    scores recomputed, one per row), then into dQ, dK, the bias and the mods' parameters.
 
-    pivot: (B, H, Lq) j* or -1   ds_pivot: (B, H, Lq) dS_ij*   q: (B, H, Lq, d) (unscaled)   k: (B, H, Lk, d)
-    dq: (B, H, Lq, d) the gradient w.r.t. the scaled q   dk: (B, H, Lk, d)   d_bias: None or the bias's shape
+    pivot: (B, H, Lq) j* or -1   ds_pivot: (B, H, Lq) dS_ij*, the gradient of the masked scores   q: (B, H, Lq, d)
+    (unscaled)   k: (B, H, Lk, d)   dq: (B, H, Lq, d) the gradient w.r.t. the scaled q   dk: (B, H, Lk, d)
+    d_bias: None or the bias's shape   d_params: {mod: {param: gradient}}, added to
     """
     b, h, i = np.nonzero(pivot >= 0)  # (n,) each: the rows with a pivot
     if b.size == 0:
         return  # no row has one (no key at all, or no row with P_ij* ≥ 1/2)
     j = pivot[b, h, i]  # (n,) their j*
     ds = ds_pivot[b, h, i]  # (n,) dS_ij*
+    if args.score_mods:  # the entries' scores before the mods, as the tiles made them, then back through the mods
+        s = np.einsum("nd,nd->n", q[b, h, i] * args.scale, k[b, h, j])  # (n,) q_i · k_j* · scale
+        if args.bias is not None:
+            s = s + np.broadcast_to(args.bias, args.shape)[b, h, i, j]  # (n,)
+        index = (b, h, i, j if args.key_index is None else args.key_index[j])  # (n,) each: the entries' own
+        _, mods = F.score_mods_forward(s, args.score_mods, index)
+        ds, d_mods = F.score_mods_backward(ds, mods)  # (n,) dS_ij* before the mods
+        add_score_params(d_params, d_mods)
     dq[b, h, i] += ds[:, None] * k[b, h, j]  # (n, d): dQ_i += dS_ij* K_j*, each row once
-    np.add.at(dk, (b, h, j), ds[:, None] * (q[b, h, i] * scale))  # (n, d): dK_j* += dS_ij* Q_i; rows may share j*
+    np.add.at(dk, (b, h, j), ds[:, None] * (q[b, h, i] * args.scale))  # (n, d): dK_j* += dS_ij* Q_i; rows share j*
     if d_bias is not None:
         view = d_bias.reshape((1,) * (4 - d_bias.ndim) + d_bias.shape)  # (Bb, Hb, lq, lk), a view
         at = tuple(x if n > 1 else np.zeros_like(x) for x, n in zip((b, h, i, j), view.shape))  # (n,) each: a

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import functional as F
 from .._checks import check_d_context, check_d_lse
-from .base import AttentionArgs, Kernel
+from .base import AttentionArgs, AttentionGrads, Kernel, add_score_params
 
 
 @dataclass
@@ -63,6 +63,7 @@ class NaiveKernel(Kernel):
                     q[b, h], k[b, h], v[b, h], _per_head(mask, args.shape, b, h), args.scale,
                     args.dropout_p, None if keep is None else keep[b, h], _per_head(args.bias, args.shape, b, h),
                     args.score_mods, sinks=None if args.sinks is None else args.sinks[h],  # the head's logit ()
+                    index=args.index(b, h, np.arange(Lq), np.arange(Lk)),  # the score mods' (b, h, i, j)
                 )  # fmt: skip  # (Lq, dv)
                 scores[b, h], masked[b, h], weights[b, h], heads[b, h] = c.scores, c.masked_scores, c.attn_weights, c
         bias_shape = None if args.bias is None else np.shape(args.bias)
@@ -76,11 +77,14 @@ class NaiveKernel(Kernel):
         dq, dk, dv = (np.empty(shape, dtype=dt) for shape in cache.shapes[:3])  # (B, H, L, ·)
         d_bias = None if cache.bias_shape is None else np.empty(cache.scores.shape, dtype=dt)  # (B, H, Lq, Lk)
         d_sinks = None if cache.sinks is None else np.zeros_like(cache.sinks)  # (H,)
+        d_params: dict = {}  # the score mods' parameters, summed over the heads in order
         for (b, h), c in cache.heads.items():
             row_lse = None if d_lse is None else d_lse[b, h]  # (Lq,)
-            dq[b, h], dk[b, h], dv[b, h], db, ds = F.attention_steps_backward(d_context[b, h], c, row_lse)  # (L, ·)
+            dq[b, h], dk[b, h], dv[b, h], db, ds, dp = F.attention_steps_backward(d_context[b, h], c, row_lse)
+            add_score_params(d_params, dp)
             if d_bias is not None:
                 d_bias[b, h] = db  # (Lq, Lk): this head's share of the broadcast bias
             if d_sinks is not None:
                 d_sinks[h] += ds  # (): this head's sink, summed over the batch
-        return dq, dk, dv, None if d_bias is None else F.sum_to_shape(d_bias, cache.bias_shape), d_sinks
+        d_bias = None if d_bias is None else F.sum_to_shape(d_bias, cache.bias_shape)
+        return AttentionGrads(dq, dk, dv, d_bias, d_sinks, d_params)

@@ -36,7 +36,7 @@ import numpy as np
 from .. import functional as F
 from .._checks import as_int, check_d_context, check_d_lse
 from ..masks import StructuredMask
-from .base import AttentionArgs, Kernel
+from .base import AttentionArgs, AttentionGrads, Kernel, add_score_params
 from .registry import get_kernel
 
 
@@ -132,6 +132,7 @@ class SplitKVKernel(Kernel):
             keep=_cut(keep, keys, args.shape),
             rng=None,
             sinks=args.sinks if first else None,
+            key_index=keys if args.key_index is None else args.key_index[keys],  # the score mods' kv_idx
         )
 
     def run(self, q, k, v, args: AttentionArgs):
@@ -161,7 +162,10 @@ class SplitKVKernel(Kernel):
         for g, keys in zip(grads, cache.keys):
             dk[:, :, keys], dv[:, :, keys] = g[1], g[2]  # a key belongs to one shard
         d_bias = None if cache.bias_shape is None else self._bias_grad([g[3] for g in grads], cache)
-        return dq, dk, dv, d_bias, grads[0][4]  # the sinks joined the first shard
+        d_params: dict = {}
+        for g in grads:  # every shard's share of the score mods' parameters, in order
+            add_score_params(d_params, getattr(g, "score_params", {}))
+        return AttentionGrads(dq, dk, dv, d_bias, grads[0][4], d_params)  # the sinks joined the first shard
 
     @staticmethod
     def _bias_grad(parts: list, cache: SplitKVCache) -> np.ndarray:

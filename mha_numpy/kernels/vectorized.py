@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
+
 from .. import functional as F
 from .._checks import check_d_context, check_d_lse
 from ..threads import blas_single_threaded
-from .base import AttentionArgs, Kernel
+from .base import AttentionArgs, AttentionGrads, Kernel
 
 SMALL_HEAD_SCORES = 256 * 256  # Lq · Lk per head up to which BLAS runs on one thread here
 
@@ -36,8 +38,9 @@ class VectorizedKernel(Kernel):
         keep = args.keep_mask()
         with _blas_for(args.shape):
             sinks = None if args.sinks is None else args.sinks[:, None]  # (H, 1): each head's logit, every row
+            index = args.index(*(np.arange(n) for n in args.shape)) if args.score_mods else None  # (b, h, i, j)
             context, cache = F.attention_steps_forward(
-                q, k, v, args.mask, args.scale, args.dropout_p, keep, args.bias, args.score_mods, self, sinks
+                q, k, v, args.mask, args.scale, args.dropout_p, keep, args.bias, args.score_mods, self, sinks, index
             )  # (B, H, Lq, dv)
         return context, cache
 
@@ -46,5 +49,6 @@ class VectorizedKernel(Kernel):
         d_context = check_d_context(d_context, (*p.shape[:-1], v.shape[-1]), v.dtype)  # (B, H, Lq, dv)
         d_lse = check_d_lse(d_lse, p.shape[:-1], v.dtype)  # (B, H, Lq) or None
         with _blas_for(p.shape):
-            dq, dk, dv, d_bias, d_sinks = F.attention_steps_backward(d_context, cache, d_lse)
-        return dq, dk, dv, d_bias, None if d_sinks is None else d_sinks.reshape(-1)  # (H, 1) -> (H,)
+            dq, dk, dv, d_bias, d_sinks, d_params = F.attention_steps_backward(d_context, cache, d_lse)
+        d_sinks = None if d_sinks is None else d_sinks.reshape(-1)  # (H, 1) -> (H,)
+        return AttentionGrads(dq, dk, dv, d_bias, d_sinks, d_params)
