@@ -192,6 +192,12 @@ class MultiHeadAttention:
         """The data path as text: one line per step, the caches it names and the parameters it owns."""
         return describe(self.config, build_steps(self.config, kv_cache))
 
+    def new_kv_cache(self):
+        """An empty KV cache of the kind this module decodes with: a ``KVCache``, or a ``LatentCache`` in latent
+        attention (the first kind its cache step takes; a ``StreamingKVCache`` is the other choice of both)."""
+        step = next(step for step in self._plan(kv_cache=True)[0] if step.option == "kv_cache")
+        return step.cache_type[0]()
+
     # ------------------------------------------------------------------ parameters
 
     def _plan(self, kv_cache: bool | str = False) -> tuple[tuple, dict]:

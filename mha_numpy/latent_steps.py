@@ -96,6 +96,8 @@ def _zeros(n):
 class QueryProject(Step):
     """q = query W_qᵀ, or through the low-rank latent c_q: q = rms_norm(query W_qaᵀ + b_qa) W_qbᵀ (q_lora_rank)."""
 
+    reads, writes = ("query",), ("q",)
+
     names = ("q_proj", "q_a_proj", "q_a_norm", "q_b_proj")
     place, family = 10, "latent"
     options = {"q_lora_rank": Option(None, _q_lora_rank, requires="kv_lora_rank")}  # rq; None: one projection W_q
@@ -136,10 +138,18 @@ class QueryProject(Step):
 class LatentProject(Step):
     """[c_kv | k_rope] = key W_kvaᵀ + b_kva, c_kv = rms_norm(c_kv): the keys' and values' latent, and the rope key."""
 
+    reads, writes = ("key",), ("latent", "k_rope")
+
     names = ("kv_a_proj", "kv_a_split", "kv_a_norm")
     place, family = 12, "latent"
     options = {
-        "kv_lora_rank": Option(None, lambda v, n, o: None if v is None else as_int(v, n, minimum=1)),  # r: MLA
+        "kv_lora_rank": Option(
+            None,
+            lambda v, n, o: None if v is None else as_int(v, n, minimum=1),
+            example=dict(
+                kv_lora_rank=3, qk_rope_head_dim=2, qk_nope_head_dim=2, v_head_dim=3, q_lora_rank=3, rope_theta=50.0
+            ),
+        ),  # r: MLA  # fmt: skip
         "qk_rope_head_dim": Option(None, _latent_size, requires="kv_lora_rank"),  # dr, even
         "qk_nope_head_dim": Option(None, _latent_size, requires="kv_lora_rank"),  # dn
         "v_head_dim": Option(None, _latent_size, requires="kv_lora_rank"),  # dv
@@ -175,6 +185,8 @@ class LatentProject(Step):
 class SplitQuery(Step):
     """Q (B, H, Lq, dqk): head h reads features h·dqk ... (h+1)·dqk - 1 of q, each [nope | rope]."""
 
+    reads, writes = ("q",), ("Q",)
+
     names = ("q_split",)
     place, family = 20, "latent"
 
@@ -189,6 +201,8 @@ class DecoupledRope(Rope):
     """RoPE on the last dr features of each query head and on the one rope key; the nope features stay unturned.
 
     positions= are checked as ``Rope`` checks them (its ``check``)."""
+
+    reads, writes = ("Q", "k_rope"), ("Q", "k_rope")
 
     option = None  # always in MLA's data path
     names = ("q_rope_split", "q_rope", "q_rope_join", "k_rope")
@@ -222,6 +236,8 @@ class AppendLatent(AppendToCache):
 
     ``AppendToCache``'s check, causal mask and refusals; only what is stored differs."""
 
+    reads, writes = ("latent", "k_rope", "args"), ("latent", "k_rope", "args")
+
     cache_type = (LatentCache, StreamingKVCache)  # a StreamingKVCache keeps the latents of its sinks and window
     place, family = 45, "latent"
     not_groupwise = "decoding keeps every position's latent for every head, recompute keeps none"
@@ -234,6 +250,8 @@ class AppendLatent(AppendToCache):
 
 class Expand(Step):
     """[K_nope | V] = c_kv W_kvbᵀ, cut per head; K = [K_nope | k_rope], the rope key shared by every head."""
+
+    reads, writes = ("latent", "k_rope"), ("K", "V", "K_heads", "V_heads")
 
     names = ("kv_b_proj", "kv_split", "kv_b_split", "k_join")
     place, family = 48, "latent"

@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 from collections import ChainMap
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import numpy as np
@@ -66,14 +66,17 @@ class Option:
     option; ``o`` maps every option to its value so far (resolved for the ones declared before it, as given for
     the others).  exports: the exports that can express it when it is in effect ("torch_mha": ``to_torch_mha``);
     any other export refuses it, naming it.  requires: the option without which it has no effect (an eps without
-    its norm).  Everything else derives from these declarations: ``AttentionConfig``'s checks, ``repr``, the
-    exporters' refusals, ``describe()`` and the combination tests.
+    its norm).  example: the options that turn it on in a test ({} for a setting that changes no step: sizes,
+    dtype); ``tests/test_option_pairs.py`` runs every pair of declared examples on every kernel, so a new option is
+    tested with its neighbours with no test edit.  Everything else derives from these declarations:
+    ``AttentionConfig``'s checks, ``repr``, the exporters' refusals, ``describe()`` and the combination tests.
     """
 
     default: object = None
     check: Callable | None = None
     exports: tuple = ()
     requires: str | None = None
+    example: dict = field(default_factory=dict)
 
 
 OPTIONS: dict[str, Option] = {}  # every declared option, in declaration order (the order they are resolved in)
@@ -201,6 +204,11 @@ class AttentionConfig:
         """The options in effect, by name, in declaration order (for ``repr`` and the exporters)."""
         return {name: self._values[name] for name in OPTIONS if self.in_effect(name)}
 
+    def not_exportable(self, export: str) -> list[str]:
+        """The options in effect that ``export`` ("torch_mha") cannot express, as "name=value" (their declarations'
+        ``exports``); an exporter refuses the first, never passes it silently."""
+        return [f"{k}={v}" for k, v in self.changed().items() if export not in OPTIONS[k].exports]
+
 
 def describe_options() -> str:
     """Every option: its default, the step that declares it and the exports that can express it."""
@@ -306,6 +314,8 @@ class Step:
     family: str | None = None  # "mha" or "latent": the projections of one kind of attention; None: both kinds
     latent = True  # it works in multi-head latent attention (kv_lora_rank)
     not_latent = ""  # why not, when it does not
+    reads: tuple[str, ...] = ()  # the flow tensors (``flow.Flow``'s fields) its forward reads ...
+    writes: tuple[str, ...] = ()  # ... and writes: ``check_plan`` checks that some earlier step wrote each read
     names: tuple[str, ...] = ()  # its caches in MHACache.steps
     groupwise = True  # it can run on one group of heads alone (recompute=True)
     not_groupwise = ""  # why not, when it cannot
@@ -366,6 +376,8 @@ class Step:
 class Project(Step):
     """q = query W_qᵀ + b_q, k = key W_kᵀ + b_k, v = value W_vᵀ + b_v (self-attention: one GEMM)."""
 
+    reads, writes = ("query", "key", "value"), ("q", "k", "v")
+
     names = ("qkv_proj", "q_proj", "k_proj", "v_proj")
     place, family = 10, "mha"
     options = {
@@ -376,7 +388,9 @@ class Project(Step):
         "vdim": Option(None, _features, exports=("torch_mha",)),  # the value's features (None: E)
         "dtype": Option(np.float64, lambda v, n, o: as_float_dtype(v), exports=("torch_mha",)),
         "head_dim": Option(None, _head_dim),  # d (None: E / H); W_q (H·d, E), W_o (E, H·d) as Gemma's, Qwen3's
-        "num_kv_heads": Option(None, _kv_heads),  # Hkv (None: H): grouped-query (1: multi-query) attention
+        "num_kv_heads": Option(
+            None, _kv_heads, example={"num_kv_heads": 2}
+        ),  # Hkv (None: H): grouped-query (1: multi-query) attention
     }
 
     def params(self):
@@ -421,6 +435,8 @@ class Project(Step):
 class Split(Step):
     """Q (B, H, Lq, d), K, V (B, Hkv, Lk, d): head h reads features h·d ... (h+1)·d - 1."""
 
+    reads, writes = ("q", "k", "v"), ("Q", "K", "V")
+
     names = ("q_split", "k_split", "v_split")
     place, family = 20, "mha"
 
@@ -438,10 +454,15 @@ class Split(Step):
 class QKNorm(Step):
     """Q and K normalised per head by RMSNorm with learned weights q_norm, k_norm (d,), before RoPE (Qwen3)."""
 
+    reads, writes = ("Q", "K"), ("Q", "K")
+
     option = "qk_norm"
     names = ("q_norm", "k_norm")
     place = 30
-    options = {"qk_norm": Option(False, _flag), "qk_norm_eps": Option(1e-6, _positive, requires="qk_norm")}
+    options = {
+        "qk_norm": Option(False, _flag, example={"qk_norm": True}),
+        "qk_norm_eps": Option(1e-6, _positive, requires="qk_norm"),
+    }
     latent = False
     not_latent = "latent attention's queries and keys have RMSNorms of their own, on the latents"
 
@@ -461,10 +482,14 @@ class QKNorm(Step):
 class Rope(Step):
     """Q, K turned pair by pair by the angles of their positions (RoPE, Hugging Face Llama's convention)."""
 
+    reads, writes = ("Q", "K"), ("Q", "K")
+
     option = "rope_theta"
     names = ("q_rope", "k_rope")
     place, family = 40, "mha"
-    options = {"rope_theta": Option(None, _rope_theta)}  # RoPE's base (latent attention: its rope part's)
+    options = {
+        "rope_theta": Option(None, _rope_theta, example={"rope_theta": 50.0})
+    }  # RoPE's base (latent attention: its rope part's)
 
     def check(self, f):
         if f.positions is not None:
@@ -486,6 +511,8 @@ class AppendToCache(Step):
 
     With a ``StreamingKVCache`` (StreamingLLM) the queries attend to its sink tokens and window (the cache's mask),
     and the step comes before RoPE, which then turns every key at its place in the cache (``build_steps``)."""
+
+    reads, writes = ("K", "V", "args"), ("K", "V", "args")
 
     option = "kv_cache"
     names = ("kv_cache",)
@@ -542,6 +569,8 @@ class ScoreTerm(Step):
     with no kernel, flow or cache edit. Under recompute a group's kernel sees its heads as 0 ... g - 1 and the
     parameters' slices of those heads (``Param.heads``), so ``h`` indexes them as it does the whole."""
 
+    reads, writes = ("Q", "K", "args"), ("args",)
+
     score = staticmethod(None)  # the pair, set by each term
     score_vjp = staticmethod(None)
 
@@ -565,7 +594,7 @@ class HeadTemperature(ScoreTerm):
 
     option = "head_temperature"
     place = 50
-    options = {"head_temperature": Option(False, _flag)}
+    options = {"head_temperature": Option(False, _flag, example={"head_temperature": True})}
     score = staticmethod(F.head_temperature_score)
     score_vjp = staticmethod(F.head_temperature_score_vjp)
 
@@ -578,7 +607,9 @@ class RelativeBias(ScoreTerm):
 
     option = "rel_pos_max_distance"
     place = 52
-    options = {"rel_pos_max_distance": Option(None, _count_or_none)}  # R: distances clipped to [-R, R]
+    options = {
+        "rel_pos_max_distance": Option(None, _count_or_none, example={"rel_pos_max_distance": 2})
+    }  # R: distances clipped to [-R, R]
     decodes = False
     not_decodes = "the table's bias is made per call, for the call's own keys"
     score = staticmethod(F.relative_position_score)
@@ -597,7 +628,7 @@ class Alibi(ScoreTerm):
 
     option = "alibi"
     place = 54
-    options = {"alibi": Option(False, _flag)}
+    options = {"alibi": Option(False, _flag, example={"alibi": True})}
     score = staticmethod(F.alibi_score)
     score_vjp = staticmethod(F.alibi_score_vjp)
 
@@ -611,7 +642,7 @@ class SoftCap(ScoreTerm):
 
     option = "softcap"
     place = 56
-    options = {"softcap": Option(None, _positive_or_none)}  # the cap (Gemma 2: 50)
+    options = {"softcap": Option(None, _positive_or_none, example={"softcap": 1.5})}  # the cap (Gemma 2: 50)
 
     def forward(self, f, s):
         pair = partial(F.soft_cap_forward, cap=self.c.softcap), F.soft_cap_backward
@@ -621,9 +652,11 @@ class SoftCap(ScoreTerm):
 class Sinks(Step):
     """A learned logit per head in every row's softmax denominator, weight that goes to no key (gpt-oss's sinks)."""
 
+    reads, writes = ("args",), ("args",)
+
     option = "sinks"
     place = 58
-    options = {"sinks": Option(False, _flag)}
+    options = {"sinks": Option(False, _flag, example={"sinks": True})}
 
     def params(self):
         H = self.c.num_heads  # one per query head: recompute's groups take their heads' slice
@@ -639,11 +672,13 @@ class Sinks(Step):
 class BiasKV(Step):
     """A learned key bias_k and value bias_v appended after the sequence's keys (torch MHA's add_bias_kv)."""
 
+    reads, writes = ("K", "V", "args"), ("K", "V", "args")
+
     option = "add_bias_kv"
     names = ("bias_k", "bias_v")
     appended = 1
     place = 60
-    options = {"add_bias_kv": Option(False, _flag, exports=("torch_mha",))}
+    options = {"add_bias_kv": Option(False, _flag, exports=("torch_mha",), example={"add_bias_kv": True})}
     latent = False
     not_latent = "its key and value are one per key/value head of the projections, which latent attention expands"
 
@@ -670,11 +705,13 @@ class BiasKV(Step):
 class ZeroAttn(Step):
     """A zero key and a zero value appended after the keys (torch MHA's add_zero_attn): somewhere to put weight."""
 
+    reads, writes = ("K", "V", "args"), ("K", "V", "args")
+
     option = "add_zero_attn"
     names = ("zero_k", "zero_v")
     appended = 1
     place = 62
-    options = {"add_zero_attn": Option(False, _flag, exports=("torch_mha",))}
+    options = {"add_zero_attn": Option(False, _flag, exports=("torch_mha",), example={"add_zero_attn": True})}
     latent = False
     not_latent = "its zero key is d wide, and latent attention's keys (dqk) and values (dv) differ"
 
@@ -699,11 +736,13 @@ _DIFF_NOT_GROUPWISE = (
 class DiffValues(Step):
     """Differential attention's values: key/value heads j and j + Hkv/2 side by side (B, Hkv, Lk, 2d), for both maps."""
 
+    reads, writes = ("V",), ("V",)
+
     option = "diff_attention"
     names = ("diff_values",)
     place = 64
     options = {
-        "diff_attention": Option(False, _diff_attention),
+        "diff_attention": Option(False, _diff_attention, example={"diff_attention": True, "num_kv_heads": 2}),
         "diff_layer_idx": Option(0, _count, requires="diff_attention"),  # λ_init's layer
         "diff_norm_eps": Option(1e-5, _positive, requires="diff_attention"),  # the pair's RMSNorm
     }
@@ -721,6 +760,8 @@ class DiffValues(Step):
 
 class DiffCombine(Step):
     """Heads p and p + H/2 as one: (1 − λ_init) · RMSNorm(C_p − λ C_{p+H/2}), λ = e^(λq1·λk1) − e^(λq2·λk2) + λ_init."""
+
+    reads, writes = ("context",), ("context",)
 
     option = "diff_attention"
     names = ("diff_lambda", "diff_combine")
@@ -754,6 +795,8 @@ class DiffCombine(Step):
 class RepeatKV(Step):
     """Each key/value head shared by H / Hkv query heads (grouped-query attention; nothing to do when Hkv = H)."""
 
+    reads, writes = ("K", "V"), ("K_heads", "V_heads")
+
     names = ("k_repeat", "v_repeat")
     place, family = 70, "mha"
 
@@ -776,11 +819,13 @@ class RepeatKV(Step):
 class Attend(Step):
     """context = softmax(Q Kᵀ · scale + score terms + mask) V, by the call's kernel (mha_numpy.kernels)."""
 
+    reads, writes = ("Q", "K_heads", "V_heads", "args"), ("context", "attention")
+
     place = 80
     options = {
         "dropout": Option(0.0, lambda v, n, o: check_probability(v, n), exports=("torch_mha",)),  # on the weights
         "scale": Option(None, _positive_or_none),  # of the scores (None: 1/√d)
-        "recompute": Option(False, _flag, exports=("torch_mha",)),  # memory for time: the same numbers
+        "recompute": Option(False, _flag, exports=("torch_mha",), example={"recompute": True}),  # the same numbers
         "memory_budget": Option(None, _count_or_none, exports=("torch_mha",)),  # bytes, then as recompute
     }
 
@@ -796,6 +841,8 @@ class Attend(Step):
 class Merge(Step):
     """merged (B, Lq, H·dv): the heads' contexts side by side (the inverse of the split; dv = d but in MLA)."""
 
+    reads, writes = ("context",), ("merged",)
+
     names = ("merge",)
     place = 90
 
@@ -808,6 +855,8 @@ class Merge(Step):
 
 class OutProject(Step):
     """output = merged W_oᵀ + b_o."""
+
+    reads, writes = ("merged",), ("output",)
 
     names = ("out_proj",)
     place = 95
@@ -846,9 +895,15 @@ def build_steps(c: AttentionConfig, kv_cache: bool | str = False) -> tuple[Step,
     return check_plan(c, [cls(c) for _, _, cls in sorted(placed)], kv_cache)
 
 
+class PlanError(RuntimeError):
+    """A data path whose steps do not fit together (a step placed before the one that writes what it reads): a
+    defect of the steps' declarations, not of the user's options."""
+
+
 def check_plan(c, steps, kv_cache: bool) -> tuple[Step, ...]:
-    """The refusals, by what each step declares it can do (every builder's last line: ``build_steps`` and MLA's
-    ``latent_steps.build_latent_steps``) -> the steps as a tuple."""
+    """The refusals, by what each step declares it can do (a ValueError naming both options), then the contract of
+    the order (each tensor a step ``reads`` written by a step before it; ``PlanError``) -> the steps as a tuple.
+    ``build_steps``'s last line."""
     for step in steps:
         if c.latent and not step.latent:
             raise ValueError(f"{step.option} with kv_lora_rank (latent attention) is not supported: {step.not_latent}")
@@ -858,6 +913,14 @@ def check_plan(c, steps, kv_cache: bool) -> tuple[Step, ...]:
             raise ValueError(f"kv_cache with {step.option} is not supported: {step.not_decodes}")
         if c.dropout and not step.with_dropout:
             raise ValueError(f"{step.option} with dropout={c.dropout:g} is not supported: {step.not_with_dropout}")
+    written = {"query", "key", "value", "args"}  # what the boundary gives the first step (``MultiHeadAttention``)
+    for step in steps:  # the contract of the order: each tensor a step reads was written before it
+        missing = [name for name in step.reads if name not in written]
+        if missing:
+            raise PlanError(f"{type(step).__name__} reads {', '.join(missing)}, which no step before it writes")
+        written.update(step.writes)
+    if "output" not in written:
+        raise PlanError("no step writes the output")
     return tuple(steps)
 
 

@@ -19,20 +19,6 @@ if TYPE_CHECKING:  # for the annotations only: never imported at run time here
     from transformers.models.bert.modeling_bert import BertAttention
 
 
-_NOT_IN_TORCH_MHA = (
-    "head_dim",
-    "scale",
-    "num_kv_heads",
-    "qk_norm",
-    "rope_theta",
-    "alibi",
-    "rel_pos_max_distance",
-    "softcap",
-    "sinks",
-    "diff_attention",
-)
-
-
 def numpy_dtype_of(torch_dtype) -> np.dtype:
     """A torch dtype -> the NumPy dtype of the same name, or ValueError naming what mha_numpy supports."""
     name = str(torch_dtype).removeprefix("torch.")
@@ -80,12 +66,13 @@ def to_torch_mha(mha: MultiHeadAttention) -> torch.nn.MultiheadAttention:
     """``MultiHeadAttention`` -> ``torch.nn.MultiheadAttention(batch_first=True)`` with the same weights.
 
     Packed ``in_proj_weight`` when kdim == vdim == E (torch decides this), separate weights otherwise.
-    The dtype follows ``mha``; values are copied exactly.
+    The dtype follows ``mha``; values are copied exactly. An option torch MHA cannot express (any option in effect
+    whose declaration, ``steps.Option.exports``, lacks "torch_mha") is refused, naming it.
     """
-    torch = require("torch")
-    missing = [f"{k}={v}" for k, v in mha.config.changed().items() if k in _NOT_IN_TORCH_MHA]
+    missing = mha.config.not_exportable("torch_mha")  # every option in effect that its declaration does not export
     if missing:
         raise ValueError(f"torch.nn.MultiheadAttention has no {missing[0]}: this module cannot be exported to it")
+    torch = require("torch")
     module = torch.nn.MultiheadAttention(
         mha.embed_dim,
         mha.num_heads,
