@@ -22,7 +22,7 @@ B, L = 2, 6
 def mla(rng_seed=0, **options):
     module = MultiHeadLatentAttention(**SIZES, q_lora_rank=3, bias=True, rng=rng_seed, **options)
     rng = np.random.default_rng(rng_seed + 1)
-    for name, p in module.params.items():  # away from the initial values where a gradient could hide (0, 1)
+    for p in module.params.values():  # away from the initial values where a gradient could hide (0, 1)
         p += rng.normal(0, 0.3, p.shape)
     return module
 
@@ -163,7 +163,7 @@ def test_the_torch_export_refuses_every_option_it_cannot_express_and_exports_the
     require_torch()
     from mha_numpy.interop import to_torch_mha
 
-    for name, opt in steps.OPTIONS.items():
+    for opt in steps.OPTIONS.values():
         if not opt.example:
             continue
         module = MultiHeadAttention(8, 4, rng=0, **opt.example)

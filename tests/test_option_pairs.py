@@ -32,7 +32,7 @@ def module(combo, impl, seed=0):
     mha = MultiHeadAttention(E, H, dropout=0.3 if "dropout" in combo else 0.0, rng=seed,
                              impl=kernels.get_kernel(impl, **KERNELS[impl]), **options)  # fmt: skip
     rng = np.random.default_rng(seed + 1)
-    for name, p in mha.params.items():  # no parameter at a value where its gradient could hide (0 biases, t = 0)
+    for p in mha.params.values():  # no parameter at a value where its gradient could hide (0 biases, t = 0)
         p += rng.normal(0, 0.3, p.shape)
     return mha
 
@@ -76,7 +76,8 @@ def option_names(factor: str) -> set[str]:
 def test_the_factors_are_the_declared_options():
     """The factors come from the declarations: the options of 0.3 are there, and MLA is one of them."""
     for name in ("num_kv_heads", "rope_theta", "alibi", "rel_pos_max_distance", "softcap", "sinks", "qk_norm",
-                 "diff_attention", "add_bias_kv", "add_zero_attn", "recompute", "head_temperature", "kv_lora_rank"):  # fmt: skip
+                 "diff_attention", "add_bias_kv", "add_zero_attn", "recompute", "head_temperature",
+                 "kv_lora_rank"):  # fmt: skip
         assert name in FACTORS, name
 
 
