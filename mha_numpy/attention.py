@@ -354,20 +354,36 @@ class MultiHeadAttention:
 
 
 def backward_through_plan(module, d_output: np.ndarray, cache, inputs: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """The backward of a module whose forward walked a plan of steps (``MultiHeadAttention``, and
-    ``MultiHeadLatentAttention`` with inputs ("query", "key")): the cache and d_output checked before any
-    arithmetic, then every step in reverse (or, for a ``RecomputeCache``, each head group recomputed first).
+    """The backward of a module whose forward walked a plan of steps (``MultiHeadAttention``, latent attention
+    included): the cache and d_output checked before any arithmetic (``check_backward_call``), then every step in
+    reverse (or, for a ``RecomputeCache``, each head group recomputed first).
 
-    -> {each of ``inputs``: its gradient, and one per ``module.params`` key}."""
-    kind = type(module).__name__
+    -> {each of ``inputs``: its gradient (zeros for one no step read: latent attention's value), and one per
+    ``module.params`` key}."""
+    d_output = check_backward_call(module, d_output, cache)
+    if isinstance(cache, RecomputeCache):  # recompute each head group's forward, then its backward
+        params = {name: np.zeros_like(p) for name, p in module.params.items()}
+        grads = flow.recompute_backward(cache, d_output, params)
+    else:
+        kernel = cache.attention.kernel  # the kernel that ran the forward, and its product for the projections
+        g = Flow(output=d_output, P={}, kernel=kernel, matmul=kernel.matmul, attention=cache.attention)
+        flow.backward(cache.plan, g, cache.steps)  # every step, in reverse
+        grads, params = {name: getattr(g, name) for name in inputs}, {name: g.P[name] for name in module.params}
+    for name in inputs:
+        grads[name] = np.zeros_like(grads["key"]) if grads.get(name) is None else grads[name]
+    return {**grads, **params}
+
+
+def check_backward_call(module, d_output, cache) -> np.ndarray:
+    """A backward's arguments, checked before any arithmetic: the cache is this module's, of a differentiable call,
+    and d_output (B, Lq, E) in the module's dtype -> d_output as an array; ValueError naming what is wrong."""
     if not isinstance(cache, (MHACache, RecomputeCache)):
         raise ValueError(
             f"cache must be the cache returned by this module's forward (an MHACache), got {type(cache).__name__}"
         )
     if cache.owner is not module:
-        raise ValueError(
-            f"cache must be the cache returned by this module's forward: this one was made by another {kind}"
-        )
+        raise ValueError(f"cache must be the cache returned by this module's forward: this one was made by another "
+                         f"{type(module).__name__}")  # fmt: skip
     refused = [step.option for step in cache.plan if not step.differentiable]
     if refused:
         raise ValueError(
@@ -378,22 +394,8 @@ def backward_through_plan(module, d_output: np.ndarray, cache, inputs: tuple[str
         B, Lq = cache.flow.query.shape[:2]  # query (B, Lq, E)
     else:
         B, Lq = cache.context.shape[0], cache.context.shape[2]  # context (B, H, Lq, dv)
-    expected = (B, Lq, module.config.embed_dim)
-    if d_output.shape != expected or d_output.dtype != module.config.dtype:
-        raise ValueError(
-            f"d_output has shape {d_output.shape} and dtype {d_output.dtype}; expected {expected} and "
-            f"{module.config.dtype} like the output"
-        )
-    if isinstance(cache, RecomputeCache):  # recompute each head group's forward, then its backward
-        grads = {name: np.zeros_like(p) for name, p in module.params.items()}
-        inputs_grads = flow.recompute_backward(cache, d_output, grads)
-        for name in inputs:  # an input no step read (latent attention's value): a zero gradient
-            inputs_grads.setdefault(name, np.zeros_like(inputs_grads["key"]))
-        return {**inputs_grads, **grads}
-    kernel = cache.attention.kernel  # the kernel that ran the forward, and its product for the projections
-    g = Flow(output=d_output, P={}, kernel=kernel, matmul=kernel.matmul, attention=cache.attention)
-    flow.backward(cache.plan, g, cache.steps)  # every step, in reverse
-    grads = {name: getattr(g, name) for name in inputs}
-    for name in inputs:  # an input no step read (latent attention's value): a zero gradient, the key's shape
-        grads[name] = np.zeros_like(grads["key"]) if grads[name] is None else grads[name]
-    return {**grads, **{name: g.P[name] for name in module.params}}
+    expected, dtype = (B, Lq, module.config.embed_dim), module.config.dtype
+    if d_output.shape != expected or d_output.dtype != dtype:
+        raise ValueError(f"d_output has shape {d_output.shape} and dtype {d_output.dtype}; expected {expected} and "
+                         f"{dtype} like the output")  # fmt: skip
+    return d_output

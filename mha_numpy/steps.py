@@ -927,9 +927,10 @@ def check_plan(c, steps, kv_cache: bool) -> tuple[Step, ...]:
 def describe(c: AttentionConfig, steps) -> str:
     """The plan as text: one numbered line per step, its cache names, and the parameters it owns."""
     lines = [f"the data path of {c.embed_dim}-wide attention with {c.num_heads} heads ({len(steps)} steps):"]
+    width = max([13, *(len(type(step).__name__) for step in steps)])  # the names' column
     for i, step in enumerate(steps, 1):
-        lines.append(f"{i:3d} {type(step).__name__:<13} {step.describe()}")
+        lines.append(f"{i:3d} {type(step).__name__:<{width}} {step.describe()}")
         own = ", ".join(f"{name} {p.shape}" for name, p in step.params().items())
         if own:
-            lines.append(f"{'':18}params: {own}")
+            lines.append(f"{'':{width + 5}}params: {own}")
     return "\n".join(lines)

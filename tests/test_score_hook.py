@@ -121,3 +121,16 @@ def test_a_kernel_backward_is_still_five_gradients(inputs):
         assert len(grads) == 5 and grads.score_params == {}
         dq, dk, dv, d_bias, d_sinks = grads
         assert d_bias is None and d_sinks is None
+
+
+@pytest.mark.parametrize("name", list(kernel_cases()))
+def test_a_call_with_no_key_gives_the_parameters_zero_gradients_not_none(name, inputs):
+    """No key, so no block of scores: each parameter's gradient is zeros of its shape (Hypothesis found None here,
+    through the module's relative bias on the chunked kernel)."""
+    kernel = kernel_cases()[name]
+    q, _, _, _, head_scale, q_bias = inputs
+    empty = np.zeros((B, H, 0, D))
+    term = kernels.ScoreMod("test", mod, mod_vjp, {"head_scale": head_scale, "q_bias": q_bias})
+    out, cache = kernel.forward(q, empty, empty, score_mods=(term,))
+    grads = kernel.backward(np.ones_like(out), cache).score_params["test"]
+    assert np.array_equal(grads["head_scale"], np.zeros(H)) and np.array_equal(grads["q_bias"], np.zeros(LQ))

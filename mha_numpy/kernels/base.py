@@ -114,11 +114,17 @@ def add_score_params(total: dict, part: dict) -> dict:
 class AttentionGrads(tuple):
     """What a kernel's backward returns: ``(dq, dk, dv, d_bias, d_sinks)``, one gradient per differentiable input
     (None for an input not given, always five, as in 0.3), and ``score_params``: each score mod's parameter
-    gradients by name, {mod name: {param name: gradient}} (empty without such mods)."""
+    gradients by name, {mod name: {param name: gradient}} (empty without such mods).
 
-    def __new__(cls, dq, dk, dv, d_bias=None, d_sinks=None, score_params=None):
+    ``AttentionGrads(..., score_params=d, score_mods=mods)`` gives every parameter of ``mods`` a gradient: zeros
+    for one no block reached (no key at all), so a caller never finds None where a parameter was given."""
+
+    def __new__(cls, dq, dk, dv, d_bias=None, d_sinks=None, score_params=None, score_mods=()):
         grads = super().__new__(cls, (dq, dk, dv, d_bias, d_sinks))
         grads.score_params = {} if score_params is None else score_params
+        for mod in score_mods:
+            for name, p in mod.params.items():
+                grads.score_params.setdefault(mod.name, {}).setdefault(name, np.zeros_like(p))
         return grads
 
 

@@ -628,7 +628,7 @@ class ChunkedKernel(Kernel):
             others += ds_sink  # a key's pivot is found from every other entry of its row, the sink's too
         _add_pivots(pivot, total - others, q, k, cache.args, dq, dk, d_bias, d_params)  # through the mods
         dq *= cache.args.scale  # the tiles saw q · scale  ->  dq = dq_scaled · scale
-        return AttentionGrads(dq, dk, dv, d_bias, d_sinks, d_params)
+        return AttentionGrads(dq, dk, dv, d_bias, d_sinks, d_params, cache.args.score_mods)
 
 
 def _add_reduced(d_bias: np.ndarray, b: int, h: int, d_head: np.ndarray) -> None:

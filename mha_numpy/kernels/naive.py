@@ -33,6 +33,7 @@ class NaiveCache:
     bias_shape: tuple | None
     kernel: object = None
     sinks: np.ndarray | None = None  # (H,) the heads' sink logits, or None
+    score_mods: tuple = ()  # the call's score mods (their parameters get gradients)
 
     @property
     def lse(self) -> np.ndarray:
@@ -68,7 +69,9 @@ class NaiveKernel(Kernel):
                 scores[b, h], masked[b, h], weights[b, h], heads[b, h] = c.scores, c.masked_scores, c.attn_weights, c
         bias_shape = None if args.bias is None else np.shape(args.bias)
         shapes = (q.shape, k.shape, v.shape, context.shape)
-        return context, NaiveCache(scores, masked, weights, keep, heads, shapes, bias_shape, self, args.sinks)
+        return context, NaiveCache(
+            scores, masked, weights, keep, heads, shapes, bias_shape, self, args.sinks, args.score_mods
+        )
 
     def backward(self, d_context, cache: NaiveCache, d_lse=None):
         dt = cache.scores.dtype
@@ -87,4 +90,4 @@ class NaiveKernel(Kernel):
             if d_sinks is not None:
                 d_sinks[h] += ds  # (): this head's sink, summed over the batch
         d_bias = None if d_bias is None else F.sum_to_shape(d_bias, cache.bias_shape)
-        return AttentionGrads(dq, dk, dv, d_bias, d_sinks, d_params)
+        return AttentionGrads(dq, dk, dv, d_bias, d_sinks, d_params, cache.score_mods)

@@ -51,4 +51,4 @@ class VectorizedKernel(Kernel):
         with _blas_for(p.shape):
             dq, dk, dv, d_bias, d_sinks, d_params = F.attention_steps_backward(d_context, cache, d_lse)
         d_sinks = None if d_sinks is None else d_sinks.reshape(-1)  # (H, 1) -> (H,)
-        return AttentionGrads(dq, dk, dv, d_bias, d_sinks, d_params)
+        return AttentionGrads(dq, dk, dv, d_bias, d_sinks, d_params, cache.steps.get("score_mods", ((),))[0])
