@@ -166,15 +166,18 @@ class _Tiles:
         if self.rule is None:
             return list(range(0, self.Lk, bk))
         lo, hi = self.rule.key_range(self.b, i0, i1)
-        blocks = set(range(lo // bk * bk, hi, bk)) | set(range(self.rule.Lk // bk * bk, self.Lk, bk))
-        return sorted(blocks)
+        seen = range(lo // bk * bk, hi, bk) if lo < hi else ()  # no key of the sequence: no block of it
+        n = self.rule.Lk  # the keys after it (appended) are allowed to every query: their blocks, when there are any
+        appended = range(n // bk * bk, self.Lk, bk) if self.Lk > n else ()
+        return sorted(set(seen) | set(appended))
 
     def query_blocks(self, j0: int, j1: int, bq: int) -> list[int]:
-        """The first queries i0 (multiples of bq) of the query blocks that may attend to a key j0 ... j1 - 1."""
+        """The first queries i0 (multiples of bq) of the query blocks that may attend to a key j0 ... j1 - 1: none
+        when no query does (a negative diagonal leaves the last keys unseen; their dK, dV rows stay 0)."""
         if self.rule is None:
             return list(range(0, self.Lq, bq))
         lo, hi = self.rule.query_range(self.b, j0, j1)
-        return list(range(lo // bq * bq, hi, bq))
+        return list(range(lo // bq * bq, hi, bq)) if lo < hi else []
 
     def parts(self, i0: int, i1: int, j0: int, j1: int):
         """The rectangles of the tile [i0, i1) × [j0, j1) that need work: (r0, r1, c0, c1, state, mask tile).
