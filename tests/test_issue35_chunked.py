@@ -129,6 +129,29 @@ def test_the_ranges_stay_inside_the_sequence():
     assert tiles.query_blocks(0, 256, 256) == [256, 512, 768] and tiles.key_blocks(768, 1000, 256) == [0, 256, 512]
 
 
+def test_a_row_blocked_in_its_first_key_block_keeps_its_max_at_minus_infinity_until_a_key_is_allowed():
+    """Found by the grid's neighbours: a row with nothing allowed in the first key block it visits had its running
+    max set to 0, not kept at -inf. Its later keys were then weighed against 0: one scoring below 0 never became j*
+    (no pivot: a one-hot row's dq was rounding noise instead of exactly 0), and scores below -745 underflowed to
+    ℓ = 0, a row taken as fully masked (zero context, lse -inf). An array mask and a structured one."""
+    rng = np.random.default_rng(3)
+    q, k, v, d_out = qkv_grad(rng, 1, 1, 4, 4, d=3)
+    mask = np.ones((4, 4), bool)
+    mask[1, :2] = False  # row 1: nothing in the first key block of 2, keys 2 and 3 in the second
+    q[0, 0, 1] = -1000.0 * k[0, 0, 2:].mean(0) / np.abs(k[0, 0, 2:].mean(0)).sum()  # against keys 2 and 3
+    for scale in (1.0, 2000.0):  # row 1's allowed scores -0.40 and -0.75, then -804 and -1492 (ℓ underflowed)
+        chunked = run(kernels.ChunkedKernel(block_size=2, num_threads=1), q * scale / 1000, k, v, d_out, mask)
+        vectorized = run(kernels.VectorizedKernel(), q * scale / 1000, k, v, d_out, mask)
+        assert_same(chunked, vectorized, f"scale {scale}")
+        np.testing.assert_allclose(chunked[1].lse, vectorized[1].lse, rtol=1e-13)
+        assert chunked[1].jstar[0, 0, 1] in (2, 3)
+    one_hot = StructuredMask(16, 12, window=1, offset=-1)  # each row one key (or none): dS = 0 exactly
+    q, k, v, d_out = qkv_grad(rng, 1, 1, 16, 12, d=3)
+    for block in (2, 3, 5):
+        dq = run(kernels.ChunkedKernel(block_size=block, num_threads=1), q, k, v, d_out, one_hot)[2][0]
+        assert not dq.any(), block
+
+
 # --------------------------------------------------------------------------- flash-attention's window grid
 
 

@@ -270,10 +270,12 @@ def _forward_rows(
             top = s.argmax(axis=2)  # (g, n) the part's first key of largest score (a NaN counts as largest)
             s_top = np.take_along_axis(s, top[..., None], axis=2)[..., 0]  # (g, n) the part's row max
             np.copyto(jstar[:, rows], top + c0, where=s_top > m_old)  # a new max moves j* here; a tie keeps the first
-            m_new = np.maximum(m_old, s_top)  # (g, n)
-            m_new[np.isneginf(m_new)] = 0.0  # row with nothing allowed yet: shift by 0, exp(-inf) = 0
-            alpha = np.exp(m_old - m_new)  # (g, n) rescales what was summed with the old max
-            np.subtract(s, m_new[..., None], out=s)
+            m_new = np.maximum(m_old, s_top)  # (g, n); stays -inf while a row has had nothing allowed (were it set
+            # to 0, a later key scoring below 0 would not become j*, and one below -745 would give ℓ = 0: no context)
+            shift = m_new.copy()  # (g, n) what the part is shifted by: m', or 0 for such a row (exp(-inf) = 0)
+            shift[np.isneginf(shift)] = 0.0
+            alpha = np.exp(m_old - shift)  # (g, n) rescales what was summed with the old max
+            np.subtract(s, shift[..., None], out=s)
             np.exp(s, out=s)  # (g, n, bk) P tile, not yet normalised
             acc[:, rows] *= alpha[..., None]  # (g, n, dv [+ 1]); without dropout this rescales ℓ too
             if dropout:
