@@ -58,7 +58,7 @@ L = 1024
 EDGE_CASES = {  # (Lq, Lk, mask): each leaves whole key blocks (or query blocks) of the default 256 unseen
     "causal, diagonal -300": (L, L, masks.causal_mask(L, diagonal=-300, structured=True)),
     "window 64, offset -300": (L, L, masks.sliding_window_mask(L, L, 64, offset=-300, structured=True)),
-    "Lk > Lq + window": (256, L, masks.sliding_window_mask(256, L, 100, structured=True)),
+    "Lk > Lq + window, offset -7": (256, L, masks.sliding_window_mask(256, L, 100, offset=-7, structured=True)),
     "symmetric window, Lk > Lq + window": (256, L, masks.sliding_window_mask(256, L, 100, False, structured=True)),
     "queries past the keys": (L, 256, masks.sliding_window_mask(L, 256, 100, False, structured=True)),
     "bottom-right causal, Lq > Lk": (L, 300, masks.causal_mask(L, 300, align="bottom-right", structured=True)),
@@ -68,7 +68,7 @@ EDGE_CASES = {  # (Lq, Lk, mask): each leaves whole key blocks (or query blocks)
 
 @pytest.mark.parametrize("case", list(EDGE_CASES))
 def test_chunked_backward_at_the_default_block_with_blocks_no_query_or_key_sees(case):
-    """The IndexError of issue 35 (the first three cases crashed): forward and backward at the default block size
+    """The IndexError of issue 35 (four of these cases crashed): forward and backward at the default block size
     (256 in float64), equal to the vectorized kernel; the unseen rows and keys exactly 0."""
     Lq, Lk, m = EDGE_CASES[case]
     dense = np.asarray(m)[0, 0]
