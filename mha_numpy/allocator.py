@@ -20,14 +20,16 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 
+from ._checks import as_int
+
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's <malloc.h>
 DEFAULT_BYTES = 256 * 2**20  # blocks up to this size come from (and go back to) the heap, never to the kernel
 
 
 def keep_freed_memory(nbytes: int = DEFAULT_BYTES) -> bool:
-    """Raise glibc's mmap and trim thresholds to ``nbytes``: -> True if set, False if this C library has no mallopt."""
-    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
-        raise ValueError(f"nbytes must be a positive int, got {nbytes!r}")
+    """Raise glibc's mmap and trim thresholds to ``nbytes`` (a positive int, NumPy's integers too; not a bool):
+    -> True if set, False if this C library has no mallopt."""
+    nbytes = as_int(nbytes, "nbytes", minimum=1)  # np.int64(2**20) is an int; True, 1.5 and "1" are not
     name = ctypes.util.find_library("c")
     try:
         mallopt = ctypes.CDLL(name).mallopt

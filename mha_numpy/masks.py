@@ -405,7 +405,8 @@ class StructuredMask:
 
     def key_range(self, b: int, i0: int, i1: int) -> tuple[int, int]:
         """(j_lo, j_hi): the queries i0 ... i1 - 1 (non-empty) of batch item b may attend to no key of the sequence
-        outside j_lo ... j_hi - 1 (a bound; inside, ``classify`` tells). Appended keys are allowed to every query."""
+        outside j_lo ... j_hi - 1 (a bound; inside, ``classify`` tells), 0 <= j_lo <= j_hi <= Lk, j_lo = j_hi when
+        they see none. Appended keys are allowed to every query."""
         lo, hi = 0, self.Lk
         if self._hi is not None:
             lo = max(lo, int(self._pos[i0]) - self._hi)  # j >= p_i - hi
@@ -422,11 +423,13 @@ class StructuredMask:
         for m in self._also:
             m_lo, m_hi = m.key_range(b, i0, i1)
             lo, hi = max(lo, m_lo), min(hi, m_hi)
+        lo = min(lo, self.Lk)  # a band past the last key (p_i0 - hi > Lk) allows none: an empty range inside [0, Lk]
         return lo, max(lo, hi)
 
     def query_range(self, b: int, j0: int, j1: int) -> tuple[int, int]:
         """(i_lo, i_hi): no query outside i_lo ... i_hi - 1 of batch item b may attend to a key j0 ... j1 - 1
-        (non-empty; a bound, as ``key_range``). An appended key is allowed to every query."""
+        (non-empty; a bound, as ``key_range``), 0 <= i_lo <= i_hi <= Lq, i_lo = i_hi when none does. An appended key
+        is allowed to every query."""
         if j1 > self.Lk:
             return 0, self.Lq
         lo, hi, base = 0, self.Lq, int(self._pos[0]) if self.Lq else 0  # p_i = i + base
@@ -444,6 +447,7 @@ class StructuredMask:
         for m in self._also:
             m_lo, m_hi = m.query_range(b, j0, j1)
             lo, hi = max(lo, m_lo), min(hi, m_hi)
+        lo = min(lo, self.Lq)  # keys past every query's band (a negative diagonal): an empty range inside [0, Lq]
         return lo, max(lo, hi)
 
     def _state(self, b: int, i0: int, i1: int, j0: int, j1: int) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import require_torch
 
 from mha_numpy import MultiHeadAttention, masks
 
@@ -243,3 +244,32 @@ def test_converters_refuse_integer_masks_ragged_lists_and_non_float_dtypes():
         masks.to_hf_extended_mask(m, np.int32)
     assert masks.to_additive(m, "float32").dtype == np.float32
     assert masks.to_hf_extended_mask(m, np.float16)[0, 1] == np.finfo(np.float16).min
+
+
+def test_a_per_head_key_mask_reaches_torch_mha_as_the_exact_shape_it_accepts():
+    """Issue 35: a per-head key mask (B, H, 1, Lk) became a (B*H, 1, Lk) attn_mask, which torch MHA refuses for
+    Lq > 1. With query_len it is (B*H, Lq, Lk) and torch's weights and outputs are ours; without, a size-1 query
+    (or key) axis cannot tell torch's length: a ValueError names the argument to pass."""
+    torch = require_torch()
+    from mha_numpy import interop  # noqa: PLC0415 - torch's side, only where torch is
+
+    B, H, Lq, Lk, E = 2, 3, 4, 5, 12
+    rng = np.random.default_rng(0)
+    mha = MultiHeadAttention(E, H, rng=0)
+    q, kv = rng.standard_normal((B, Lq, E)), rng.standard_normal((B, Lk, E))
+    per_head = rng.random((B, H, 1, Lk)) < 0.6
+    per_head[..., 0] = True  # no fully masked row: torch's need_weights path gives NaN there
+    for mask in (per_head, np.where(per_head, rng.normal(0, 1, per_head.shape), -np.inf)):
+        kpm, am = interop.mask_to_torch_mha(mask, B, H, query_len=Lq)
+        assert kpm is None and tuple(am.shape) == (B * H, Lq, Lk)
+        out, cache = mha.forward(q, kv, kv, mask=mask)
+        theirs, weights = interop.to_torch_mha(mha)(
+            torch.from_numpy(q), torch.from_numpy(kv), torch.from_numpy(kv), attn_mask=am, average_attn_weights=False
+        )
+        np.testing.assert_allclose(weights.detach().numpy(), cache.attn_weights, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(theirs.detach().numpy(), out, rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match="pass query_len"):
+        interop.mask_to_torch_mha(per_head, B, H)  # was (B*H, 1, Lk): torch's error came only at the call
+    with pytest.raises(ValueError, match="pass key_len"):
+        interop.mask_to_torch_mha(np.ones((Lq, 1), bool), B, H, query_len=Lq)  # was (Lq, 1)
+    assert interop.mask_to_torch_mha(per_head[:, :1], B, H)[0].shape == (B, Lk)  # a key padding mask: no Lq needed

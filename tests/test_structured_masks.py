@@ -112,6 +112,7 @@ def test_the_rule_gives_the_entries_of_its_definition_and_the_tiles_are_classifi
                 for i1 in range(i0 + 1, Lq + 1):
                     lo, hi = m.key_range(b, i0, i1)
                     assert not ref[b, 0, i0:i1, :lo].any() and not ref[b, 0, i0:i1, hi:].any(), kw
+                    assert 0 <= lo <= hi <= Lk, kw  # inside the sequence (issue 35: past its end, a crash)
                     for j0 in range(Lk):
                         for j1 in range(j0 + 1, Lk + 1):
                             entries, state = ref[b, 0, i0:i1, j0:j1], m.classify(b, i0, i1, j0, j1)
@@ -123,6 +124,7 @@ def test_the_rule_gives_the_entries_of_its_definition_and_the_tiles_are_classifi
                 for j1 in range(j0 + 1, Lk + 1):
                     lo, hi = m.query_range(b, j0, j1)
                     assert not ref[b, 0, :lo, j0:j1].any() and not ref[b, 0, hi:, j0:j1].any(), kw
+                    assert 0 <= lo <= hi <= Lq, kw
     assert {EMPTY, FULL, MIXED} <= set(states)  # the rule decides most rectangles by itself
 
 

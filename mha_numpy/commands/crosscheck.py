@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
 
         # torch.nn.MultiheadAttention, both code paths
         module = tc.to_torch_mha(mha)
-        kpm, am = tc.mask_to_torch_mha(mask, B, H)
+        kpm, am = tc.mask_to_torch_mha(mask, B, H, Lq, Lk)  # the lengths: torch wants its masks' exact shapes
         n_full = _fully_masked_rows(mask, (B, H, Lq, Lk))
         for need_weights in (True, False):
             if need_weights and n_full:

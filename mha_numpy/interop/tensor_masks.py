@@ -41,10 +41,11 @@ def mask_to_torch_mha(
     ``mask``: bool (True = may attend) or float (added), any shape that broadcasts to (B, H, Lq, Lk).
     A key padding mask (..., 1, 1, Lk) becomes ``key_padding_mask`` (B, Lk); a mask shared by the batch and
     the heads becomes a 2-D ``attn_mask`` (Lq, Lk); anything else a (B*H, Lq, Lk) ``attn_mask``. Size-1
-    dimensions are expanded to the exact shapes torch requires: pass ``query_len`` / ``key_len`` when the
-    mask broadcasts along them (default: the mask's own size). Bool True = may attend becomes True = ignore;
-    float masks are kept, cast to ``dtype`` when given (torch wants the query's dtype). Integer masks are
-    refused (torch refuses them too; convert 0/1 masks with ``mha_numpy.masks``).
+    dimensions are expanded to the exact shapes torch requires (it accepts no other): ``query_len`` / ``key_len``
+    are needed when the mask broadcasts along them (a per-head key mask (B, H, 1, Lk) needs ``query_len``), and
+    a ValueError names the one missing; otherwise they default to the mask's own size. Bool True = may attend
+    becomes True = ignore; float masks are kept, cast to ``dtype`` when given (torch wants the query's dtype).
+    Integer masks are refused (torch refuses them too; convert 0/1 masks with ``mha_numpy.masks``).
     """
     torch = _require("torch")
     if mask is None:
@@ -61,6 +62,16 @@ def mask_to_torch_mha(
     query_len, key_len = (None if n is None else as_int(n, name, minimum=1) for name, n in
                           (("query_len", query_len), ("key_len", key_len)))  # fmt: skip
     m = m.reshape((1,) * (4 - m.ndim) + m.shape)  # (b, h, lq, lk), each 1 or the full size
+    # torch checks attn_mask's (Lq, Lk) and key_padding_mask's Lk exactly, and a size-1 axis does not tell them
+    for axis, name, given, needed in (
+        (2, "query_len", query_len, m.shape[1:3] != (1, 1)),
+        (3, "key_len", key_len, True),
+    ):
+        if needed and given is None and m.shape[axis] == 1:
+            raise ValueError(
+                f"mask with shape {np.shape(mask)} is the same for every {name[:-4]}: pass {name} (torch MHA "
+                f"accepts only the exact shapes (Lq, Lk) or (B*H, Lq, Lk) for attn_mask, (B, Lk) for key_padding_mask)"
+            )
     full = (batch_size, num_heads, query_len or m.shape[2], key_len or m.shape[3])
     try:
         ok = np.broadcast_shapes(m.shape, full) == full

@@ -166,15 +166,18 @@ class _Tiles:
         if self.rule is None:
             return list(range(0, self.Lk, bk))
         lo, hi = self.rule.key_range(self.b, i0, i1)
-        blocks = set(range(lo // bk * bk, hi, bk)) | set(range(self.rule.Lk // bk * bk, self.Lk, bk))
-        return sorted(blocks)
+        seen = range(lo // bk * bk, hi, bk) if lo < hi else ()  # no key of the sequence: no block of it
+        n = self.rule.Lk  # the keys after it (appended) are allowed to every query: their blocks, when there are any
+        appended = range(n // bk * bk, self.Lk, bk) if self.Lk > n else ()
+        return sorted(set(seen) | set(appended))
 
     def query_blocks(self, j0: int, j1: int, bq: int) -> list[int]:
-        """The first queries i0 (multiples of bq) of the query blocks that may attend to a key j0 ... j1 - 1."""
+        """The first queries i0 (multiples of bq) of the query blocks that may attend to a key j0 ... j1 - 1: none
+        when no query does (a negative diagonal leaves the last keys unseen; their dK, dV rows stay 0)."""
         if self.rule is None:
             return list(range(0, self.Lq, bq))
         lo, hi = self.rule.query_range(self.b, j0, j1)
-        return list(range(lo // bq * bq, hi, bq))
+        return list(range(lo // bq * bq, hi, bq)) if lo < hi else []
 
     def parts(self, i0: int, i1: int, j0: int, j1: int):
         """The rectangles of the tile [i0, i1) × [j0, j1) that need work: (r0, r1, c0, c1, state, mask tile).
@@ -267,10 +270,12 @@ def _forward_rows(
             top = s.argmax(axis=2)  # (g, n) the part's first key of largest score (a NaN counts as largest)
             s_top = np.take_along_axis(s, top[..., None], axis=2)[..., 0]  # (g, n) the part's row max
             np.copyto(jstar[:, rows], top + c0, where=s_top > m_old)  # a new max moves j* here; a tie keeps the first
-            m_new = np.maximum(m_old, s_top)  # (g, n)
-            m_new[np.isneginf(m_new)] = 0.0  # row with nothing allowed yet: shift by 0, exp(-inf) = 0
-            alpha = np.exp(m_old - m_new)  # (g, n) rescales what was summed with the old max
-            np.subtract(s, m_new[..., None], out=s)
+            m_new = np.maximum(m_old, s_top)  # (g, n); stays -inf while a row has had nothing allowed (were it set
+            # to 0, a later key scoring below 0 would not become j*, and one below -745 would give ℓ = 0: no context)
+            shift = m_new.copy()  # (g, n) what the part is shifted by: m', or 0 for such a row (exp(-inf) = 0)
+            shift[np.isneginf(shift)] = 0.0
+            alpha = np.exp(m_old - shift)  # (g, n) rescales what was summed with the old max
+            np.subtract(s, shift[..., None], out=s)
             np.exp(s, out=s)  # (g, n, bk) P tile, not yet normalised
             acc[:, rows] *= alpha[..., None]  # (g, n, dv [+ 1]); without dropout this rescales ℓ too
             if dropout:
