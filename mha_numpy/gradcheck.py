@@ -82,6 +82,7 @@ class GradcheckReport:
 
     @property
     def passed(self) -> bool:
+        """True when every row passes."""
         return all(r.passed for r in self.rows)
 
     def __getitem__(self, name: str) -> GradcheckRow:
@@ -91,6 +92,7 @@ class GradcheckReport:
         raise KeyError(name)
 
     def add(self, name: str, analytic: np.ndarray, numerical: np.ndarray) -> GradcheckRow:
+        """Compare an analytic gradient with its numerical one (same shape) and append the row -> the GradcheckRow."""
         a, n = np.asarray(analytic, dtype=np.float64), np.asarray(numerical, dtype=np.float64)
         if a.shape != n.shape:
             raise ValueError(f"{name}: analytic shape {a.shape} != numerical shape {n.shape}")

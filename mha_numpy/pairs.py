@@ -32,9 +32,11 @@ class Case:
     args: list[tuple[str, object]]
 
     def values(self) -> list:
+        """The argument values in the forward's order, ready for ``forward(*case.values())``."""
         return [v for _, v in self.args]
 
     def get(self, name: str):
+        """The argument ``name``'s value (KeyError when the case has no such argument)."""
         return dict(self.args)[name]
 
     def array(self, name: str):
@@ -68,6 +70,7 @@ class Sizes:
 
     @property
     def E(self) -> int:
+        """The embedding width E = H·d."""
         return self.H * self.d
 
 
@@ -138,6 +141,7 @@ def _blocked_mask(rng, B, H, Lq, Lk, full_row: bool):
 
 
 def linear_cases(rng):
+    """The checker's cases of ``linear``: x (2, 3, 4) with W (5, 4), b (5,); a 4-D x (2, 2, 3, 4) with W (3, 4)."""
     return [
         Case("x (2, 3, 4), W (5, 4)", [("x", _randn(rng, 2, 3, 4)), ("W", _randn(rng, 5, 4)), ("b", _randn(rng, 5))]),
         Case("x (2, 2, 3, 4) 4-D", [("x", _randn(rng, 2, 2, 3, 4)), ("W", _randn(rng, 3, 4)), ("b", _randn(rng, 3))]),
@@ -145,6 +149,7 @@ def linear_cases(rng):
 
 
 def split_heads_cases(rng):
+    """The checker's cases of ``split_heads``: x (2, 3, 6) into 2 heads, x (3, 4, 12) into 3."""
     return [
         Case("x (2, 3, 6), H=2", [("x", _randn(rng, 2, 3, 6)), ("num_heads", 2)]),
         Case("x (3, 4, 12), H=3", [("x", _randn(rng, 3, 4, 12)), ("num_heads", 3)]),
@@ -152,6 +157,7 @@ def split_heads_cases(rng):
 
 
 def merge_heads_cases(rng):
+    """The checker's cases of ``merge_heads``: x (2, 2, 3, 3) and (3, 3, 4, 2), (B, H, L, d) each."""
     return [
         Case("x (2, 2, 3, 3)", [("x", _randn(rng, 2, 2, 3, 3))]),
         Case("x (3, 3, 4, 2)", [("x", _randn(rng, 3, 3, 4, 2))]),
@@ -159,6 +165,7 @@ def merge_heads_cases(rng):
 
 
 def attention_scores_cases(rng):
+    """The checker's cases of ``attention_scores``: q (2, 2, 3, 4) with k (2, 2, 5, 4), and Lq = Lk."""
     return [
         Case(
             "q (2, 2, 3, 4), k (2, 2, 5, 4)",
@@ -172,6 +179,7 @@ def attention_scores_cases(rng):
 
 
 def apply_mask_cases(rng):
+    """The checker's cases of ``apply_mask``: scores (2, 2, 3, 5) with a bool mask, (2, 2, 4, 4) with a float one."""
     return [
         Case(
             "scores (2, 2, 3, 5), bool mask",
@@ -184,6 +192,7 @@ def apply_mask_cases(rng):
 
 
 def softmax_cases(rng):
+    """The checker's cases of ``softmax``: x (2, 2, 3, 5), and one with a blocked key and a fully masked row."""
     x = _randn(rng, 2, 2, 3, 5) * 2
     x[1, 1, 2, :] = -np.inf  # a fully masked row: weights 0, never NaN
     x[0, 0, 1, 3] = -np.inf  # one blocked key
@@ -194,6 +203,7 @@ def softmax_cases(rng):
 
 
 def dropout_cases(rng):
+    """The checker's cases of ``dropout``: x (2, 2, 3, 4) at p = 0.3 and 0.5, each with its keep-mask given."""
     x = _randn(rng, 2, 2, 3, 4)
     return [
         Case("x (2, 2, 3, 4), p=0.3", [("x", x), ("p", 0.3), ("rng", None), ("keep_mask", rng.random(x.shape) >= 0.3)]),
@@ -205,6 +215,7 @@ def dropout_cases(rng):
 
 
 def attention_context_cases(rng):
+    """The checker's case of ``attention_context``: p (2, 2, 3, 5), v (2, 2, 5, 4)."""
     return [Case("p (2, 2, 3, 5), v (2, 2, 5, 4)", [("p", _randn(rng, 2, 2, 3, 5)), ("v", _randn(rng, 2, 2, 5, 4))])]
 
 
@@ -224,6 +235,7 @@ def sdpa_cases(rng):
 
 
 def embedding_cases(rng):
+    """The checker's case of ``embedding``: ids (2, 5) with repeated ids into a table (4, 3)."""
     return [
         Case(
             "ids (2, 5) with repeats, table (4, 3)",
@@ -233,10 +245,12 @@ def embedding_cases(rng):
 
 
 def softmax_cross_entropy_cases(rng):
+    """The checker's case of ``softmax_cross_entropy``: logits (2, 3, 5), targets (2, 3) in 0..4."""
     return [Case("logits (2, 3, 5)", [("logits", _randn(rng, 2, 3, 5)), ("targets", rng.integers(0, 5, (2, 3)))])]
 
 
 def layer_norm_cases(rng):
+    """The checker's case of ``layer_norm``: x (2, 3, 6), gamma and beta (6,), eps 1e-5."""
     return [
         Case(
             "x (2, 3, 6), eps=1e-5",
@@ -246,6 +260,7 @@ def layer_norm_cases(rng):
 
 
 def repeat_kv_cases(rng):
+    """The checker's cases of ``repeat_kv``: x (2, 2, 3, 4) repeated 3 times, x (1, 3, 2, 2) twice."""
     return [
         Case("x (2, 2, 3, 4), n_rep=3", [("x", _randn(rng, 2, 2, 3, 4)), ("n_rep", 3)]),
         Case("x (1, 3, 2, 2), n_rep=2", [("x", _randn(rng, 1, 3, 2, 2)), ("n_rep", 2)]),
@@ -253,6 +268,7 @@ def repeat_kv_cases(rng):
 
 
 def rope_cases(rng):
+    """The checker's cases of ``rope``: x (2, 2, 5, 4) at positions 0.., x (2, 3, 3, 6) at given positions (2, 3)."""
     decoding = np.array([[5, 6, 7], [0, 1, 2]])  # (B, L): each sequence at its own offset (a KV cache)
     return [
         Case("x (2, 2, 5, 4), positions None", [("x", _randn(rng, 2, 2, 5, 4)), ("positions", None), ("theta", 100.0)]),
@@ -264,6 +280,7 @@ def rope_cases(rng):
 
 
 def relative_position_bias_cases(rng):
+    """The checker's cases of ``relative_position_bias``: table (2, 5) with clipped distances, table (3, 3)."""
     return [
         Case("table (2, 5), Lq=4, Lk=6 (distances clipped)", [("table", _randn(rng, 2, 5)), ("Lq", 4), ("Lk", 6)]),
         Case("table (3, 3), Lq=5, Lk=3", [("table", _randn(rng, 3, 3)), ("Lq", 5), ("Lk", 3)]),
@@ -271,6 +288,7 @@ def relative_position_bias_cases(rng):
 
 
 def soft_cap_cases(rng):
+    """The checker's cases of ``soft_cap``: scores (2, 2, 3, 5) capped at 2, scores (1, 3, 4, 4) at 0.5."""
     return [
         Case("scores (2, 2, 3, 5), cap=2", [("scores", 3 * _randn(rng, 2, 2, 3, 5)), ("cap", 2.0)]),
         Case("scores (1, 3, 4, 4), cap=0.5", [("scores", _randn(rng, 1, 3, 4, 4)), ("cap", 0.5)]),
@@ -278,6 +296,7 @@ def soft_cap_cases(rng):
 
 
 def sink_softmax_cases(rng):
+    """The checker's cases of ``sink_softmax``: x (2, 2, 3, 5) with a fully masked row, sink (2, 1); x (1, 3, 4, 2)."""
     x = 2 * _randn(rng, 2, 2, 3, 5)
     x[1, 0, 2, :] = -np.inf  # a fully masked row: its whole weight on the sink
     x[0, 1, 0, 1] = -np.inf  # one blocked key
@@ -291,49 +310,60 @@ def sink_softmax_cases(rng):
 
 
 def linear_sample(s: Sizes, rng):
+    """check_functional's case of ``linear``: x (B, Lq, E), W (5, E), b (5,)."""
     return [Case("linear", [("x", _randn(rng, s.B, s.Lq, s.E)), ("W", _randn(rng, 5, s.E)), ("b", _randn(rng, 5))])]
 
 
 def split_heads_sample(s: Sizes, rng):
+    """check_functional's case of ``split_heads``: x (B, Lq, E) into H heads."""
     return [Case("split", [("x", _randn(rng, s.B, s.Lq, s.E)), ("num_heads", s.H)])]
 
 
 def merge_heads_sample(s: Sizes, rng):
+    """check_functional's case of ``merge_heads``: x (B, H, Lq, d)."""
     return [Case("merge", [("x", _randn(rng, s.B, s.H, s.Lq, s.d))])]
 
 
 def attention_scores_sample(s: Sizes, rng):
+    """check_functional's case of ``attention_scores``: q (B, H, Lq, d), k (B, H, Lk, d), scale 0.7."""
     q, k = _randn(rng, s.B, s.H, s.Lq, s.d), _randn(rng, s.B, s.H, s.Lk, s.d)
     return [Case("scores", [("q", q), ("k", k), ("scale", 0.7)])]
 
 
 def apply_mask_sample(s: Sizes, rng):
+    """check_functional's case of ``apply_mask``: scores and an additive mask, (B, H, Lq, Lk) each."""
     mask = _randn(rng, s.B, s.H, s.Lq, s.Lk)  # additive: the scores' gradient is the identity
     return [Case("mask", [("scores", _randn(rng, s.B, s.H, s.Lq, s.Lk)), ("mask", mask)])]
 
 
 def softmax_sample(s: Sizes, rng):
+    """check_functional's case of ``softmax``: x (B, H, Lq, Lk)."""
     return [Case("softmax", [("x", _randn(rng, s.B, s.H, s.Lq, s.Lk))])]
 
 
 def dropout_sample(s: Sizes, rng):
+    """check_functional's case of ``dropout``: x (B, H, Lq, Lk), p = 0.3 with its keep-mask given."""
     keep = rng.random((s.B, s.H, s.Lq, s.Lk)) >= 0.3
     return [Case("dropout", [("x", _randn(rng, s.B, s.H, s.Lq, s.Lk)), ("p", 0.3), ("rng", None), ("keep_mask", keep)])]
 
 
 def attention_context_sample(s: Sizes, rng):
+    """check_functional's case of ``attention_context``: p (B, H, Lq, Lk), v (B, H, Lk, d)."""
     return [Case("context", [("p", _randn(rng, s.B, s.H, s.Lq, s.Lk)), ("v", _randn(rng, s.B, s.H, s.Lk, s.d))])]
 
 
 def repeat_kv_sample(s: Sizes, rng):
+    """check_functional's case of ``repeat_kv``: x (B, 1, Lk, d) repeated H times."""
     return [Case("repeat_kv", [("x", _randn(rng, s.B, 1, s.Lk, s.d)), ("n_rep", s.H)])]
 
 
 def rope_sample(s: Sizes, rng):
+    """check_functional's case of ``rope``: x (B, H, Lq, 2d) at positions 0.., theta 100."""
     return [Case("rope", [("x", _randn(rng, s.B, s.H, s.Lq, 2 * s.d)), ("positions", None), ("theta", 100.0)])]
 
 
 def rope_interleaved_sample(s: Sizes, rng):
+    """check_functional's case of ``rope_interleaved``: x (B, H, Lq, 2d) at positions 0.., theta 100."""
     x = _randn(rng, s.B, s.H, s.Lq, 2 * s.d)
     return [Case("rope_interleaved", [("x", x), ("positions", None), ("theta", 100.0)])]
 
@@ -352,6 +382,7 @@ def sdpa_sample(s: Sizes, rng):
 
 
 def add_sample(s: Sizes, rng):
+    """check_functional's case of ``add``: a and b (B, Lq, E)."""
     return [Case("add", [("a", _randn(rng, s.B, s.Lq, s.E)), ("b", _randn(rng, s.B, s.Lq, s.E))])]
 
 
@@ -362,10 +393,14 @@ def _ids(s: Sizes, rng, vocab: int = 7):
 
 
 def embedding_sample(s: Sizes, rng):
+    """check_functional's case of ``embedding``: ids (B, Lq) with a repeated id into a table (7, E)."""
     return [Case("embedding", [("ids", _ids(s, rng)), ("table", _randn(rng, 7, s.E))])]
 
 
 def bert_embeddings_sample(s: Sizes, rng):
+    """check_functional's case of ``bert_embeddings``: ids and token types (B, Lq), word (7, E), position (Lq + 2, E)
+    and token-type (2, E) tables.
+    """
     ids, types = _ids(s, rng), rng.integers(0, 2, (s.B, s.Lq))
     word, position, token_type = _randn(rng, 7, s.E), _randn(rng, s.Lq + 2, s.E), _randn(rng, 2, s.E)
     tables = [("word", word), ("position", position), ("token_type", token_type)]
@@ -373,11 +408,13 @@ def bert_embeddings_sample(s: Sizes, rng):
 
 
 def layer_norm_sample(s: Sizes, rng):
+    """check_functional's case of ``layer_norm``: x (B, Lq, E), gamma and beta (E,), eps 1e-5."""
     x, gamma, beta = _randn(rng, s.B, s.Lq, s.E), _randn(rng, s.E), _randn(rng, s.E)
     return [Case("layer_norm", [("x", x), ("gamma", gamma), ("beta", beta), ("eps", 1e-5)])]
 
 
 def gelu_sample(s: Sizes, rng):
+    """check_functional's cases of ``gelu``: x (B, Lq, 2E + 1), exact and tanh."""
     I = 2 * s.E + 1  # noqa: E741 - the FFN's inner width, as in the docs
     return [
         Case(label, [("x", 3 * _randn(rng, s.B, s.Lq, I)), ("approximate", approximate)])
@@ -386,45 +423,54 @@ def gelu_sample(s: Sizes, rng):
 
 
 def feed_forward_sample(s: Sizes, rng):
+    """check_functional's case of ``feed_forward``: x (B, Lq, E), W1 (I, E), b1 (I,), W2 (E, I), b2 (E,), I = 2E + 1."""
     E, I = s.E, 2 * s.E + 1  # noqa: E741
     weights = [("W1", _randn(rng, I, E)), ("b1", _randn(rng, I)), ("W2", _randn(rng, E, I)), ("b2", _randn(rng, E))]
     return [Case("feed_forward", [("x", _randn(rng, s.B, s.Lq, E)), *weights])]
 
 
 def rms_norm_sample(s: Sizes, rng):
+    """check_functional's case of ``rms_norm``: x (B, Lq, E), weight (E,), eps 1e-5."""
     return [Case("rms_norm", [("x", _randn(rng, s.B, s.Lq, s.E)), ("weight", _randn(rng, s.E)), ("eps", 1e-5)])]
 
 
 def silu_sample(s: Sizes, rng):
+    """check_functional's case of ``silu``: x (B, Lq, 2E + 1)."""
     return [Case("silu", [("x", 3 * _randn(rng, s.B, s.Lq, 2 * s.E + 1))])]
 
 
 def swiglu_sample(s: Sizes, rng):
+    """check_functional's case of ``swiglu``: x (B, Lq, E), W_gate and W_up (I, E), W_down (E, I), I = 2E + 1."""
     E, I = s.E, 2 * s.E + 1  # noqa: E741
     weights = [("W_gate", _randn(rng, I, E)), ("W_up", _randn(rng, I, E)), ("W_down", _randn(rng, E, I))]
     return [Case("swiglu", [("x", _randn(rng, s.B, s.Lq, E)), *weights])]
 
 
 def soft_cap_sample(s: Sizes, rng):
+    """check_functional's case of ``soft_cap``: scores (B, H, Lq, Lk) capped at 1.5."""
     return [Case("soft_cap", [("scores", 2 * _randn(rng, s.B, s.H, s.Lq, s.Lk)), ("cap", 1.5)])]
 
 
 def sink_softmax_sample(s: Sizes, rng):
+    """check_functional's case of ``sink_softmax``: x (B, H, Lq, Lk) with a fully masked row, sink (H, 1)."""
     x = _randn(rng, s.B, s.H, s.Lq, s.Lk)
     x[0, 0, 0] = -np.inf  # a fully masked row: all its weight on the sink, its gradients 0
     return [Case("sink_softmax", [("x", x), ("sink", _randn(rng, s.H, 1))])]
 
 
 def diff_values_sample(s: Sizes, rng):
+    """check_functional's case of ``diff_values``: v (B, 2H, Lk, d)."""
     return [Case("diff_values", [("v", _randn(rng, s.B, 2 * s.H, s.Lk, s.d))])]
 
 
 def diff_lambda_sample(s: Sizes, rng):
+    """check_functional's case of ``diff_lambda``: the four λ vectors (d,), lambda_init 0.47."""
     vectors = [(name, 0.5 * _randn(rng, s.d)) for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")]
     return [Case("diff_lambda", [*vectors, ("lambda_init", 0.47)])]
 
 
 def diff_combine_sample(s: Sizes, rng):
+    """check_functional's case of ``diff_combine``: context (B, 2H, Lq, 2d), λ a 0-d array, lambda_init 0.47."""
     context, lam = _randn(rng, s.B, 2 * s.H, s.Lq, 2 * s.d), np.array(0.6)  # lam: a 0-d array, so it can be perturbed
     return [Case("diff_combine", [("context", context), ("lam", lam), ("lambda_init", 0.47), ("eps", 1e-5)])]
 
@@ -439,6 +485,7 @@ def merge_attention_sample(s: Sizes, rng):
 
 
 def mean_pool_sample(s: Sizes, rng):
+    """check_functional's case of ``mean_pool``: x (B, Lq, E), attention_mask (B, Lq) with padding in the last row."""
     keep = np.ones((s.B, s.Lq), np.int64)
     keep[-1, s.Lq // 2 :] = 0  # padding in the last sequence
     return [Case("mean_pool", [("x", _randn(rng, s.B, s.Lq, s.E)), ("attention_mask", keep)])]

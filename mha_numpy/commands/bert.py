@@ -22,6 +22,7 @@ DEFAULT_LAYER, DEFAULT_HEAD = 0, 2
 
 
 def add_parser(sub) -> None:
+    """Add the ``bert`` command and its arguments to the subparsers ``sub``; it runs ``run``."""
     p = sub.add_parser(
         "bert",
         help="run the pretrained BERT in NumPy on a sentence and draw its attention maps",
@@ -45,6 +46,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run MiniLM on ``args.text``, print its tokens (one head: where each looks most), write the map(s) or page; 0."""
     from ..models.bert import BertModel
 
     if not args.text.strip():

@@ -19,6 +19,7 @@ OUTPUT_LINES = 10  # at most this many lines of what the student's file printed 
 
 
 def add_parser(sub) -> None:
+    """Add the ``check`` command and its arguments to the subparsers ``sub``; it runs ``run``."""
     p = sub.add_parser(
         "check",
         help="check the forward/backward pairs a file defines; name the classic bug a wrong gradient matches",
@@ -51,6 +52,9 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check ``args.file`` in a child process and print the report, or grade ``args.submit`` into a score file; an exit
+    code of ``EXIT_CODES``.
+    """
     from ..checker import BadPath, StudentFileError, check_file
 
     if (args.file is None) == (args.submit is None):

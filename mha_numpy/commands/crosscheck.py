@@ -24,6 +24,7 @@ DTYPES = {"float64": np.float64, "float32": np.float32}
 
 
 def add_parser(sub) -> None:
+    """Add the ``crosscheck`` command and its arguments to the subparsers ``sub``; it runs ``run``."""
     p = sub.add_parser(
         "crosscheck",
         help="compare outputs, attention weights, intermediates and every gradient with PyTorch and HF BERT",
@@ -173,6 +174,9 @@ def _run_bert(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Compare the example (or BERT, ``--model bert``) with torch MHA, SDPA and HF BERT per dtype, print each report and
+    a summary; 0 if all match, else 1.
+    """
     _check_variant_args(args)
     torch = require("torch", "crosscheck")  # a missing one: one line naming the extra, exit 2
     require("transformers", "crosscheck")

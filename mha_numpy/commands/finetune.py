@@ -24,6 +24,7 @@ from ._args import (
 
 
 def add_parser(sub) -> None:
+    """Add the ``finetune`` command and its arguments to the subparsers ``sub``; it runs ``run``."""
     p = sub.add_parser(
         "finetune",
         help="fine-tune the real MiniLM (all 6 layers, hand-written backward, AdamW) on a sentence task",
@@ -49,6 +50,9 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Fine-tune MiniLM on the sentence task, write the loss curve and the before/after attention to ``--out``, print
+    the held-out accuracy; 0.
+    """
     require("matplotlib", "finetune (it draws the loss curve and the attention maps)")  # before, not after, training
     make_dir("--out", args.out)
     import numpy as np

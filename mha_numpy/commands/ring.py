@@ -14,6 +14,7 @@ TOLERANCE = {"float64": 1e-12, "float32": 1e-4}  # against the float64 single-pr
 
 
 def add_parser(sub) -> None:
+    """Add the ``ring`` command and its arguments to the subparsers ``sub``; it runs ``run``."""
     p = sub.add_parser(
         "ring",
         help="ring attention over MPI (run it under mpiexec -n P), checked against one process",
@@ -67,6 +68,9 @@ def _mb(n: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ring attention on this MPI world, rank 0 printing the report and writing the schedule (--html, --out); 0 on
+    every rank if the check passed, else 1.
+    """
     from ..distributed import Sharding, experiment
     from ..distributed.mpi import world
 
@@ -101,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def report(config, size: int, result: dict) -> bool:
+    """Print the run's configuration, a row per rank (positions, times, bytes sent, peak memory) and the error against
+    one process; True if within ``TOLERANCE``.
+    """
     c = config
     kv = c.kv_heads or c.heads
     print(f"ring attention over {size} rank{'s' * (size > 1)}: L = {c.length}, B = {c.batch}, H = {c.heads}, "

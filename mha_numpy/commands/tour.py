@@ -22,6 +22,7 @@ from ._html import add_html_arg, write_page
 
 
 def add_parser(sub) -> None:
+    """Add the ``tour`` command and its arguments to the subparsers ``sub``; it runs ``run``."""
     p = sub.add_parser(
         "tour",
         help="walk one small example through every forward and backward step",
@@ -48,6 +49,9 @@ def _show(step: str, name: str, x: np.ndarray) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Print the example through every forward step and back, then its gradient check; write the figures and the page if
+    asked; 0 if the check passes, else 1.
+    """
     mha, query, key, value, mask = make_example(args)
     if args.out:
         require("matplotlib", "tour --out (it draws the figures)")  # say so before the tour, not after

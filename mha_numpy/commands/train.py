@@ -29,6 +29,7 @@ from ._html import add_html_arg, write_page
 
 
 def add_parser(sub) -> None:
+    """Add the ``train`` command and its arguments to the subparsers ``sub``; it runs ``run``."""
     p = sub.add_parser(
         "train",
         help="train a one-layer attention model on reverse/shift and draw the attention it learns",
@@ -72,6 +73,9 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Train the tiny model on ``args.task``, write its loss and attention figures (and the --html page), print the
+    held-out accuracy; 0.
+    """
     check_heads(args.embed_dim, args.heads)
     require("matplotlib", "train (it draws the loss curve and the attention maps)")  # before, not after, training
     if args.out is None and not args.html:

@@ -26,6 +26,7 @@ def _list(s: str) -> tuple[str, ...]:
 
 
 def add_parser(sub) -> None:
+    """Add the ``verify`` command and its arguments to the subparsers ``sub``; it runs ``run``."""
     p = sub.add_parser(
         "verify",
         help="check any attention implementation against the float64 reference; name what a failing case does",
@@ -70,6 +71,9 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Adapt MODULE:FUNCTION (NumPy, torch or JAX), run it over the case matrix, print the report and write
+    --json/--html; an exit code of ``EXIT_CODES``.
+    """
     from ..testing import Implementation, from_jax, from_numpy, from_torch, verify_attention
 
     for option, path in (("--json", args.json), ("--html", args.html)):

@@ -22,6 +22,8 @@ from .shards import Sharding
 
 @dataclass(frozen=True)
 class Piece:
+    """One query chunk × key chunk of a ring step: where its rows and columns sit, its mask and its work."""
+
     a: int  # the query chunk (local index)
     b: int  # the key chunk (local index in the block)
     rows: slice  # its queries in the local arrays

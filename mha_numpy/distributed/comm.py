@@ -23,6 +23,7 @@ class Pending:
         self._sent = sent  # kept alive until the sends complete (MPI reads them while we compute)
 
     def wait(self) -> list[np.ndarray]:
+        """Wait for the sends and receives to complete -> the arrays received from the previous rank."""
         for request in self._requests:
             request.Wait()
         self._sent = None

@@ -29,6 +29,7 @@ def owner_grid(sharding: Sharding, length: int, causal: bool, step: int) -> np.n
 
 
 def schedule_html(sharding: Sharding, length: int, causal: bool) -> str:
+    """The schedule as one HTML page: what each rank holds and computes at each step, and each step's grid by rank."""
     P = sharding.size
     steps = schedule(sharding, length, causal)
     head = "".join(f"<th>step {s}</th>" for s in range(P))

@@ -26,6 +26,8 @@ from .shards import Sharding
 
 @dataclass(frozen=True)
 class RingConfig:
+    """One ring-attention run: sizes (L, B, H, Hkv, d), shard layout, mask, dtype, kernel, merge order, seed."""
+
     length: int = 1024
     batch: int = 1
     heads: int = 4

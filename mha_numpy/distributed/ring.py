@@ -48,6 +48,8 @@ KV_TAG, GRAD_TAG = 10, 20  # message tags: K and V (10, 11), dK and dV (20, 21)
 
 @dataclass
 class RingCache:
+    """A rank's ring backward needs: q (B, H, L/P, d), k, v (B, Hkv, L/P, ·), each chunk's merge cache, the settings."""
+
     q: np.ndarray  # (B, H, L/P, d) this rank's queries
     k: np.ndarray  # (B, Hkv, L/P, d) this rank's keys and values
     v: np.ndarray  # (B, Hkv, L/P, dv)

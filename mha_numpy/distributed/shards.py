@@ -37,9 +37,11 @@ class Sharding:
 
     @property
     def n_chunks(self) -> int:
+        """The number of equal chunks the sequence is cut into: P (contiguous) or 2P (zigzag)."""
         return self.size if self.layout == "contiguous" else 2 * self.size
 
     def check_length(self, length: int) -> None:
+        """ValueError unless ``length`` is a positive multiple of ``n_chunks``."""
         if length < 1 or length % self.n_chunks:
             raise ValueError(f"length {length} must be a positive multiple of {self.n_chunks} ({self.layout} "
                              f"shards of {self.size} ranks: {self.n_chunks} equal chunks)")  # fmt: skip

@@ -83,6 +83,7 @@ class BertConfig:
 
     @classmethod
     def from_json(cls, path: str | Path) -> BertConfig:
+        """The config in a Hugging Face ``config.json``; ValueError naming it: unreadable, incomplete or unsupported."""
         try:
             raw = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as e:

@@ -96,6 +96,7 @@ def default_model_dir() -> Path:
 
 
 def json_field(path: Path, key: str, default):
+    """The value of ``key`` in the JSON file ``path``, or ``default`` when the file or the key is missing."""
     if not path.is_file():
         return default
     return json.loads(path.read_text()).get(key, default)

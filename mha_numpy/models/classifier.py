@@ -34,6 +34,8 @@ HEAD = ("classifier.weight", "classifier.bias")
 
 @dataclass
 class ClassifierCache:
+    """What the backward needs: BERT's cache, the attention weights (a (B, H, L, L) per layer), the head's caches."""
+
     bert: BertCache
     attentions: tuple[np.ndarray, ...]  # one (B, H, L, L) per layer
     _caches: dict
@@ -57,6 +59,7 @@ class BertClassifier:
 
     @property
     def params(self) -> dict[str, np.ndarray]:
+        """Every parameter by name: BERT's (the same arrays), 'classifier.weight' (C, E) and 'classifier.bias' (C,)."""
         return {**self.bert.params, **self.head}
 
     def forward(self, input_ids, attention_mask, token_type_ids=None, training=False, rng=None, dropout_masks=None):

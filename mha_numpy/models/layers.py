@@ -21,6 +21,7 @@ from .erf import erf_float32
 
 
 def check_ids(ids, name: str, num_rows: int) -> np.ndarray:
+    """``ids`` as an integer array, every id in [0, num_rows); else ValueError naming ``name`` and the shape."""
     ids = as_array(ids, name)
     if not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"{name} must be an integer array, got dtype {ids.dtype} with shape {ids.shape}")

@@ -95,6 +95,7 @@ class Case:
 
     @property
     def shape(self) -> str:
+        """The case's sizes as text, e.g. 'B2 H4/2 3x5 d8' (H/Hkv when they differ)."""
         heads = f"{self.H}" if self.Hkv == self.H else f"{self.H}/{self.Hkv}"
         return f"B{self.B} H{heads} {self.Lq}x{self.Lk} d{self.d}"
 
@@ -108,6 +109,7 @@ class Case:
 
     @property
     def real_scale(self) -> float:
+        """The scale the scores take: the case's, or 1/sqrt(d) when it gives none."""
         return 1.0 / math.sqrt(self.d) if self.scale is None else self.scale
 
     def needs(self) -> set[str]:
@@ -121,6 +123,7 @@ class Case:
         return need
 
     def inputs(self) -> CaseInputs:
+        """The case's arrays, seeded by its id (the same on every run): q, d_out (B, H, Lq, d), k, v (B, Hkv, Lk, d)."""
         rng = np.random.default_rng(zlib.crc32(self.id.encode()))
         B, H, Hkv, Lq, Lk, d = self.B, self.H, self.Hkv, self.Lq, self.Lk, self.d
         q, k, v = (

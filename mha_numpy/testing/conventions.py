@@ -90,6 +90,7 @@ def blocked_rows(mask, shape) -> np.ndarray:
 
 
 def effective_scale(case: Case, conv: Convention = OURS) -> float:
+    """The scale a function following ``conv`` applies to the case's scores (given, none, squared or 1/sqrt(d))."""
     s = case.real_scale
     return {"given": s, "forgotten": 1.0, "twice": s * s, "default": case.d**-0.5}[conv.scale]
 
@@ -219,6 +220,7 @@ class Alternative:
     stage: str = "forward"  # "backward": only the gradients differ
 
     def convention(self, base: Convention = OURS) -> Convention:
+        """``base`` with this alternative's change applied."""
         return replace(base, **self.change)
 
 

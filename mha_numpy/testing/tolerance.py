@@ -73,6 +73,7 @@ class Check:
 
     @property
     def passed(self) -> bool:
+        """True when the error is within the budget."""
         return self.ratio <= 1.0
 
 
@@ -91,6 +92,7 @@ def max_error(got, ref: np.ndarray, dont_care=None) -> float:
 
 
 def largest(a: np.ndarray) -> float:
+    """max |a| over the finite entries of ``a`` (0 when there is none)."""
     finite = np.abs(a[np.isfinite(a)])
     return float(finite.max()) if finite.size else 0.0
 
