@@ -19,8 +19,8 @@ from dataclasses import fields
 import numpy as np
 
 from . import CrosscheckReport
-from ._harness import random_like
 from ._lazy import require
+from .harness import random_like
 
 DEFAULT_BERT_RTOL = {np.dtype(np.float64): 1e-9, np.dtype(np.float32): 1e-4}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import functional as F
-from ._harness import random_like
 from ._lazy import require
+from .harness import random_like
 from .report import CrosscheckReport, rtol_for
 
 

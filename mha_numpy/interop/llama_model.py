@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..models.decoder import DecoderConfig, DecoderModel
-from ._harness import random_like
 from ._lazy import require, to_numpy
+from .harness import random_like
 from .llama import hf_rope_theta, torch_cos_sin
 from .report import CrosscheckReport, rtol_for
 

@@ -11,8 +11,8 @@ import numpy as np
 from .. import functional as F
 from .. import masks as M
 from .._checks import default_scale
-from ._harness import additive_tensor, random_like, torch_attention
 from ._lazy import require
+from .harness import additive_tensor, random_like, torch_attention
 from .report import CrosscheckReport, rtol_for
 from .tensor_masks import mask_from_sdpa
 
