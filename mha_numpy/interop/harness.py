@@ -104,9 +104,9 @@ def positions_of(pos, B: int, L: int) -> np.ndarray:
 def run_ours(module, inputs: tuple, d_output, dx_from=("query", "key", "value"), **kwargs) -> tuple[dict, dict]:
     """Our module's forward on ``inputs`` (``kwargs`` passed on) and backward of ``d_output`` -> (values, grads).
 
-    values: "output"; "Q", "K", "V", "weights" from the cache (None where it has none), read before the backward;
-    "dx": the sum of the gradients ``dx_from`` (self-attention: one input on every path; none for ()); the gradients keyed for
-    the gradient rows."""
+    values: "output"; "Q", "K", "V", "scores", "context", "weights" from the cache (None where it has none), read
+    before the backward; "dx": the sum of the gradients ``dx_from`` (self-attention: one input on every path; () for
+    none); the gradients keyed for the gradient rows."""
     out, cache = module.forward(*inputs, **kwargs)
     values = {"output": out, "weights": getattr(cache, "attn_weights", None)}
     values.update({name: getattr(cache, name, None) for name in ("Q", "K", "V", "scores", "context")})
