@@ -19,7 +19,7 @@ from dataclasses import fields
 import numpy as np
 
 from ._lazy import require
-from .harness import Row, compare, grad_rows, our_grads, upstream
+from .harness import Row, compare, named_grad_rows, our_grads, upstream
 from .report import CrosscheckReport
 
 DEFAULT_BERT_RTOL = {np.dtype(np.float64): 1e-9, np.dtype(np.float32): 1e-4}
@@ -72,7 +72,7 @@ def crosscheck_bert_model(
     rows = (
         Row("last_hidden_state", "BertModel(...).last_hidden_state", "last"),
         Row("d embeddings output", "hidden_states[0].grad", "d embeddings"),
-        *grad_rows(dict.fromkeys(model.params), "d {}", lambda _: "autograd .grad"),
+        *named_grad_rows(model.params),
     )
     title = f"BertModel ({model.config.num_hidden_layers} layers) vs transformers + autograd"
     B, L = ids.shape

@@ -237,19 +237,13 @@ def crosscheck_hf_deepseek_v3_attention(
     torch = require("torch")
     mla = _imported(module, kernel)
     dtype, x, cfg = mla.dtype, hidden(hidden_states, mla.dtype), module.config
-    pos = positions_of(positions, *x.shape[:2])  # (B, L)
+    pos, d_output = positions_of(positions, *x.shape[:2]), upstream(d_output, x.shape, dtype, rng)  # pos (B, L)
     mask = M.causal_mask(x.shape[1]) if mask is None else mask
-    d_output = upstream(d_output, x.shape, dtype, rng)
     ours, _ = run_ours(mla, (x,), d_output, dx_from=("query", "key"), mask=mask, positions=pos)
     name_map = {n: HF_DEEPSEEK_V3_NAME_MAP[n] for n in mla.params}
     shipped, theirs = _hf_call(torch, module, x, pos, _additive(torch, mask, dtype), d_output, name_map)
-    title = (f"MultiHeadLatentAttention vs transformers DeepseekV3Attention (H={cfg.num_attention_heads}, "
-             f"r={cfg.kv_lora_rank}, q_lora_rank={cfg.q_lora_rank}, dn={cfg.qk_nope_head_dim}, "
-             f"dr={cfg.qk_rope_head_dim}, dv={cfg.v_head_dim}, interleave={bool(cfg.rope_interleave)}, "
-             f"kernel {mla.impl})")  # fmt: skip
-    notes = []
-    if theirs["weights"] is None:
-        notes.append(f"no attention weights row: {cfg._attn_implementation} returns none")
+    no_weights = f"no attention weights row: {cfg._attn_implementation} returns none"
+    notes = [no_weights] if theirs["weights"] is None else []
     if dtype == np.float64:
         err_y, err_g = shipped_gap(ours, shipped)
         notes.append(
@@ -257,7 +251,14 @@ def crosscheck_hf_deepseek_v3_attention(
             f"as shipped (those and its rotary embedding in float32) differs from ours by {err_y:.1e} (output) and "
             f"{err_g:.1e} (worst parameter gradient), relative to the largest"
         )
-    return compare(title, dtype, rtol_for(dtype, rtol), ROWS + grad_rows(name_map), ours, theirs, notes)
+    return compare(_title(cfg, mla), dtype, rtol_for(dtype, rtol), ROWS + grad_rows(name_map), ours, theirs, notes)
+
+
+def _title(cfg, mla) -> str:
+    return (f"MultiHeadLatentAttention vs transformers DeepseekV3Attention (H={cfg.num_attention_heads}, "
+            f"r={cfg.kv_lora_rank}, q_lora_rank={cfg.q_lora_rank}, dn={cfg.qk_nope_head_dim}, "
+            f"dr={cfg.qk_rope_head_dim}, dv={cfg.v_head_dim}, interleave={bool(cfg.rope_interleave)}, "
+            f"kernel {mla.impl})")  # fmt: skip
 
 
 def _imported(module, kernel) -> MultiHeadLatentAttention:

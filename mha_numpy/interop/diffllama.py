@@ -128,6 +128,13 @@ def _bool_mask(attention_mask, B: int, L: int) -> np.ndarray:
     return mask
 
 
+def _imported(module, kernel) -> MultiHeadAttention:
+    """``from_hf_diffllama_attention(module)`` on ``kernel``."""
+    mha = from_hf_diffllama_attention(module)
+    mha.kernel = kernel
+    return mha
+
+
 ROWS = (
     Row("output", "module(x, (cos, sin), mask)", "output"),
     Row("attention weights", "its returned attn_weights", "weights"),
@@ -156,27 +163,19 @@ def crosscheck_hf_diffllama_attention(
     torch = require("torch")
     from transformers.models.diffllama.modeling_diffllama import DiffLlamaRotaryEmbedding
 
-    mha = from_hf_diffllama_attention(module)
-    mha.kernel = kernel
+    mha = _imported(module, kernel)
     dtype, x = mha.dtype, hidden(hidden_states, mha.dtype)
-    B, L, E = x.shape
+    (B, L, _), pos = x.shape, positions_of(None, *x.shape[:2])
     mask, d_output = _bool_mask(attention_mask, B, L), upstream(d_output, x.shape, dtype, rng)
     ours, _ = run_ours(mha, (x, x, x), d_output, mask=mask)
-    pos = positions_of(None, B, L)
-    cos_sin, mask_t = (
-        torch_cos_sin(torch, pos, mha.head_dim, mha.rope_theta, dtype),
-        additive_tensor(torch, mask, dtype),
-    )
+    cos_sin = torch_cos_sin(torch, pos, mha.head_dim, mha.rope_theta, dtype)
     name_map = {n: entry for n, entry in HF_DIFFLLAMA_NAME_MAP.items() if n in mha.params}
-    shipped = theirs = run_hf_attention(torch, module, x, cos_sin, mask_t, d_output, name_map)
-    if dtype == np.float64:
-        with float64_throughout():
-            theirs = run_hf_attention(torch, module, x, cos_sin, mask_t, d_output, name_map)
+    shipped, theirs = _hf_calls(torch, module, x, cos_sin, additive_tensor(torch, mask, dtype), d_output, name_map)
     title = (f"transformers DiffLlamaAttention (H={mha.num_heads}, Hkv={mha.num_kv_heads}, "
              f"layer_idx={mha.diff_layer_idx}, {module.config._attn_implementation}) on {mha.kernel.name}")  # fmt: skip
     real = B * L if attention_mask is None else int(np.sum(attention_mask))
-    notes = [f"batch {B} x {L} tokens ({real} real), causal, random upstream gradient"]
-    notes.append(rope_note(torch, DiffLlamaRotaryEmbedding, module.config, pos, cos_sin[0]))
+    notes = [f"batch {B} x {L} tokens ({real} real), causal, random upstream gradient",
+             rope_note(torch, DiffLlamaRotaryEmbedding, module.config, pos, cos_sin[0])]  # fmt: skip
     if dtype == np.float64:
         err_y, err_w = relative(ours["output"], shipped["output"]), relative(ours["weights"], shipped["weights"])
         notes.append(
@@ -184,6 +183,16 @@ def crosscheck_hf_diffllama_attention(
             f"from ours by {err_y:.1e} (output) and {err_w:.1e} (weights), relative to the largest"
         )
     return compare(title, dtype, rtol_for(dtype, rtol), ROWS + grad_rows(name_map), ours, theirs, notes)
+
+
+def _hf_calls(torch, module, x, cos_sin, mask_t, d_output, name_map) -> tuple[dict, dict]:
+    """``run_hf_attention`` as shipped, and the compared run: in float64 inside ``float64_throughout``, in float32
+    the same."""
+    shipped = run_hf_attention(torch, module, x, cos_sin, mask_t, d_output, name_map)
+    if x.dtype != np.float64:
+        return shipped, shipped
+    with float64_throughout():
+        return shipped, run_hf_attention(torch, module, x, cos_sin, mask_t, d_output, name_map)
 
 
 def crosscheck_hf_diffllama_kv_cache(
@@ -200,8 +209,7 @@ def crosscheck_hf_diffllama_kv_cache(
     forward; the cached keys (after RoPE) and values (d wide: the pairing happens after the cache) against HF's.
     """
     torch = require("torch")
-    mha = from_hf_diffllama_attention(module)
-    mha.kernel = kernel
+    mha = _imported(module, kernel)
     dtype, x = mha.dtype, hidden(hidden_states, mha.dtype)
     B, L, E = x.shape
     calls, kv = decode_calls(L, prefill), KVCache()

@@ -254,20 +254,13 @@ def hf_gpt_oss_attention(
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssAttention
 
     cfg = GptOssConfig(
-        hidden_size=hidden_size,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        head_dim=head_dim or hidden_size // num_heads,
+        hidden_size=hidden_size, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        head_dim=head_dim or hidden_size // num_heads, sliding_window=sliding_window or 4,
         num_hidden_layers=2,  # layer 0 sliding, layer 1 full: GptOssConfig's alternation
-        sliding_window=sliding_window or 4,
-        vocab_size=16,
-        intermediate_size=8,
-        num_local_experts=2,
-        num_experts_per_tok=1,
-        rope_parameters={"rope_type": "default", "rope_theta": float(rope_theta)},
-        attention_bias=bias,
+        vocab_size=16, intermediate_size=8, num_local_experts=2, num_experts_per_tok=1,
+        rope_parameters={"rope_type": "default", "rope_theta": float(rope_theta)}, attention_bias=bias,
         attn_implementation="eager",
-    )
+    )  # fmt: skip
     torch.manual_seed(seed)
     module = GptOssAttention(cfg, layer_idx=0 if sliding_window else 1).to(getattr(torch, np.dtype(dtype).name))
     with torch.no_grad():

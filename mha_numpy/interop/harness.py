@@ -58,6 +58,11 @@ def grad_rows(name_map: Mapping, name: str = "dL/d{}", label: Callable = describ
     return tuple(Row(name.format(ours), label(entry), grad_key(ours)) for ours, entry in name_map.items())
 
 
+def named_grad_rows(names) -> tuple[Row, ...]:
+    """One row "d NAME" a parameter of a whole model whose names are the other framework's (autograd's .grad)."""
+    return grad_rows(dict.fromkeys(names), "d {}", lambda _: "autograd .grad")
+
+
 def our_grads(grads: Mapping) -> dict:
     """Our backward's dict of gradients, keyed for the gradient rows."""
     return {grad_key(name): g for name, g in grads.items()}

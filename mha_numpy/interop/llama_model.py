@@ -26,7 +26,7 @@ import numpy as np
 
 from ..models.decoder import DecoderConfig, DecoderModel
 from ._lazy import require, to_numpy
-from .harness import Row, compare, eval_mode, grad_rows, our_grads, shipped_gap, upstream
+from .harness import Row, compare, eval_mode, named_grad_rows, our_grads, shipped_gap, upstream
 from .llama import hf_rope_theta, torch_cos_sin
 from .report import CrosscheckReport, rtol_for
 
@@ -200,12 +200,6 @@ def crosscheck_hf_llama_model(
     ours = {**{f"hidden {i}": h for i, h in enumerate(out.hidden_states)}, "last": out.last_hidden_state}
     ours.update(our_grads(grads))
     shipped, theirs = _hf_runs(torch, model, ids, attention_mask, d)
-    rows = (
-        Row("embeddings", "hidden_states[0]", "hidden 0"),
-        *(Row(f"layer {i} output", f"layers[{i}] forward hook", f"hidden {i + 1}") for i in range(c.num_hidden_layers)),
-        Row("last_hidden_state", "LlamaModel(...).last_hidden_state", "last"),
-        *grad_rows(dict.fromkeys(ours_model.params), "d {}", lambda _: "autograd .grad"),
-    )
     title = (f"DecoderModel ({c.num_hidden_layers} layers, H={c.num_attention_heads}, Hkv={c.num_key_value_heads}) "
              "vs transformers LlamaModel + autograd")  # fmt: skip
     real = ids.size if attention_mask is None else int(np.sum(attention_mask))
@@ -218,4 +212,16 @@ def crosscheck_hf_llama_model(
             f"shipped ({model.config._attn_implementation}, those three in float32) differs from ours by "
             f"{err_y:.1e} (last_hidden_state) and {err_g:.1e} (worst gradient), relative to the largest"
         )
-    return compare(title, dtype, rtol_for(dtype, rtol), rows, ours, theirs, notes)
+    return compare(
+        title, dtype, rtol_for(dtype, rtol), _rows(c.num_hidden_layers, ours_model.params), ours, theirs, notes
+    )
+
+
+def _rows(num_layers: int, params) -> tuple[Row, ...]:
+    """The embeddings, every layer's output, last_hidden_state, the gradient of every parameter."""
+    return (
+        Row("embeddings", "hidden_states[0]", "hidden 0"),
+        *(Row(f"layer {i} output", f"layers[{i}] forward hook", f"hidden {i + 1}") for i in range(num_layers)),
+        Row("last_hidden_state", "LlamaModel(...).last_hidden_state", "last"),
+        *named_grad_rows(params),
+    )

@@ -20,6 +20,7 @@ from .harness import (
     autograd,
     compare,
     eval_mode,
+    grad_key,
     grad_rows,
     heads,
     run_ours,
@@ -65,23 +66,29 @@ def crosscheck_torch_mha(
     rtol = rtol_for(dtype, rtol)
     self_attention = query is key and key is value
     query, key, value = (np.asarray(x).astype(dtype, copy=False) for x in (query, key, value))
-    mask = mask_from_torch_mha(key_padding_mask, attn_mask, num_heads=mha.num_heads)
-    if mask is not None and mask.dtype != np.bool_:
-        mask = mask.astype(dtype)
+    mask = _our_mask(key_padding_mask, attn_mask, mha)
     d_output = upstream(d_output, query.shape, dtype, rng)
     dx_from = ("query", "key", "value") if self_attention else ()
     ours, _ = run_ours(mha, (query, key, value), d_output, dx_from, mask=mask)
     inputs = (query, key, value, key_padding_mask, attn_mask, mask)
     name_map = names.torch_mha_name_map(mha.embed_dim, module._qkv_same_embed_dim, mha.bias, mha.add_bias_kv)
     theirs = _run_torch(torch, module, mha, inputs, self_attention, need_weights, d_output, name_map)
-    ours.update(dquery=ours.pop("grad query"), dkey=ours.pop("grad key"), dvalue=ours.pop("grad value"))
     ours["weights_avg"] = ours["weights"].mean(1)
     ours["torch_ops"], theirs["torch_ops"] = theirs.pop("output_ops"), theirs["output"]  # torch against torch
+    return compare(_title(module, mha, need_weights), dtype, rtol, rows(self_attention, name_map), ours, theirs)
+
+
+def _our_mask(key_padding_mask, attn_mask, mha: MultiHeadAttention):
+    """torch's two masks (True = ignore) -> ours (bool True = may attend, or float in the module's dtype)."""
+    mask = mask_from_torch_mha(key_padding_mask, attn_mask, num_heads=mha.num_heads)
+    return mask.astype(mha.dtype) if mask is not None and mask.dtype != np.bool_ else mask
+
+
+def _title(module, mha: MultiHeadAttention, need_weights: bool) -> str:
     path = "need_weights=True" if need_weights else "need_weights=False"
     layout = "separate q/k/v_proj_weight" if not module._qkv_same_embed_dim else "packed in_proj_weight"
     extras = "".join(f", {k}=True" for k in ("add_bias_kv", "add_zero_attn") if getattr(mha, k))
-    title = f"torch.nn.MultiheadAttention ({path}, {layout}, bias={mha.bias}, batch_first={module.batch_first}{extras})"
-    return compare(title, dtype, rtol, rows(self_attention, name_map), ours, theirs)
+    return f"torch.nn.MultiheadAttention ({path}, {layout}, bias={mha.bias}, batch_first={module.batch_first}{extras})"
 
 
 ROWS = (
@@ -105,7 +112,7 @@ def rows(self_attention: bool, name_map) -> tuple[Row, ...]:
     if self_attention:
         inputs = (Row("dL/dx (q+k+v paths)", "x.grad (one tensor)", "dx"),)
     else:
-        inputs = tuple(Row(f"dL/d{name}", f"{name}.grad", f"d{name}") for name in ("query", "key", "value"))
+        inputs = tuple(Row(f"dL/d{name}", f"{name}.grad", grad_key(name)) for name in ("query", "key", "value"))
     return ROWS + inputs + grad_rows(name_map)
 
 
@@ -143,7 +150,10 @@ def _run_torch(torch, module, mha: MultiHeadAttention, inputs, self_attention, n
             steps = _torch_steps(torch, module, mha, (tq, tk, tv), additive_tensor(torch, mask, dtype))
     theirs = dict(zip(("Q", "K", "V", "scores", "context", "output_ops"), steps))
     theirs.update(output=out_t.detach().numpy(), weights=None if w_t is None else w_t.detach().numpy())
-    theirs.update(weights_avg=avg_t, **dict(zip(("dx",) if self_attention else ("dquery", "dkey", "dvalue"), d_inputs)))
+    theirs.update(
+        weights_avg=avg_t,
+        **dict(zip(("dx",) if self_attention else map(grad_key, ("query", "key", "value")), d_inputs)),
+    )
     return {**theirs, **theirs_grads(grads, name_map)}
 
 
