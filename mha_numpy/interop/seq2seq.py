@@ -51,6 +51,16 @@ def torch_name_map(model: Seq2SeqModel) -> dict[str, tuple[str, slice | None]]:
     return name_map
 
 
+def _transformer(nn, c):
+    """``nn.Transformer`` as ours: pre-norm, exact GELU, no dropout, batch first."""
+    with warnings.catch_warnings():  # "enable_nested_tensor is True, but ... norm_first was True"
+        warnings.simplefilter("ignore", UserWarning)
+        return nn.Transformer(
+            c.d_model, c.nhead, c.num_encoder_layers, c.num_decoder_layers, c.dim_feedforward, dropout=0.0,
+            activation="gelu", layer_norm_eps=c.layer_norm_eps, batch_first=True, norm_first=True,
+        )  # fmt: skip
+
+
 def _twin_class(torch):
     """The torch twin's class (torch is imported lazily, so the class is made on first use)."""
     nn = torch.nn
@@ -61,12 +71,7 @@ def _twin_class(torch):
             E, V, self.dtype = c.d_model, c.vocab_size, dtype
             self.src_embed, self.tgt_embed = nn.Embedding(V, E), nn.Embedding(V, E)
             self.src_pos, self.tgt_pos = nn.Embedding(c.max_len, E), nn.Embedding(c.max_len, E)
-            with warnings.catch_warnings():  # "enable_nested_tensor is True, but ... norm_first was True"
-                warnings.simplefilter("ignore", UserWarning)
-                self.transformer = nn.Transformer(
-                    E, c.nhead, c.num_encoder_layers, c.num_decoder_layers, c.dim_feedforward, dropout=0.0,
-                    activation="gelu", layer_norm_eps=c.layer_norm_eps, batch_first=True, norm_first=True,
-                )  # fmt: skip
+            self.transformer = _transformer(nn, c)
             self.generator = nn.Linear(E, V)
 
         def embed(self, ids, side):
@@ -89,15 +94,20 @@ def _twin_class(torch):
 
         def greedy_decode(self, src, length, bos=BOS):
             """-> tokens (B, length), logits (B, length, V): the whole prefix through the decoder at every step."""
-            memory = self.encode(src)
-            prefix, logits = torch.full((src.shape[0], 1), bos, dtype=torch.long), []
-            for _ in range(length):
-                step = self.decode(prefix, memory)[:, -1:]  # (B, 1, V): the newest position's
-                logits.append(step)
-                prefix = torch.cat([prefix, step.argmax(-1)], dim=1)
-            return prefix[:, 1:], torch.cat(logits, dim=1)
+            return _greedy_decode(torch, self, src, length, bos)
 
     return TorchSeq2Seq
+
+
+def _greedy_decode(torch, twin, src, length: int, bos: int):
+    """The twin's greedy decoding without a cache: the whole prefix through the decoder at every step."""
+    memory = twin.encode(src)
+    prefix, logits = torch.full((src.shape[0], 1), bos, dtype=torch.long), []
+    for _ in range(length):
+        step = twin.decode(prefix, memory)[:, -1:]  # (B, 1, V): the newest position's
+        logits.append(step)
+        prefix = torch.cat([prefix, step.argmax(-1)], dim=1)
+    return prefix[:, 1:], torch.cat(logits, dim=1)
 
 
 def to_torch_seq2seq(model: Seq2SeqModel):
