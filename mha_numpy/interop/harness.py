@@ -1,8 +1,8 @@
 """The one cross-check harness: a model's check against torch or transformers is a declaration, the comparison is
 one loop (``compare``).
 
-A check of one model (``llama``, ``gemma2``, ``qwen3``, ``gpt_oss``, ``diffllama``, ``deepseek_v3``, ``hf_bert``,
-``torch_mha``, ``bert_model``, ``llama_model``, ``seq2seq``) declares
+A check of one model (``torch_mha``, ``sdpa``, ``gqa``, ``hf_bert``, ``llama``, ``gemma2``, ``qwen3``, ``gpt_oss``,
+``diffllama``, ``deepseek_v3``, ``bert_model``, ``llama_model``, ``seq2seq``) declares
 
 - the other framework's module, built from a tiny config by the model file's ``hf_*`` builder (nothing downloaded),
   and ours imported from it through a name map (``names``: which torch tensor holds which of our parameters);
