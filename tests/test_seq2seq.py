@@ -6,6 +6,8 @@ mha_numpy itself."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from helpers import require_torch
@@ -131,6 +133,22 @@ def test_matches_torch_transformer_random_weights():
     assert report.passed, str(report)
     assert len(report.rows) == 2 + len(model.params) + 2 and report.rtol == 1e-12
     assert sum(r.zero for r in report.rows) == 6  # the b_k of the 6 attentions, and only those
+
+
+def test_matches_torch_transformer_without_an_encoder_layer():
+    """0 encoder layers, which the model accepts (the memory is the final norm of the embeddings): torch's
+    TransformerEncoder cannot run without a layer (it reads layers[0]), so the twin applies the norm alone; the
+    cross-check compares everything as with layers (issue 35: it crashed with an IndexError)."""
+    require_torch()
+    from mha_numpy.interop.seq2seq import crosscheck_seq2seq
+
+    model = Seq2SeqModel.random(dataclasses.replace(SMALL, num_encoder_layers=0), rng=2)
+    src, tgt_in, labels = small_inputs(1)
+    report = crosscheck_seq2seq(model, src, tgt_in, labels, decode_length=6)
+    assert report.passed, str(report)
+    assert not any(r.name.startswith("d encoder.layers") for r in report.rows)
+    assert len(report.rows) == 2 + len(model.params) + 2 and report.rtol == 1e-12
+    assert sum(r.zero for r in report.rows) == 4  # the b_k of the decoder's 4 attentions, and only those
 
 
 def test_matches_torch_transformer_trained(trained):

@@ -68,6 +68,59 @@ MHA_ROWS = {"output", "Q", "K", "V", "scores", "context", "torch ops ≡ module"
 # --------------------------------------------------------------------------- no torch needed
 
 
+def test_the_harness_compares_the_declared_rows_in_order():
+    """``harness.compare``, the one loop of every cross-check: a row a declared Row, in order; a row whose other
+    side is missing becomes its note; a ``reference`` row checks ours against ours; gradient rows come from a name
+    map. The numbers are written by hand here."""
+    from mha_numpy.interop import harness
+
+    name_map = {"W_q": ("in_proj_weight", slice(0, 2)), "b_o": ("out_proj.bias", None)}
+    rows = (
+        harness.Row("output", "module(...)", "y"),
+        harness.Row("weights", "module(...)[1]", "w", missing="no weights: need_weights=False"),
+        harness.Row("cached ≡ full", "ours, one forward", "y", reference="full", note="ours vs ours"),
+        *harness.grad_rows(name_map),
+    )
+    ours = {"y": np.array([1.0, 2.0]), "full": np.array([1.0, 2.5]), "w": np.ones(2)}
+    ours.update(harness.our_grads({"W_q": np.array([[4.0]]), "b_o": np.array([0.0, 0.0])}))
+    theirs = {"y": np.array([1.0, 2.25]), "w": None}
+    theirs.update(harness.theirs_grads({"in_proj_weight": np.array([[4.0], [2.0], [9.0]]), "out_proj.bias": [0, 0]},
+                                       {"W_q": ("in_proj_weight", slice(0, 1)), "b_o": name_map["b_o"]}))  # fmt: skip
+    report = harness.compare("title", np.float64, 1e-10, rows, ours, theirs, ["a note"])
+    assert [r.name for r in report.rows] == ["output", "cached ≡ full", "dL/dW_q", "dL/db_o"]
+    assert [r.theirs for r in report.rows[2:]] == ["in_proj_weight[0:2]", "out_proj.bias"]
+    assert report["output"].max_abs_err == 0.25 and report["output"].max_rel_err == 0.25 / 2.25
+    assert report["cached ≡ full"].max_abs_err == 0.5 and report["cached ≡ full"].note == "ours vs ours"
+    assert report["dL/dW_q"].max_abs_err == 0.0 and report["dL/db_o"].zero
+    assert report.notes == ["no weights: need_weights=False", "a note"] and not report.passed
+
+
+def test_every_crosscheck_goes_through_the_one_harness_and_fits_in_40_lines():
+    """interop/ grew by copying its comparison loop per model (issue 34): only ``report`` and ``harness`` build a
+    CrosscheckReport, every module with a public crosscheck_* calls ``compare`` (or decoder_attention's checks, which
+    do), and no function is over 40 lines."""
+    import ast
+    from pathlib import Path
+
+    import mha_numpy.interop as interop
+
+    builders, checks, long = set(), set(), []
+    for path in sorted(Path(interop.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        calls = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+        if "CrosscheckReport" in calls:
+            builders.add(path.stem)
+        if any(f.name.startswith("crosscheck_") for f in functions) and not any(
+            c == "compare" or c.startswith("crosscheck_decoder_")
+            for c in calls  # gemma2, qwen3: decoder_attention's
+        ):
+            checks.add(path.stem)
+        long += [f"{path.stem}.{f.name}: {f.end_lineno - f.lineno + 1}" for f in functions
+                 if f.end_lineno - f.lineno + 1 > 40]  # fmt: skip
+    assert builders == {"harness"} and not checks and not long, (builders, checks, long)
+
+
 def test_import_does_not_import_torch():
     code = "import sys, mha_numpy, mha_numpy.torch_compat; assert 'torch' not in sys.modules, 'torch was imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -26,8 +26,10 @@ the output, the attention weights, the intermediates Q, K, V, scores and context
 random upstream gradient with respect to every input and every parameter. See docs/crosscheck.md.
 
 One job a file: ``names`` (the name maps, plain data), ``convert`` (weights in and out), ``tensor_masks``
-(mask converters for tensors), ``report`` (``CrosscheckReport``), one file per cross-check (``torch_mha``,
-``sdpa``, ``hf_bert``, each run-ours / run-theirs / compare) and what they share (``_harness``, ``_lazy``).
+(mask converters for tensors), ``report`` (``CrosscheckReport``), ``harness`` (the one cross-check harness: a check
+declares its rows, ``Row``, and each side's values; ``compare`` is the one comparison loop), one file per model
+(``torch_mha``, ``sdpa``, ``hf_bert``, ...: how to build it, its name map, how to call each side, its rows) and
+``_lazy`` (torch and transformers imported on first use).
 Today's variants: ``gqa`` (grouped-query attention vs SDPA's ``enable_gqa``), ``llama`` (the importer
 ``from_hf_llama_attention``, RoPE + GQA vs ``LlamaAttention``, the KV cache vs its ``DynamicCache``), ``gemma2``
 (soft-capped scores, sliding layers: ``from_hf_gemma2_attention``, vs ``Gemma2Attention`` and its cache), ``qwen3``

@@ -18,9 +18,9 @@ from dataclasses import fields
 
 import numpy as np
 
-from . import CrosscheckReport
-from ._harness import random_like
 from ._lazy import require
+from .harness import Row, compare, named_grad_rows, our_grads, upstream
+from .report import CrosscheckReport
 
 DEFAULT_BERT_RTOL = {np.dtype(np.float64): 1e-9, np.dtype(np.float32): 1e-4}
 
@@ -64,30 +64,32 @@ def crosscheck_bert_model(
     arrays = inputs.as_dict() if hasattr(inputs, "as_dict") else dict(inputs)
     ids, mask, types = (np.asarray(arrays[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
     ref = reference_bert(model) if reference is None else reference.eval()
-
     out, cache = model.forward(ids, mask, types)
-    d = random_like(out.last_hidden_state.shape, dtype, rng) if d_last_hidden_state is None else d_last_hidden_state
-    d = np.asarray(d, dtype=dtype)
+    d = upstream(d_last_hidden_state, out.last_hidden_state.shape, dtype, rng)
     grads = model.backward(d, cache, return_hidden_grads=True)
-    d_hidden = [grads.pop(f"hidden_states.{i}") for i in range(len(out.hidden_states))]
+    ours = {"last": out.last_hidden_state, "d embeddings": grads["hidden_states.0"], **our_grads(grads)}
+    theirs = _run_reference(torch, ref, (ids, mask, types), d, model.params)
+    rows = (
+        Row("last_hidden_state", "BertModel(...).last_hidden_state", "last"),
+        Row("d embeddings output", "hidden_states[0].grad", "d embeddings"),
+        *named_grad_rows(model.params),
+    )
+    title = f"BertModel ({model.config.num_hidden_layers} layers) vs transformers + autograd"
+    B, L = ids.shape
+    note = (f"batch {B} x {L} tokens ({int(mask.sum())} real), random upstream gradient; {len(model.params)} parameter "
+            "tensors; worst first. Names: transformers' (no 'bert.' prefix).")  # fmt: skip
+    report = compare(title, dtype, rtol, rows, ours, theirs, [note])
+    report.rows.sort(key=lambda row: (row.passed, -row.max_rel_err if not row.zero else 1.0))
+    return report
 
+
+def _run_reference(torch, ref, inputs, d, names) -> dict:
+    """transformers' BertModel on ``inputs`` and autograd of <d, last_hidden_state> -> last_hidden_state, the
+    gradient of the embeddings' output and of the parameters ``names``."""
     ref.zero_grad(set_to_none=True)
-    r = ref(*(torch.from_numpy(a) for a in (ids, mask, types)), output_hidden_states=True)
+    r = ref(*(torch.from_numpy(a) for a in inputs), output_hidden_states=True)
     r.hidden_states[0].retain_grad()
     r.last_hidden_state.backward(torch.from_numpy(d))
-    theirs = dict(ref.named_parameters())
-
-    report = CrosscheckReport(f"BertModel ({model.config.num_hidden_layers} layers) vs transformers + autograd",
-                              dtype, rtol)  # fmt: skip
-    report.compare("last_hidden_state", "BertModel(...).last_hidden_state", out.last_hidden_state,
-                   r.last_hidden_state.detach().numpy())  # fmt: skip
-    report.compare("d embeddings output", "hidden_states[0].grad", d_hidden[0], r.hidden_states[0].grad.numpy())
-    for name in model.params:
-        report.compare(f"d {name}", "autograd .grad", grads[name], theirs[name].grad.numpy())
-    report.rows.sort(key=lambda row: (row.passed, -row.max_rel_err if not row.zero else 1.0))
-    B, L = ids.shape
-    report.notes.append(
-        f"batch {B} x {L} tokens ({int(mask.sum())} real), random upstream gradient; {len(model.params)} parameter "
-        "tensors; worst first. Names: transformers' (no 'bert.' prefix)."
-    )
-    return report
+    grads = {name: p.grad.numpy() for name, p in ref.named_parameters() if name in names}
+    theirs = {"last": r.last_hidden_state.detach().numpy(), "d embeddings": r.hidden_states[0].grad.numpy()}
+    return {**theirs, **our_grads(grads)}

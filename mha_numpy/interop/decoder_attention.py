@@ -23,15 +23,30 @@ import sys
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from .. import masks as M
 from ..kv_cache import KVCache
-from ._harness import add_grad_rows, decode_calls, random_like
 from ._lazy import require
-from .llama import torch_cos_sin
-from .names import NameMap, params_from_state
+from .harness import (
+    Row,
+    compare,
+    decode,
+    decode_calls,
+    decoding_rows,
+    grad_rows,
+    hf_decode,
+    positions_of,
+    run_hf_attention,
+    run_ours,
+    shipped_gap,
+    tensor,
+    upstream,
+)
+from .llama import rope_note, torch_cos_sin
+from .names import NameMap
 from .report import CrosscheckReport, rtol_for
 
 
@@ -155,16 +170,7 @@ def eager_recorded(torch, module, float64: bool):
 
 def rotary_note(torch, kind: DecoderAttention, module, positions: np.ndarray, cos_t) -> str:
     """How far the model's own rotary module (float32 angles) is from the float64 (cos, sin) the check uses."""
-    rotary = getattr(sys.modules[type(module).__module__], kind.rotary)
-    cos_hf, _ = rotary(module.config)(torch.zeros(1, dtype=torch.float64), torch.from_numpy(positions))
-    err = float((cos_hf.double() - cos_t.double()).abs().max())
-    return f"HF's {rotary.__name__} (float32 angles) differs from the float64 cos by {err:.1e}; not used here"
-
-
-def _positions(positions, B: int, L: int) -> np.ndarray:
-    """None -> 0..L-1; (L,) or (B, L) -> (B, L) int64."""
-    pos = np.arange(L) if positions is None else np.asarray(positions)
-    return np.broadcast_to(pos, (B, L)).astype(np.int64)
+    return rope_note(torch, getattr(sys.modules[type(module).__module__], kind.rotary), module.config, positions, cos_t)
 
 
 def _own_steps(kind: DecoderAttention, module, float64: bool):
@@ -172,18 +178,12 @@ def _own_steps(kind: DecoderAttention, module, float64: bool):
     return kind.float64_steps(module) if float64 else nullcontext()
 
 
-def _run(torch, kind, module, tx, cos_sin, mask_t, d_output, float64, named):
-    """One call of the HF module in eval mode -> (output, weights, seen, gradients of x and the parameters);
-    float64: with its softmax and own float32 steps in float64."""
-    was_training = module.training
-    module.eval()
-    try:
-        with eager_recorded(torch, module, float64) as seen, _own_steps(kind, module, float64):
-            out_t, w_t = module(tx, cos_sin, mask_t)
-            g = torch.autograd.grad(out_t, [tx, *named.values()], torch.from_numpy(d_output))
-    finally:
-        module.train(was_training)
-    return out_t.detach().numpy(), w_t.detach().numpy(), seen, [t.numpy() for t in g]
+@contextmanager
+def in_float64(torch, kind: DecoderAttention, module, float64: bool):
+    """Within the block, ``eager_recorded`` (the dict it yields) and, with float64, the module's float32 steps in
+    float64."""
+    with eager_recorded(torch, module, float64) as seen, _own_steps(kind, module, float64):
+        yield seen
 
 
 def _checked(kind: DecoderAttention, module, mha, hidden_states) -> np.ndarray:
@@ -200,9 +200,28 @@ def _checked(kind: DecoderAttention, module, mha, hidden_states) -> np.ndarray:
     return x.astype(mha.dtype, copy=False)
 
 
-def _relative(ours: np.ndarray, theirs: np.ndarray) -> float:
-    """max |ours - theirs| relative to the largest entry of theirs (a CrosscheckReport row's measure)."""
-    return float(np.abs(ours - theirs).max() / max(np.abs(theirs).max(), np.finfo(np.float64).tiny))
+QKV_SEEN = (("Q", "query"), ("K", "key"), ("V", "value"))
+
+
+def attention_rows(module, name_map: NameMap) -> tuple[Row, ...]:
+    """The rows of ``crosscheck_decoder_attention``: the masks, the output, the weights, Q, K, V as the attention
+    takes them, the gradients of the input and of every parameter."""
+    hf_mask = "create_sliding_window_causal_mask" if module.sliding_window else "create_causal_mask"
+    return (
+        Row("mask (allowed keys)", hf_mask, "mask"),
+        Row("output", "module(x, (cos, sin), mask)", "output"),
+        Row("attention weights", "module(...)[1] (eager)", "weights"),
+        *(Row(f"{n} (as attended)", f"eager_attention_forward {theirs}", n) for n, theirs in QKV_SEEN),
+        Row("dL/dx (q+k+v paths)", "hidden_states.grad", "dx"),
+        *grad_rows(name_map),
+    )
+
+
+def _hf_call(torch, kind: DecoderAttention, module, x, cos_sin, mask_t, d_output, float64: bool) -> dict:
+    """HF's module on one call with autograd (``run_hf_attention``), and the Q, K, V its eager attention saw."""
+    with in_float64(torch, kind, module, float64) as seen:
+        theirs = run_hf_attention(torch, module, x, cos_sin, mask_t, d_output, kind.name_map)
+    return {**theirs, **{n: seen[name].numpy() for n, name in QKV_SEEN}}
 
 
 def crosscheck_decoder_attention(
@@ -211,47 +230,67 @@ def crosscheck_decoder_attention(
     """One call of a decoder's attention, ours (``mha``, imported from ``module``) against HF's eager module and
     torch autograd: see ``gemma2.crosscheck_hf_gemma2_attention``."""
     torch = require("torch")
-    x, name_map = _checked(kind, module, mha, hidden_states), kind.name_map
-    dtype, d = mha.dtype, mha.head_dim
-    rtol = rtol_for(dtype, rtol)
+    x, dtype = _checked(kind, module, mha, hidden_states), mha.dtype
     B, L, E = x.shape
-    pos = _positions(positions, B, L)  # (B, L)
-    d_output = random_like((B, L, E), dtype, rng) if d_output is None else np.asarray(d_output, dtype=dtype)
+    pos, d_output = positions_of(positions, B, L), upstream(d_output, x.shape, dtype, rng)
     mask = layer_mask(B, L, L, module.sliding_window, attention_mask)  # (B, 1, L, L)
-
-    out, cache = mha.forward(x, x, x, mask=mask, positions=pos)
-    ours = dict(Q=cache.Q, K=cache.K, V=cache.V, weights=cache.attn_weights)  # read before the backward
-    grads = mha.backward(d_output, cache)
-
-    tx = torch.from_numpy(np.ascontiguousarray(x)).requires_grad_()
-    cos_sin = torch_cos_sin(torch, pos, d, mha.rope_theta, dtype)
-    mask_t = hf_layer_mask(torch, module, tx, attention_mask)
-    named = dict(module.named_parameters())
+    ours, _ = run_ours(mha, (x, x, x), d_output, mask=mask, positions=pos)
+    cos_sin = torch_cos_sin(torch, pos, mha.head_dim, mha.rope_theta, dtype)
+    mask_t = hf_layer_mask(torch, module, tensor(torch, x), attention_mask)
     float64 = dtype == np.float64
-    out_t, w_t, seen, g = _run(torch, kind, module, tx, cos_sin, mask_t, d_output, float64, named)
-
-    report = CrosscheckReport(title, dtype, rtol)
-    hf_mask = "create_sliding_window_causal_mask" if module.sliding_window else "create_causal_mask"
-    report.compare("mask (allowed keys)", hf_mask, mask, allowed_of(mask_t, mask.shape))
-    report.compare("output", "module(x, (cos, sin), mask)", out, out_t)
-    report.compare("attention weights", "module(...)[1] (eager)", ours["weights"], w_t)
-    for name, theirs in (("Q", "query"), ("K", "key"), ("V", "value")):
-        report.compare(f"{name} (as attended)", f"eager_attention_forward {theirs}", ours[name], seen[theirs].numpy())
-    report.compare("dL/dx (q+k+v paths)", "hidden_states.grad", grads["query"] + grads["key"] + grads["value"], g[0])
-    add_grad_rows(report, grads, params_from_state(dict(zip(named, g[1:])), name_map), name_map)
-    report.notes.append(rotary_note(torch, kind, module, pos, cos_sin[0]))
+    theirs = _hf_call(torch, kind, module, x, cos_sin, mask_t, d_output, float64)
+    ours["mask"], theirs["mask"] = mask, allowed_of(mask_t, mask.shape)
+    notes = [rotary_note(torch, kind, module, pos, cos_sin[0])]
     if float64:  # the module as shipped: its softmax (and any own step) in float32
-        shipped, _, _, g_shipped = _run(torch, kind, module, tx, cos_sin, mask_t, d_output, False, named)
-        theirs_g = params_from_state(dict(zip(named, g_shipped[1:])), name_map)
-        err_y, err_g = _relative(out, shipped), max(_relative(grads[n], theirs_g[n]) for n in name_map)
-        report.notes.append(
-            f"HF run with its eager softmax{kind.float64_what} in float64; as shipped (in float32) "
-            f"it differs from ours by {err_y:.1e} (output) and {err_g:.1e} (worst parameter gradient), relative"
+        err_y, err_g = shipped_gap(ours, _hf_call(torch, kind, module, x, cos_sin, mask_t, d_output, False))
+        notes.append(
+            f"HF run with its eager softmax{kind.float64_what} in float64; as shipped (in float32) it differs "
+            f"from ours by {err_y:.1e} (output) and {err_g:.1e} (worst parameter gradient), relative"
         )
     real = B * L if attention_mask is None else int(np.sum(attention_mask))
     window = "full causal" if module.sliding_window is None else f"sliding window {module.sliding_window}"
-    report.notes.append(f"batch {B} x {L} tokens ({real} real), {window}, kernel {mha.impl}, random upstream gradient")
-    return report
+    notes.append(f"batch {B} x {L} tokens ({real} real), {window}, kernel {mha.impl}, random upstream gradient")
+    return compare(title, dtype, rtol_for(dtype, rtol), attention_rows(module, kind.name_map), ours, theirs, notes)
+
+
+DECODING_ROWS = (
+    Row("masks, every call", "create_*_mask(..., cache)", "masks"),
+    *decoding_rows("module(..., cache=)", full=("cached ≡ full forward", "ours, one masked forward"),
+                   keys=("cached keys (as attended)", "DynamicCache keys")),
+)  # fmt: skip
+"""The rows of ``crosscheck_decoder_kv_cache``."""
+
+
+def _ours_decoding(mha, x, calls, window, am) -> dict:
+    """Our decoding: ``KVCache`` and the layer's mask each call (recorded), and one forward of the whole sequence."""
+    B, L, _ = x.shape
+    kv, masks = KVCache(), np.zeros((B, 1, L, L), bool)
+
+    def step(a, b):  # the call's queries are positions a .. b - 1; its keys every position up to b - 1
+        mask = layer_mask(B, b - a, b, window, None if am is None else am[:, :b])  # (B, 1, b - a, b)
+        masks[:, :, a:b, :b] = mask
+        return mha.forward(x[:, a:b], x[:, a:b], x[:, a:b], mask=mask, kv_cache=kv)[0]
+
+    outputs = decode(calls, step)
+    full = mha.forward(x, x, x, mask=layer_mask(B, L, L, window, am))[0]
+    return {"masks": masks, "outputs": outputs, "full": full, "keys": kv.keys, "values": kv.values}
+
+
+def _hf_decoding(torch, kind: DecoderAttention, module, mha, x, calls, am) -> dict:
+    """HF's decoding with a ``DynamicCache`` and its own mask each call (recorded, on the positions 0 .. L - 1)."""
+    B, L, _ = x.shape
+    masks, float64 = np.zeros((B, 1, L, L), bool), mha.dtype == np.float64
+
+    def mask_of(a, b, cache):
+        mask_t = hf_layer_mask(torch, module, tensor(torch, x[:, a:b]), None if am is None else am[:, :b], cache)
+        seen = mask_t.shape[-1]  # the keys HF's layer attends to: the last `seen` of positions 0 .. b - 1
+        masks[:, :, a:b, b - seen : b] = allowed_of(mask_t, (B, 1, b - a, seen))
+        return mask_t
+
+    cos_sin = torch_cos_sin(torch, positions_of(None, B, L), mha.head_dim, mha.rope_theta, mha.dtype)
+    context = partial(in_float64, torch, kind, module, float64)
+    outputs, layer = hf_decode(torch, module, x, calls, cos_sin, mask_of, context)
+    return {"masks": masks, "outputs": outputs, "keys": layer.keys.numpy(), "values": layer.values.numpy()}
 
 
 def crosscheck_decoder_kv_cache(
@@ -260,48 +299,14 @@ def crosscheck_decoder_kv_cache(
     """Decoding with a cache, ours (``KVCache``) against ``module`` with a transformers ``DynamicCache`` (a sliding
     layer's keeps window - 1 past positions): see ``gemma2.crosscheck_hf_gemma2_kv_cache``."""
     torch = require("torch")
-    from transformers import DynamicCache
-
-    x, dtype, d = _checked(kind, module, mha, hidden_states), mha.dtype, mha.head_dim
-    rtol = rtol_for(dtype, rtol)
-    B, L, E = x.shape
+    x, window = _checked(kind, module, mha, hidden_states), module.sliding_window
+    L = x.shape[1]
     calls = decode_calls(L, prefill, chunk)
     am = None if attention_mask is None else np.asarray(attention_mask)
-    window = module.sliding_window
-
-    kv, ours, ours_masks = KVCache(), [], np.zeros((B, 1, L, L), bool)
-    for a, b in calls:  # the call's queries are positions a .. b - 1; its keys every position up to b - 1
-        mask = layer_mask(B, b - a, b, window, None if am is None else am[:, :b])  # (B, 1, b - a, b)
-        ours.append(mha.forward(x[:, a:b], x[:, a:b], x[:, a:b], mask=mask, kv_cache=kv)[0])
-        ours_masks[:, :, a:b, :b] = mask
-    ours = np.concatenate(ours, axis=1)  # (B, L, E)
-    full, _ = mha.forward(x, x, x, mask=layer_mask(B, L, L, window, am))
-
-    hf_cache = DynamicCache(config=module.config)
-    cos_t, sin_t = torch_cos_sin(torch, _positions(None, B, L), d, mha.rope_theta, dtype)
-    tx = torch.from_numpy(np.ascontiguousarray(x))
-    theirs, theirs_masks = [], np.zeros((B, 1, L, L), bool)
-    was_training = module.training
-    module.eval()
-    try:
-        float64 = dtype == np.float64
-        with torch.no_grad(), eager_recorded(torch, module, float64), _own_steps(kind, module, float64):
-            for a, b in calls:
-                mask_t = hf_layer_mask(torch, module, tx[:, a:b], None if am is None else am[:, :b], hf_cache)
-                theirs.append(module(tx[:, a:b], (cos_t[:, a:b], sin_t[:, a:b]), mask_t, cache=hf_cache)[0].numpy())
-                seen = mask_t.shape[-1]  # the keys HF's layer attends to: the last `seen` of positions 0 .. b - 1
-                theirs_masks[:, :, a:b, b - seen : b] = allowed_of(mask_t, (B, 1, b - a, seen))
-    finally:
-        module.train(was_training)
-    layer = hf_cache.layers[module.layer_idx]
-    kept = layer.keys.shape[2]  # a sliding layer keeps window - 1 past positions
-
-    report = CrosscheckReport(title, dtype, rtol)
-    report.compare("masks, every call", "create_*_mask(..., cache)", ours_masks, theirs_masks)
-    report.compare("outputs, every call", "module(..., cache=)", ours, np.concatenate(theirs, axis=1))
-    report.compare("cached ≡ full forward", "ours, one masked forward", ours, full, note="ours vs ours")
-    report.compare("cached keys (as attended)", "DynamicCache keys", kv.keys[:, :, L - kept :], layer.keys.numpy())
-    report.compare("cached values", "DynamicCache values", kv.values[:, :, L - kept :], layer.values.numpy())
+    ours = _ours_decoding(mha, x, calls, window, am)
+    theirs = _hf_decoding(torch, kind, module, mha, x, calls, am)
+    kept = theirs["keys"].shape[2]  # a sliding layer keeps window - 1 past positions
+    ours["keys"], ours["values"] = ours["keys"][:, :, L - kept :], ours["values"][:, :, L - kept :]
     what = "full causal" if window is None else f"sliding window {window}: HF's cache keeps the last {kept}"
-    report.notes.append(f"calls {calls}; {what}; kernel {mha.impl}; our KVCache holds {len(kv)} positions")
-    return report
+    note = f"calls {calls}; {what}; kernel {mha.impl}; our KVCache holds {L} positions"
+    return compare(title, mha.dtype, rtol_for(mha.dtype, rtol), DECODING_ROWS, ours, theirs, [note])

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import types
 from contextlib import contextmanager, nullcontext
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,11 +41,25 @@ import numpy as np
 from .. import masks as M
 from ..kv_cache import LatentCache
 from ..latent import MultiHeadLatentAttention
-from ._harness import additive_tensor, decode_calls, random_like
 from ._lazy import require
 from .convert import numpy_dtype_of
-from .llama import hf_rope_theta, torch_cos_sin
-from .names import NameMap, describe, params_from_state
+from .harness import (
+    Row,
+    additive_tensor,
+    compare,
+    decode,
+    decode_calls,
+    decoding_rows,
+    grad_rows,
+    hf_decode,
+    positions_of,
+    run_hf_attention,
+    run_ours,
+    shipped_gap,
+    upstream,
+)
+from .llama import hf_rope_theta, hidden, torch_cos_sin
+from .names import NameMap, params_from_state
 from .report import CrosscheckReport, rtol_for
 
 if TYPE_CHECKING:  # annotations only
@@ -192,19 +207,12 @@ def _additive(torch, mask, dtype):
     return m.reshape((1,) * (4 - m.ndim) + tuple(m.shape))
 
 
-def _positions(positions, B: int, L: int) -> np.ndarray:
-    """None -> 0..L-1; (L,) or (B, L) -> (B, L) int64."""
-    return np.broadcast_to(np.arange(L) if positions is None else np.asarray(positions), (B, L)).astype(np.int64)
-
-
-def _run_hf(torch, module, x, cos_sin, mask, d_output):
-    """-> (output, attention weights or None, d hidden_states, {name: gradient}) of the module, autograd of d."""
-    named = dict(module.named_parameters())
-    tx = torch.from_numpy(np.ascontiguousarray(x)).requires_grad_()
-    out, weights = module(tx, cos_sin, mask)
-    g = torch.autograd.grad(out, [tx, *named.values()], torch.from_numpy(d_output))
-    w = None if weights is None else weights.detach().numpy()
-    return out.detach().numpy(), w, g[0].numpy(), dict(zip(named, (t.numpy() for t in g[1:])))
+ROWS = (
+    Row("output", "module(x, (cos, sin), mask)", "output"),
+    Row("attention weights", "eager attn_weights", "weights", missing=""),  # the note says why
+    Row("dL/dx (query + latent paths)", "hidden_states.grad", "dx"),
+)
+"""The rows of ``crosscheck_hf_deepseek_v3_attention`` before the gradients of the parameters."""
 
 
 def crosscheck_hf_deepseek_v3_attention(
@@ -227,62 +235,53 @@ def crosscheck_hf_deepseek_v3_attention(
     shipped in a note); float32: HF as given, with (cos, sin) from its own ``DeepseekV3RotaryEmbedding``.
     """
     torch = require("torch")
-    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
-
-    mla = from_hf_deepseek_v3_attention(module)
-    if kernel is not None:
-        mla.kernel = kernel
-    dtype = mla.dtype
-    rtol = rtol_for(dtype, rtol)
-    x = np.asarray(hidden_states).astype(dtype, copy=False)
-    B, L, _ = x.shape
-    pos = _positions(positions, B, L)  # (B, L)
-    mask = M.causal_mask(L) if mask is None else mask
-    d_output = random_like(x.shape, dtype, rng) if d_output is None else np.asarray(d_output, dtype=dtype)
-
-    out, cache = mla.forward(x, mask=mask, positions=pos)
-    grads = mla.backward(d_output, cache)
-    mask_t = _additive(torch, mask, dtype)
-    shipped_cos_sin = DeepseekV3RotaryEmbedding(module.config)(torch.from_numpy(x), torch.from_numpy(pos))
-    was_training = module.training
-    module.eval()
-    try:
-        if dtype == np.float64:
-            shipped = _run_hf(torch, module, x, shipped_cos_sin, mask_t, d_output)
-            cos_sin = torch_cos_sin(torch, pos, mla.qk_rope_head_dim, mla.rope_theta, dtype)  # float64 angles
-            with float64_throughout(module):
-                out_t, w_t, dx_t, g_t = _run_hf(torch, module, x, cos_sin, mask_t, d_output)
-        else:  # the module as shipped, its own rotary embedding included
-            out_t, w_t, dx_t, g_t = _run_hf(torch, module, x, shipped_cos_sin, mask_t, d_output)
-    finally:
-        module.train(was_training)
-
-    c = mla.config
-    title = (f"MultiHeadLatentAttention vs transformers DeepseekV3Attention (H={c.num_heads}, r={c.kv_lora_rank}, "
-             f"q_lora_rank={c.q_lora_rank}, dn={c.qk_nope_head_dim}, dr={c.qk_rope_head_dim}, dv={c.v_head_dim}, "
-             f"interleave={c.rope_interleave}, kernel {mla.impl})")  # fmt: skip
-    report = CrosscheckReport(title, dtype, rtol)
-    report.compare("output", "module(x, (cos, sin), mask)", out, out_t)
-    if w_t is not None:
-        report.compare("attention weights", "eager attn_weights", cache.attn_weights, w_t)
-    else:
-        report.notes.append(f"no attention weights row: {module.config._attn_implementation} returns none")
-    report.compare("dL/dx (query + latent paths)", "hidden_states.grad", grads["query"] + grads["key"], dx_t)
-    name_map = {ours: HF_DEEPSEEK_V3_NAME_MAP[ours] for ours in mla.params}
-    theirs = params_from_state(g_t, name_map)
-    for ours in name_map:
-        report.compare(f"dL/d{ours}", describe(name_map[ours]), grads[ours], theirs[ours])
+    mla = _imported(module, kernel)
+    dtype, x, cfg = mla.dtype, hidden(hidden_states, mla.dtype), module.config
+    pos, d_output = positions_of(positions, *x.shape[:2]), upstream(d_output, x.shape, dtype, rng)  # pos (B, L)
+    mask = M.causal_mask(x.shape[1]) if mask is None else mask
+    ours, _ = run_ours(mla, (x,), d_output, dx_from=("query", "key"), mask=mask, positions=pos)
+    name_map = {n: HF_DEEPSEEK_V3_NAME_MAP[n] for n in mla.params}
+    shipped, theirs = _hf_call(torch, module, x, pos, _additive(torch, mask, dtype), d_output, name_map)
+    no_weights = f"no attention weights row: {cfg._attn_implementation} returns none"
+    notes = [no_weights] if theirs["weights"] is None else []
     if dtype == np.float64:
-        out_s, _, _, g_s = shipped
-        err_y = np.abs(out_s - out).max() / np.abs(out_s).max()
-        shipped_grads = params_from_state(g_s, name_map)
-        err_g = max(np.abs(shipped_grads[n] - grads[n]).max() / np.abs(shipped_grads[n]).max() for n in name_map)
-        report.notes.append(
+        err_y, err_g = shipped_gap(ours, shipped)
+        notes.append(
             "HF run with its RMSNorms and softmax in float64 (float64_throughout) and float64 (cos, sin); the module "
             f"as shipped (those and its rotary embedding in float32) differs from ours by {err_y:.1e} (output) and "
             f"{err_g:.1e} (worst parameter gradient), relative to the largest"
         )
-    return report
+    return compare(_title(cfg, mla), dtype, rtol_for(dtype, rtol), ROWS + grad_rows(name_map), ours, theirs, notes)
+
+
+def _title(cfg, mla) -> str:
+    return (f"MultiHeadLatentAttention vs transformers DeepseekV3Attention (H={cfg.num_attention_heads}, "
+            f"r={cfg.kv_lora_rank}, q_lora_rank={cfg.q_lora_rank}, dn={cfg.qk_nope_head_dim}, "
+            f"dr={cfg.qk_rope_head_dim}, dv={cfg.v_head_dim}, interleave={bool(cfg.rope_interleave)}, "
+            f"kernel {mla.impl})")  # fmt: skip
+
+
+def _imported(module, kernel) -> MultiHeadLatentAttention:
+    """``from_hf_deepseek_v3_attention(module)`` on ``kernel`` (None: the default)."""
+    mla = from_hf_deepseek_v3_attention(module)
+    if kernel is not None:
+        mla.kernel = kernel
+    return mla
+
+
+def _hf_call(torch, module, x, pos, mask_t, d_output, name_map) -> tuple[dict, dict]:
+    """HF's module under autograd -> (as shipped, with its own float32 rotary embedding; the compared run: in
+    float64 inside ``float64_throughout`` with float64 (cos, sin), in float32 as shipped)."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
+
+    cfg = module.config
+    shipped_cos_sin = DeepseekV3RotaryEmbedding(cfg)(torch.from_numpy(x), torch.from_numpy(pos))
+    shipped = run_hf_attention(torch, module, x, shipped_cos_sin, mask_t, d_output, name_map)
+    if x.dtype != np.float64:
+        return shipped, shipped
+    cos_sin = torch_cos_sin(torch, pos, cfg.qk_rope_head_dim, hf_rope_theta(cfg), x.dtype)  # float64 angles
+    with float64_throughout(module):
+        return shipped, run_hf_attention(torch, module, x, cos_sin, mask_t, d_output, name_map)
 
 
 def crosscheck_hf_deepseek_v3_cache(
@@ -299,45 +298,25 @@ def crosscheck_hf_deepseek_v3_cache(
     forward; the cached latents (after their norm) and rope keys (after RoPE) against HF's cache.
     """
     torch = require("torch")
-    from transformers import DynamicCache
-
-    mla = from_hf_deepseek_v3_attention(module)
-    if kernel is not None:
-        mla.kernel = kernel
-    dtype = mla.dtype
-    rtol = rtol_for(dtype, rtol)
-    x = np.asarray(hidden_states).astype(dtype, copy=False)
+    mla = _imported(module, kernel)
+    dtype, x, cfg = mla.dtype, hidden(hidden_states, mla.dtype), module.config
     B, L, _ = x.shape
-    calls = decode_calls(L, prefill)
+    calls, cache = decode_calls(L, prefill), LatentCache()
+    ours = {"outputs": decode(calls, lambda a, b: mla.forward(x[:, a:b], kv_cache=cache)[0])}
+    ours.update(full=mla.forward(x, mask=M.causal_mask(L))[0], keys=cache.latent, values=cache.k_rope)
+    cos_sin = torch_cos_sin(torch, positions_of(None, B, L), cfg.qk_rope_head_dim, hf_rope_theta(cfg), dtype)
+    context = partial(float64_throughout, module) if dtype == np.float64 else nullcontext
+    outputs, layer = hf_decode(torch, module, x, calls, cos_sin, partial(_causal_call_mask, torch, dtype), context)
+    theirs = {"outputs": outputs, "keys": layer.keys.numpy(), "values": layer.values.numpy()}
+    title = f"LatentCache vs transformers DynamicCache (prefill {prefill}, then {L - prefill} single steps)"
+    rows = decoding_rows("DeepseekV3Attention(..., cache=)", keys=("cached latents c_kv", "DynamicCache keys"),
+                         values=("cached rope keys", "DynamicCache values"))  # fmt: skip
+    kv_bytes = B * L * cfg.num_attention_heads * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim)
+    note = (f"our LatentCache: {cache.nbytes} bytes for {len(cache)} positions ({cache.bytes_per_token} per token; "
+            f"K and V would take {kv_bytes * x.itemsize})")  # fmt: skip
+    return compare(title, dtype, rtol_for(dtype, rtol), rows, ours, theirs, [note])
 
-    cache = LatentCache()
-    ours = np.concatenate([mla.forward(x[:, a:b], kv_cache=cache)[0] for a, b in calls], axis=1)
-    full, _ = mla.forward(x, mask=M.causal_mask(L))
 
-    hf_cache = DynamicCache(config=module.config)
-    cos_t, sin_t = torch_cos_sin(torch, _positions(None, B, L), mla.qk_rope_head_dim, mla.rope_theta, dtype)
-    tx = torch.from_numpy(np.ascontiguousarray(x))
-    theirs = []
-    was_training = module.training
-    module.eval()
-    try:
-        with torch.no_grad(), float64_throughout(module) if dtype == np.float64 else nullcontext():
-            for a, b in calls:
-                mask = _additive(torch, M.causal_mask(b - a, b, diagonal=a), dtype)  # bottom-right: after the cache
-                theirs.append(module(tx[:, a:b], (cos_t[:, a:b], sin_t[:, a:b]), mask, cache=hf_cache)[0].numpy())
-    finally:
-        module.train(was_training)
-    layer = hf_cache.layers[module.layer_idx]
-
-    report = CrosscheckReport(
-        f"LatentCache vs transformers DynamicCache (prefill {prefill}, then {L - prefill} single steps)", dtype, rtol
-    )
-    report.compare("outputs, every call", "DeepseekV3Attention(..., cache=)", ours, np.concatenate(theirs, axis=1))
-    report.compare("cached ≡ full causal", "ours, one causal forward", ours, full, note="ours vs ours")
-    report.compare("cached latents c_kv", "DynamicCache keys", cache.latent, layer.keys.numpy())
-    report.compare("cached rope keys", "DynamicCache values", cache.k_rope, layer.values.numpy())
-    report.notes.append(
-        f"our LatentCache: {cache.nbytes} bytes for {len(cache)} positions ({cache.bytes_per_token} per token; "
-        f"K and V would take {B * L * mla.num_heads * (mla.qk_head_dim + mla.v_head_dim) * x.itemsize})"
-    )
-    return report
+def _causal_call_mask(torch, dtype, a: int, b: int, cache=None):
+    """The causal mask of a decoding call (bottom-right: after the cache), HF's 4-D additive tensor."""
+    return _additive(torch, M.causal_mask(b - a, b, diagonal=a), dtype)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager, nullcontext
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -39,10 +40,24 @@ import numpy as np
 from .. import masks as M
 from ..attention import MultiHeadAttention
 from ..kv_cache import KVCache
-from ._harness import add_grad_rows, decode_calls, random_like
 from ._lazy import require
-from .llama import from_llama_like, llama_like_sizes, torch_cos_sin
-from .names import HF_LLAMA_NAME_MAP, NameMap, params_from_state
+from .harness import (
+    Row,
+    additive_tensor,
+    compare,
+    decode,
+    decode_calls,
+    decoding_rows,
+    grad_rows,
+    hf_decode,
+    positions_of,
+    relative,
+    run_hf_attention,
+    run_ours,
+    upstream,
+)
+from .llama import causal_call_mask, from_llama_like, hidden, llama_like_sizes, rope_note, torch_cos_sin
+from .names import HF_LLAMA_NAME_MAP, NameMap
 from .report import CrosscheckReport, rtol_for
 
 if TYPE_CHECKING:  # annotations only
@@ -113,25 +128,19 @@ def _bool_mask(attention_mask, B: int, L: int) -> np.ndarray:
     return mask
 
 
-def _run_hf(torch, module, x, cos_sin, mask, d_output):
-    """-> (output, attention weights, gradients of x and of each named parameter) of HF's module, autograd."""
-    tx = torch.from_numpy(np.ascontiguousarray(x)).requires_grad_()
-    named = dict(module.named_parameters())
-    additive = torch.from_numpy(np.ascontiguousarray(M.to_additive(mask, x.dtype)))  # (B, 1, L, L), 0 / -inf
-    out, weights = module(tx, cos_sin, additive)
-    grads = torch.autograd.grad(out, [tx, *named.values()], torch.from_numpy(d_output))
-    return out.detach().numpy(), weights.detach().numpy(), grads[0].numpy(), dict(zip(named, grads[1:]))
+def _imported(module, kernel) -> MultiHeadAttention:
+    """``from_hf_diffllama_attention(module)`` on ``kernel``."""
+    mha = from_hf_diffllama_attention(module)
+    mha.kernel = kernel
+    return mha
 
 
-def _rope_note(torch, module, positions: np.ndarray, cos_t) -> str:
-    """How far HF's own rotary module (float32 angles) is from the float64 (cos, sin) given to the attention."""
-    from transformers.models.diffllama.modeling_diffllama import DiffLlamaRotaryEmbedding
-
-    cos_hf, _ = DiffLlamaRotaryEmbedding(module.config)(
-        torch.zeros(1, dtype=torch.float64), torch.from_numpy(positions)
-    )
-    err = float((cos_hf.double() - cos_t.double()).abs().max())
-    return f"HF's DiffLlamaRotaryEmbedding (float32 angles) differs from the float64 cos by {err:.1e}; not used here"
+ROWS = (
+    Row("output", "module(x, (cos, sin), mask)", "output"),
+    Row("attention weights", "its returned attn_weights", "weights"),
+    Row("dL/dx (q+k+v paths)", "hidden_states.grad", "dx"),
+)
+"""The rows of ``crosscheck_hf_diffllama_attention`` before the gradients of the parameters."""
 
 
 def crosscheck_hf_diffllama_attention(
@@ -152,53 +161,38 @@ def crosscheck_hf_diffllama_attention(
     with respect to the input and every parameter, the four λ vectors included.
     """
     torch = require("torch")
-    mha = from_hf_diffllama_attention(module)
-    mha.kernel = kernel
-    dtype, H, d = mha.dtype, mha.num_heads, mha.head_dim
-    rtol = rtol_for(dtype, rtol)
-    x = np.asarray(hidden_states).astype(dtype, copy=False)
-    B, L, E = x.shape
-    mask = _bool_mask(attention_mask, B, L)
-    d_output = random_like((B, L, E), dtype, rng) if d_output is None else np.asarray(d_output, dtype=dtype)
+    from transformers.models.diffllama.modeling_diffllama import DiffLlamaRotaryEmbedding
 
-    out, cache = mha.forward(x, x, x, mask=mask)
-    grads = mha.backward(d_output, cache)
-
-    pos = np.broadcast_to(np.arange(L), (B, L)).astype(np.int64)
-    cos_sin = torch_cos_sin(torch, pos, d, mha.rope_theta, dtype)
-    was_training = module.training
-    module.eval()
-    try:
-        shipped = _run_hf(torch, module, x, cos_sin, mask, d_output)
-        if dtype == np.float64:
-            with float64_throughout():
-                theirs = _run_hf(torch, module, x, cos_sin, mask, d_output)
-        else:
-            theirs = shipped
-    finally:
-        module.train(was_training)
-    out_t, weights_t, dx_t, grads_t = theirs
-
-    title = (f"transformers DiffLlamaAttention (H={H}, Hkv={mha.num_kv_heads}, layer_idx={mha.diff_layer_idx}, "
-             f"{module.config._attn_implementation}) on {mha.kernel.name}")  # fmt: skip
-    report = CrosscheckReport(title, dtype, rtol)
-    report.compare("output", "module(x, (cos, sin), mask)", out, out_t)
-    report.compare("attention weights", "its returned attn_weights", cache.attn_weights, weights_t)
-    report.compare("dL/dx (q+k+v paths)", "hidden_states.grad", grads["query"] + grads["key"] + grads["value"], dx_t)
-    name_map = {ours: entry for ours, entry in HF_DIFFLLAMA_NAME_MAP.items() if ours in mha.params}
-    grads_theirs = params_from_state({n: g.numpy() for n, g in grads_t.items()}, name_map)
-    add_grad_rows(report, grads, grads_theirs, name_map)
+    mha = _imported(module, kernel)
+    dtype, x = mha.dtype, hidden(hidden_states, mha.dtype)
+    (B, L, _), pos = x.shape, positions_of(None, *x.shape[:2])
+    mask, d_output = _bool_mask(attention_mask, B, L), upstream(d_output, x.shape, dtype, rng)
+    ours, _ = run_ours(mha, (x, x, x), d_output, mask=mask)
+    cos_sin = torch_cos_sin(torch, pos, mha.head_dim, mha.rope_theta, dtype)
+    name_map = {n: entry for n, entry in HF_DIFFLLAMA_NAME_MAP.items() if n in mha.params}
+    shipped, theirs = _hf_calls(torch, module, x, cos_sin, additive_tensor(torch, mask, dtype), d_output, name_map)
+    title = (f"transformers DiffLlamaAttention (H={mha.num_heads}, Hkv={mha.num_kv_heads}, "
+             f"layer_idx={mha.diff_layer_idx}, {module.config._attn_implementation}) on {mha.kernel.name}")  # fmt: skip
     real = B * L if attention_mask is None else int(np.sum(attention_mask))
-    report.notes.append(f"batch {B} x {L} tokens ({real} real), causal, random upstream gradient")
-    report.notes.append(_rope_note(torch, module, pos, cos_sin[0]))
+    notes = [f"batch {B} x {L} tokens ({real} real), causal, random upstream gradient",
+             rope_note(torch, DiffLlamaRotaryEmbedding, module.config, pos, cos_sin[0])]  # fmt: skip
     if dtype == np.float64:
-        err_y = np.abs(shipped[0] - out).max() / np.abs(shipped[0]).max()
-        err_w = np.abs(shipped[1] - cache.attn_weights).max() / np.abs(shipped[1]).max()
-        report.notes.append(
+        err_y, err_w = relative(ours["output"], shipped["output"]), relative(ours["weights"], shipped["weights"])
+        notes.append(
             f"HF run with its softmax and λ in float64 (float64_throughout); as shipped (both in float32) it differs "
             f"from ours by {err_y:.1e} (output) and {err_w:.1e} (weights), relative to the largest"
         )
-    return report
+    return compare(title, dtype, rtol_for(dtype, rtol), ROWS + grad_rows(name_map), ours, theirs, notes)
+
+
+def _hf_calls(torch, module, x, cos_sin, mask_t, d_output, name_map) -> tuple[dict, dict]:
+    """``run_hf_attention`` as shipped, and the compared run: in float64 inside ``float64_throughout``, in float32
+    the same."""
+    shipped = run_hf_attention(torch, module, x, cos_sin, mask_t, d_output, name_map)
+    if x.dtype != np.float64:
+        return shipped, shipped
+    with float64_throughout():
+        return shipped, run_hf_attention(torch, module, x, cos_sin, mask_t, d_output, name_map)
 
 
 def crosscheck_hf_diffllama_kv_cache(
@@ -215,45 +209,20 @@ def crosscheck_hf_diffllama_kv_cache(
     forward; the cached keys (after RoPE) and values (d wide: the pairing happens after the cache) against HF's.
     """
     torch = require("torch")
-    from transformers import DynamicCache
-
-    mha = from_hf_diffllama_attention(module)
-    mha.kernel = kernel
-    dtype, d = mha.dtype, mha.head_dim
-    rtol = rtol_for(dtype, rtol)
-    x = np.asarray(hidden_states).astype(dtype, copy=False)
+    mha = _imported(module, kernel)
+    dtype, x = mha.dtype, hidden(hidden_states, mha.dtype)
     B, L, E = x.shape
-    calls = decode_calls(L, prefill)
-
-    kv = KVCache()
-    ours = np.concatenate([mha.forward(x[:, a:b], x[:, a:b], x[:, a:b], kv_cache=kv)[0] for a, b in calls], axis=1)
-    full, _ = mha.forward(x, x, x, mask=M.causal_mask(L))
-
-    hf_cache = DynamicCache(config=module.config)
-    cos_t, sin_t = torch_cos_sin(torch, np.broadcast_to(np.arange(L), (B, L)), d, mha.rope_theta, dtype)
-    tx, theirs = torch.from_numpy(np.ascontiguousarray(x)), []
-    was_training = module.training
-    module.eval()
-    try:
-        with torch.no_grad(), float64_throughout() if dtype == np.float64 else nullcontext():
-            for a, b in calls:
-                causal = torch.from_numpy(M.to_additive(M.causal_mask(b - a, b, diagonal=a), dtype)[None, None])
-                theirs.append(module(tx[:, a:b], (cos_t[:, a:b], sin_t[:, a:b]), causal, cache=hf_cache)[0].numpy())
-    finally:
-        module.train(was_training)
-    layer = hf_cache.layers[module.layer_idx]
-
-    report = CrosscheckReport(
-        f"KV cache vs transformers DynamicCache (prefill {prefill}, then {L - prefill} single steps), "
-        f"differential attention on {mha.kernel.name}",
-        dtype,
-        rtol,
-    )
-    report.compare("outputs, every call", "DiffLlamaAttention(..., cache=)", ours, np.concatenate(theirs, axis=1))
-    report.compare("cached ≡ full causal", "ours, one causal forward", ours, full, note="ours vs ours")
-    report.compare("cached keys (RoPE'd)", "DynamicCache keys", kv.keys, layer.keys.numpy())
-    report.compare("cached values", "DynamicCache values", kv.values, layer.values.numpy())
-    return report
+    calls, kv = decode_calls(L, prefill), KVCache()
+    ours = {"outputs": decode(calls, lambda a, b: mha.forward(*(x[:, a:b],) * 3, kv_cache=kv)[0])}
+    ours.update(full=mha.forward(x, x, x, mask=M.causal_mask(L))[0], keys=kv.keys, values=kv.values)
+    cos_sin = torch_cos_sin(torch, positions_of(None, B, L), mha.head_dim, mha.rope_theta, dtype)
+    context = float64_throughout if dtype == np.float64 else nullcontext
+    outputs, layer = hf_decode(torch, module, x, calls, cos_sin, partial(causal_call_mask, torch, dtype), context)
+    theirs = {"outputs": outputs, "keys": layer.keys.numpy(), "values": layer.values.numpy()}
+    title = (f"KV cache vs transformers DynamicCache (prefill {prefill}, then {L - prefill} single steps), "
+             f"differential attention on {mha.kernel.name}")  # fmt: skip
+    rows = decoding_rows("DiffLlamaAttention(..., cache=)")
+    return compare(title, dtype, rtol_for(dtype, rtol), rows, ours, theirs)
 
 
 def hf_diffllama_attention(

@@ -35,18 +35,33 @@ What differs from Llama, read in transformers' modeling_gpt_oss.py:
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import functional as F
 from .. import masks as M
 from ..attention import MultiHeadAttention
 from ..kv_cache import KVCache
-from ._harness import add_grad_rows, decode_calls, random_like
 from ._lazy import require
-from .llama import from_llama_like
-from .names import HF_LLAMA_NAME_MAP, params_from_state
+from .harness import (
+    Row,
+    compare,
+    decode,
+    decode_calls,
+    decoding_rows,
+    eval_mode,
+    grad_rows,
+    hf_decode,
+    positions_of,
+    relative,
+    run_hf_attention,
+    run_ours,
+    tensor,
+    upstream,
+)
+from .llama import LLAMA_ROWS, from_llama_like, hf_qk_after_rope, hidden, ours_qk_after_rope
+from .names import HF_LLAMA_NAME_MAP
 from .report import CrosscheckReport, rtol_for
 
 if TYPE_CHECKING:  # annotations only
@@ -79,11 +94,6 @@ def layer_mask(module: GptOssAttention, Lq: int, Lk: int | None = None, attentio
     return mask if attention_mask is None else M.combine_masks(mask, M.padding_mask(attention_mask=attention_mask))
 
 
-def _text_positions(B: int, L: int) -> np.ndarray:
-    """(B, L) int64: 0 ... L-1 for every sequence."""
-    return np.broadcast_to(np.arange(L), (B, L)).astype(np.int64)
-
-
 def torch_cos_sin_halves(torch, positions: np.ndarray, head_dim: int, theta: float, dtype):
     """GptOssRotaryEmbedding's (cos, sin) (B, L, d/2), its formula in float64 with torch ops, cast to dtype."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (d/2,)
@@ -92,36 +102,42 @@ def torch_cos_sin_halves(torch, positions: np.ndarray, head_dim: int, theta: flo
     return freqs.cos().to(tdtype), freqs.sin().to(tdtype)
 
 
-def _hf_rope_note(torch, module, x_t, mask_t, positions: np.ndarray, cos_t, out) -> str:
+def _hf_rope_note(torch, module, x, mask_t, positions: np.ndarray, cos_t, out) -> str:
     """How far HF's own rotary module (float32 angles) is from the float64 (cos, sin), and the module's output with
     it (as shipped) from ours."""
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRotaryEmbedding
 
+    x_t = tensor(torch, x)
     cos_hf, sin_hf = GptOssRotaryEmbedding(module.config)(x_t, torch.from_numpy(positions))
     err = float((cos_hf.double() - cos_t.double()).abs().max())
-    with torch.no_grad():
+    with eval_mode(module), torch.no_grad():
         shipped = module(x_t, (cos_hf, sin_hf), mask_t)[0].numpy()
-    gap = float(np.abs(shipped - out).max() / np.abs(shipped).max())
     return (
         f"HF's GptOssRotaryEmbedding (float32 angles) differs from the float64 cos by {err:.1e}; with it (as shipped) "
-        f"the output is {gap:.1e} (max rel) from ours"
+        f"the output is {relative(out, shipped):.1e} (max rel) from ours"
     )
 
 
-def _eval(module):
-    """The module in eval mode (no dropout) until the with block ends; its mode restored after."""
-    from contextlib import contextmanager
+def hf_layer_mask(torch, module, x, keep, pos):
+    """The mask GptOssModel makes for the module's layer (``create_causal_mask`` or
+    ``create_sliding_window_causal_mask``, with the padding of ``keep``): (B, 1, L, L) additive, 0 / finfo.min."""
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-    @contextmanager
-    def scope():
-        was_training = module.training
-        module.eval()
-        try:
-            yield module
-        finally:
-            module.train(was_training)
+    make = create_sliding_window_causal_mask if getattr(module, "sliding_window", None) else create_causal_mask
+    t_keep = None if keep is None else tensor(torch, np.asarray(keep, dtype=np.int64))
+    return make(config=module.config, inputs_embeds=tensor(torch, x), attention_mask=t_keep, cache=None,
+                position_ids=torch.from_numpy(pos))  # fmt: skip
 
-    return scope()
+
+def attention_rows(name_map) -> tuple[Row, ...]:
+    """The rows of ``crosscheck_hf_gpt_oss_attention``."""
+    return (
+        Row("mask (1 = may attend)", "create_*_mask", "mask"),
+        Row("output", "module(x, (cos, sin), mask)", "output"),
+        Row("attn weights (keys')", "eager probs[..., :-1]", "weights"),
+        *LLAMA_ROWS[1:],  # Q and K after RoPE, dL/dx
+        *grad_rows(name_map),
+    )
 
 
 def crosscheck_hf_gpt_oss_attention(
@@ -143,59 +159,34 @@ def crosscheck_hf_gpt_oss_attention(
     upstream gradient with respect to the input and every parameter, the sinks included.
     """
     torch = require("torch")
-    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
-    from transformers.models.gpt_oss.modeling_gpt_oss import apply_rotary_pos_emb
-
     mha = from_hf_gpt_oss_attention(module)
     mha.kernel = impl
-    dtype, H, Hkv, d = mha.dtype, mha.num_heads, mha.num_kv_heads, mha.head_dim
-    rtol = rtol_for(dtype, rtol)
-    x = np.asarray(hidden_states).astype(dtype, copy=False)
-    B, L, E = x.shape
-    pos = _text_positions(B, L)  # (B, L) 0 ... L-1 (padded positions too, as GptOssModel's default)
-    d_output = random_like((B, L, E), dtype, rng) if d_output is None else np.asarray(d_output, dtype=dtype)
+    dtype, x = mha.dtype, hidden(hidden_states, mha.dtype)
+    pos = positions_of(None, *x.shape[:2])  # 0 ... L-1 (padded positions too, as GptOssModel's default)
     keep = None if attention_mask is None else np.asarray(attention_mask)
-    mask = layer_mask(module, L, attention_mask=keep)
-
-    out, cache = mha.forward(x, x, x, mask=mask)
-    grads = mha.backward(d_output, cache)
-    P = mha.params
-    q_heads = F.split_heads_forward(F.linear_forward(x, P["W_q"], P.get("b_q"))[0], H)[0]  # (B, H, L, d)
-    k_heads = F.split_heads_forward(F.linear_forward(x, P["W_k"], P.get("b_k"))[0], Hkv)[0]  # (B, Hkv, L, d)
-    Q, K = F.rope_forward(q_heads, pos, mha.rope_theta)[0], F.rope_forward(k_heads, pos, mha.rope_theta)[0]
-
-    tx = torch.from_numpy(np.ascontiguousarray(x)).requires_grad_()
-    make = create_sliding_window_causal_mask if getattr(module, "sliding_window", None) else create_causal_mask
-    t_keep = None if keep is None else torch.from_numpy(np.ascontiguousarray(keep, dtype=np.int64))
-    hf_mask = make(config=module.config, inputs_embeds=tx, attention_mask=t_keep, cache=None,
-                   position_ids=torch.from_numpy(pos))  # fmt: skip  # (B, 1, L, L) additive: 0 / finfo.min
-    cos_t, sin_t = torch_cos_sin_halves(torch, pos, d, mha.rope_theta, dtype)
-    named = dict(module.named_parameters())
-    with _eval(module):
-        out_t, w_t = module(tx, (cos_t, sin_t), hf_mask)
-        g = torch.autograd.grad(out_t, [tx, *named.values()], torch.from_numpy(d_output))
-        with torch.no_grad():
-            q_t = module.q_proj(tx).view(B, L, H, d).transpose(1, 2)  # (B, H, L, d)
-            k_t = module.k_proj(tx).view(B, L, Hkv, d).transpose(1, 2)  # (B, Hkv, L, d)
-            Q_t, K_t = apply_rotary_pos_emb(q_t, k_t, cos_t, sin_t)
-
+    d_output, mask = upstream(d_output, x.shape, dtype, rng), layer_mask(module, x.shape[1], attention_mask=keep)
+    ours, _ = run_ours(mha, (x, x, x), d_output, mask=mask)
+    name_map = {n: entry for n, entry in HF_GPT_OSS_NAME_MAP.items() if n in mha.params}
+    theirs = _hf_call(torch, module, mha, x, hf_layer_mask(torch, module, x, keep, pos), d_output, name_map)
+    ours.update(ours_qk_after_rope(mha, x, pos), mask=np.broadcast_to(mask, theirs["mask"].shape))
     window = getattr(module, "sliding_window", None)
-    layer = f"sliding window {window}" if window else "full causal"
-    title = f"transformers GptOssAttention (H={H}, Hkv={Hkv}, d={d}, {layer}, sinks, eager) vs {mha.impl}"
-    report = CrosscheckReport(title, dtype, rtol)
-    allowed_hf = hf_mask.detach().numpy() > np.finfo(dtype).min / 2  # (B, 1, L, L) True where 0 was added
-    report.compare("mask (1 = may attend)", "create_*_mask", np.broadcast_to(mask, allowed_hf.shape), allowed_hf)
-    report.compare("output", "module(x, (cos, sin), mask)", out, out_t.detach().numpy())
-    report.compare("attn weights (keys')", "eager probs[..., :-1]", cache.attn_weights, w_t.detach().numpy())
-    report.compare("Q after RoPE", "apply_rotary_pos_emb", Q, Q_t.numpy())
-    report.compare("K after RoPE", "apply_rotary_pos_emb", K, K_t.numpy())
-    report.compare("dL/dx (q+k+v paths)", "hidden_states.grad", grads["query"] + grads["key"] + grads["value"], g[0])
-    name_map = {ours: entry for ours, entry in HF_GPT_OSS_NAME_MAP.items() if ours in mha.params}
-    grads_theirs = params_from_state(dict(zip(named, (t.numpy() for t in g[1:]))), name_map)
-    add_grad_rows(report, grads, grads_theirs, name_map)
-    with _eval(module):
-        report.notes.append(_hf_rope_note(torch, module, tx.detach(), hf_mask, pos, cos_t, out))
-    return report
+    title = (f"transformers GptOssAttention (H={mha.num_heads}, Hkv={mha.num_kv_heads}, d={mha.head_dim}, "
+             f"{f'sliding window {window}' if window else 'full causal'}, sinks, eager) vs {mha.impl}")  # fmt: skip
+    note = _hf_rope_note(torch, module, x, theirs.pop("mask_t"), pos, theirs.pop("cos"), ours["output"])
+    return compare(title, dtype, rtol_for(dtype, rtol), attention_rows(name_map), ours, theirs, [note])
+
+
+def _hf_call(torch, module, mha, x, mask_t, d_output, name_map) -> dict:
+    """HF's module on one call under autograd (float64 (cos, sin) from torch ops), its Q and K after RoPE, the keys
+    its mask allows; "mask_t" and "cos" for the note."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import apply_rotary_pos_emb
+
+    pos = positions_of(None, *x.shape[:2])
+    cos_sin = torch_cos_sin_halves(torch, pos, mha.head_dim, mha.rope_theta, mha.dtype)
+    theirs = run_hf_attention(torch, module, x, cos_sin, mask_t, d_output, name_map)
+    theirs.update(hf_qk_after_rope(torch, module, x, cos_sin, apply_rotary_pos_emb), mask_t=mask_t, cos=cos_sin[0])
+    theirs["mask"] = mask_t.numpy() > np.finfo(mha.dtype).min / 2  # (B, 1, L, L) True where 0 was added
+    return theirs
 
 
 def crosscheck_hf_gpt_oss_kv_cache(
@@ -213,45 +204,34 @@ def crosscheck_hf_gpt_oss_kv_cache(
     the keys and values HF's cache holds at the end against ours at those positions.
     """
     torch = require("torch")
-    from transformers import DynamicCache
-
     mha = from_hf_gpt_oss_attention(module)
     mha.kernel = impl
-    dtype, d = mha.dtype, mha.head_dim
-    rtol = rtol_for(dtype, rtol)
-    x = np.asarray(hidden_states).astype(dtype, copy=False)
+    dtype, x = mha.dtype, hidden(hidden_states, mha.dtype)
     B, L, E = x.shape
-    steps = decode_calls(L, prefill)
-
-    kv = KVCache()
-    ours = np.concatenate(
-        [mha.forward(x[:, a:b], x[:, a:b], x[:, a:b], mask=layer_mask(module, b - a, b), kv_cache=kv)[0]
-         for a, b in steps], axis=1,
-    )  # fmt: skip
-    full, _ = mha.forward(x, x, x, mask=layer_mask(module, L))
-
-    hf_cache = DynamicCache(config=module.config)
-    cos_t, sin_t = torch_cos_sin_halves(torch, _text_positions(B, L), d, mha.rope_theta, dtype)
-    tx = torch.from_numpy(np.ascontiguousarray(x))
-    layer = hf_cache.layers[module.layer_idx]
-    theirs = []
-    with _eval(module), torch.no_grad():
-        for a, b in steps:
-            held = layer.keys.shape[-2] if getattr(layer, "is_initialized", False) else 0  # what HF's layer kept
-            mask = M.to_additive(layer_mask(module, b - a, held + b - a), dtype)[None, None]  # (1, 1, Lq, Lk)
-            mask_t = torch.from_numpy(np.ascontiguousarray(mask))
-            theirs.append(module(tx[:, a:b], (cos_t[:, a:b], sin_t[:, a:b]), mask_t, cache=hf_cache)[0].numpy())
-    kept = layer.keys.shape[-2]
-
+    calls, kv = decode_calls(L, prefill), KVCache()
+    ours = {"outputs": decode(calls, lambda a, b: mha.forward(*(x[:, a:b],) * 3, mask=layer_mask(module, b - a, b),
+                                                              kv_cache=kv)[0])}  # fmt: skip
+    ours["full"] = mha.forward(x, x, x, mask=layer_mask(module, L))[0]
+    cos_sin = torch_cos_sin_halves(torch, positions_of(None, B, L), mha.head_dim, mha.rope_theta, dtype)
+    outputs, layer = hf_decode(torch, module, x, calls, cos_sin, partial(_hf_cache_mask, torch, module, dtype))
+    theirs, kept = {"outputs": outputs, "keys": layer.keys.numpy(), "values": layer.values.numpy()}, layer.keys.shape[2]
+    ours.update(keys=kv.keys[:, :, L - kept :], values=kv.values[:, :, L - kept :])
     window = getattr(module, "sliding_window", None)
-    title = f"KV cache vs transformers DynamicCache ({'sliding window ' + str(window) if window else 'full'} layer, "
-    report = CrosscheckReport(title + f"prefill {prefill}, then {L - prefill} single steps)", dtype, rtol)
-    report.compare("outputs, every call", "GptOssAttention(..., cache=)", ours, np.concatenate(theirs, axis=1))
-    report.compare("cached ≡ full (layer mask)", "ours, one forward", ours, full, note="ours vs ours")
-    report.compare(f"the last {kept} keys (RoPE'd)", "DynamicCache keys", kv.keys[:, :, L - kept :], layer.keys.numpy())
-    report.compare(f"the last {kept} values", "DynamicCache values", kv.values[:, :, L - kept :], layer.values.numpy())
-    report.notes.append(f"HF's cache layer keeps {kept} of {L} positions; our KVCache keeps all {len(kv)}")
-    return report
+    title = (f"KV cache vs transformers DynamicCache ({'sliding window ' + str(window) if window else 'full'} layer, "
+             f"prefill {prefill}, then {L - prefill} single steps)")  # fmt: skip
+    rows = decoding_rows("GptOssAttention(..., cache=)", full=("cached ≡ full (layer mask)", "ours, one forward"),
+                         keys=(f"the last {kept} keys (RoPE'd)", "DynamicCache keys"),
+                         values=(f"the last {kept} values", "DynamicCache values"))  # fmt: skip
+    note = f"HF's cache layer keeps {kept} of {L} positions; our KVCache keeps all {len(kv)}"
+    return compare(title, dtype, rtol_for(dtype, rtol), rows, ours, theirs, [note])
+
+
+def _hf_cache_mask(torch, module, dtype, a: int, b: int, cache):
+    """The layer's mask for the call's queries a .. b - 1 over the keys HF's cache layer holds and the call's:
+    (1, 1, b - a, held + b - a) additive."""
+    layer = cache.layers[module.layer_idx]
+    held = layer.keys.shape[-2] if getattr(layer, "is_initialized", False) else 0
+    return tensor(torch, M.to_additive(layer_mask(module, b - a, held + b - a), dtype)[None, None])
 
 
 def hf_gpt_oss_attention(
@@ -274,20 +254,13 @@ def hf_gpt_oss_attention(
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssAttention
 
     cfg = GptOssConfig(
-        hidden_size=hidden_size,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        head_dim=head_dim or hidden_size // num_heads,
+        hidden_size=hidden_size, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        head_dim=head_dim or hidden_size // num_heads, sliding_window=sliding_window or 4,
         num_hidden_layers=2,  # layer 0 sliding, layer 1 full: GptOssConfig's alternation
-        sliding_window=sliding_window or 4,
-        vocab_size=16,
-        intermediate_size=8,
-        num_local_experts=2,
-        num_experts_per_tok=1,
-        rope_parameters={"rope_type": "default", "rope_theta": float(rope_theta)},
-        attention_bias=bias,
+        vocab_size=16, intermediate_size=8, num_local_experts=2, num_experts_per_tok=1,
+        rope_parameters={"rope_type": "default", "rope_theta": float(rope_theta)}, attention_bias=bias,
         attn_implementation="eager",
-    )
+    )  # fmt: skip
     torch.manual_seed(seed)
     module = GptOssAttention(cfg, layer_idx=0 if sliding_window else 1).to(getattr(torch, np.dtype(dtype).name))
     with torch.no_grad():

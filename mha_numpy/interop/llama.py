@@ -23,6 +23,7 @@ implementations see the same causal mask).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,9 +32,22 @@ from .. import functional as F
 from .. import masks as M
 from ..attention import MultiHeadAttention
 from ..kv_cache import KVCache
-from ._harness import add_grad_rows, decode_calls, random_like
 from ._lazy import require
 from .convert import module_with_params, numpy_dtype_of
+from .harness import (
+    Row,
+    compare,
+    decode,
+    decode_calls,
+    decoding_rows,
+    grad_rows,
+    hf_decode,
+    positions_of,
+    run_hf_attention,
+    run_ours,
+    tensor,
+    upstream,
+)
 from .names import HF_LLAMA_NAME_MAP, params_from_state
 from .report import CrosscheckReport, rtol_for
 
@@ -112,27 +126,55 @@ def torch_cos_sin(torch, positions: np.ndarray, head_dim: int, theta: float, dty
     return emb.cos().to(tdtype), emb.sin().to(tdtype)
 
 
-def _causal_float_mask(torch, Lq: int, Lk: int, dtype):
+def causal_tensor(torch, Lq: int, Lk: int, dtype):
     """(1, 1, Lq, Lk) additive causal mask, 0 / -inf, the last Lq of Lk positions as queries (bottom-right)."""
     m = M.to_additive(M.causal_mask(Lq, Lk, diagonal=Lk - Lq), dtype)[None, None]
     return torch.from_numpy(np.ascontiguousarray(m))
 
 
-def _positions(positions, B: int, L: int) -> np.ndarray:
-    """None -> 0..L-1; (L,) or (B, L) -> (B, L) int64."""
-    pos = np.arange(L) if positions is None else np.asarray(positions)
-    return np.broadcast_to(pos, (B, L)).astype(np.int64)
+def causal_call_mask(torch, dtype, a: int, b: int, cache=None):
+    """The causal mask of a decoding call, queries a .. b - 1 over keys 0 .. b - 1: (1, 1, b - a, b) additive."""
+    return causal_tensor(torch, b - a, b, dtype)
 
 
-def _hf_rope_note(torch, module, positions: np.ndarray, cos_t) -> str:
-    """How far HF's own rotary module (float32 angles) is from the float64 (cos, sin) used in the check."""
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-    rot = LlamaRotaryEmbedding(module.config)
-    x = torch.zeros(1, dtype=torch.float64)
-    cos_hf, _ = rot(x, torch.from_numpy(positions))
+def rope_note(torch, rotary, config, positions: np.ndarray, cos_t) -> str:
+    """How far a model's own rotary module (the class ``rotary``, float32 angles) is from the float64 (cos, sin)
+    the check uses."""
+    cos_hf, _ = rotary(config)(torch.zeros(1, dtype=torch.float64), torch.from_numpy(positions))
     err = float((cos_hf.double() - cos_t.double()).abs().max())
-    return f"HF's LlamaRotaryEmbedding (float32 angles) differs from the float64 cos by {err:.1e}; not used here"
+    return f"HF's {rotary.__name__} (float32 angles) differs from the float64 cos by {err:.1e}; not used here"
+
+
+def ours_qk_after_rope(mha: MultiHeadAttention, x: np.ndarray, pos: np.ndarray) -> dict:
+    """Our Q (B, H, L, d) and K (B, Hkv, L, d) after RoPE, from the pairs: projection, head split, rotation."""
+    P = mha.params
+    q = F.split_heads_forward(F.linear_forward(x, P["W_q"], P.get("b_q"))[0], mha.num_heads)[0]  # (B, H, L, d)
+    k = F.split_heads_forward(F.linear_forward(x, P["W_k"], P.get("b_k"))[0], mha.num_kv_heads)[0]  # (B, Hkv, L, d)
+    return {"Q_rope": F.rope_forward(q, pos, mha.rope_theta)[0], "K_rope": F.rope_forward(k, pos, mha.rope_theta)[0]}
+
+
+def hf_qk_after_rope(torch, module, x: np.ndarray, cos_sin, apply_rotary_pos_emb) -> dict:
+    """HF's Q and K after RoPE: its q/k_proj, the head split, its model's ``apply_rotary_pos_emb``."""
+    tx, (B, L, _), d = tensor(torch, x), x.shape, module.head_dim
+    with torch.no_grad():
+        q_t = module.q_proj(tx).view(B, L, -1, d).transpose(1, 2)  # (B, H, L, d)
+        k_t = module.k_proj(tx).view(B, L, -1, d).transpose(1, 2)  # (B, Hkv, L, d)
+        Q_t, K_t = apply_rotary_pos_emb(q_t, k_t, *cos_sin)
+    return {"Q_rope": Q_t.numpy(), "K_rope": K_t.numpy()}
+
+
+def hidden(hidden_states, dtype) -> np.ndarray:
+    """hidden_states (B, L, E) as an array of ``dtype``."""
+    return np.asarray(hidden_states).astype(dtype, copy=False)
+
+
+LLAMA_ROWS = (
+    Row("output", "module(x, (cos, sin), causal)", "output"),
+    Row("Q after RoPE", "apply_rotary_pos_emb", "Q_rope"),
+    Row("K after RoPE", "apply_rotary_pos_emb", "K_rope"),
+    Row("dL/dx (q+k+v paths)", "hidden_states.grad", "dx"),
+)
+"""The rows of ``crosscheck_hf_llama_attention`` before the gradients of the parameters."""
 
 
 def crosscheck_hf_llama_attention(
@@ -151,56 +193,23 @@ def crosscheck_hf_llama_attention(
     respect to the input and every parameter.
     """
     torch = require("torch")
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
     mha = from_hf_llama_attention(module)
-    dtype, H, Hkv, d = mha.dtype, mha.num_heads, mha.num_kv_heads, mha.head_dim
-    rtol = rtol_for(dtype, rtol)
-    x = np.asarray(hidden_states).astype(dtype, copy=False)
+    x = hidden(hidden_states, mha.dtype)
     B, L, E = x.shape
-    pos = _positions(positions, B, L)  # (B, L)
-    d_output = random_like((B, L, E), dtype, rng) if d_output is None else np.asarray(d_output, dtype=dtype)
-
-    out, cache = mha.forward(x, x, x, mask=M.causal_mask(L), positions=pos)
-    grads = mha.backward(d_output, cache)
-    P = mha.params
-    Q, _ = F.rope_forward(
-        F.split_heads_forward(F.linear_forward(x, P["W_q"], P.get("b_q"))[0], H)[0], pos, mha.rope_theta
-    )
-    K, _ = F.rope_forward(
-        F.split_heads_forward(F.linear_forward(x, P["W_k"], P.get("b_k"))[0], Hkv)[0], pos, mha.rope_theta
-    )
-
-    tx = torch.from_numpy(np.ascontiguousarray(x)).requires_grad_()
-    cos_t, sin_t = torch_cos_sin(torch, pos, d, mha.rope_theta, dtype)
-    named = dict(module.named_parameters())
-    was_training = module.training
-    module.eval()
-    try:
-        out_t, _ = module(tx, (cos_t, sin_t), _causal_float_mask(torch, L, L, dtype))
-        g = torch.autograd.grad(out_t, [tx, *named.values()], torch.from_numpy(d_output))
-        with torch.no_grad():
-            q_t = module.q_proj(tx).view(B, L, H, d).transpose(1, 2)  # (B, H, L, d)
-            k_t = module.k_proj(tx).view(B, L, Hkv, d).transpose(1, 2)  # (B, Hkv, L, d)
-            Q_t, K_t = apply_rotary_pos_emb(q_t, k_t, cos_t, sin_t)
-    finally:
-        module.train(was_training)
-
-    report = CrosscheckReport(
-        f"transformers LlamaAttention (H={H}, Hkv={Hkv}, rope_theta={mha.rope_theta:g}, "
-        f"{module.config._attn_implementation})",
-        dtype,
-        rtol,
-    )
-    report.compare("output", "module(x, (cos, sin), causal)", out, out_t.detach().numpy())
-    report.compare("Q after RoPE", "apply_rotary_pos_emb", Q, Q_t.numpy())
-    report.compare("K after RoPE", "apply_rotary_pos_emb", K, K_t.numpy())
-    report.compare("dL/dx (q+k+v paths)", "hidden_states.grad", grads["query"] + grads["key"] + grads["value"], g[0])
-    name_map = {ours: entry for ours, entry in HF_LLAMA_NAME_MAP.items() if ours in mha.params}
-    grads_theirs = params_from_state(dict(zip(named, (t.numpy() for t in g[1:]))), name_map)
-    add_grad_rows(report, grads, grads_theirs, name_map)
-    report.notes.append(_hf_rope_note(torch, module, pos, cos_t))
-    return report
+    pos, d_output = positions_of(positions, B, L), upstream(d_output, x.shape, mha.dtype, rng)
+    ours, _ = run_ours(mha, (x, x, x), d_output, mask=M.causal_mask(L), positions=pos)
+    cos_sin = torch_cos_sin(torch, pos, mha.head_dim, mha.rope_theta, mha.dtype)
+    name_map = {n: entry for n, entry in HF_LLAMA_NAME_MAP.items() if n in mha.params}
+    theirs = run_hf_attention(torch, module, x, cos_sin, causal_tensor(torch, L, L, mha.dtype), d_output, name_map)
+    title = (f"transformers LlamaAttention (H={mha.num_heads}, Hkv={mha.num_kv_heads}, "
+             f"rope_theta={mha.rope_theta:g}, {module.config._attn_implementation})")  # fmt: skip
+    rows = LLAMA_ROWS + grad_rows(name_map)
+    ours.update(ours_qk_after_rope(mha, x, pos))
+    theirs.update(hf_qk_after_rope(torch, module, x, cos_sin, apply_rotary_pos_emb))
+    note = rope_note(torch, LlamaRotaryEmbedding, module.config, pos, cos_sin[0])
+    return compare(title, mha.dtype, rtol_for(mha.dtype, rtol), rows, ours, theirs, [note])
 
 
 def crosscheck_hf_llama_kv_cache(
@@ -216,43 +225,19 @@ def crosscheck_hf_llama_kv_cache(
     full causal forward; the cached keys (after RoPE) and values against HF's cache.
     """
     torch = require("torch")
-    from transformers import DynamicCache
-
     mha = from_hf_llama_attention(module)
-    dtype, d = mha.dtype, mha.head_dim
-    rtol = rtol_for(dtype, rtol)
-    x = np.asarray(hidden_states).astype(dtype, copy=False)
+    dtype, x = mha.dtype, hidden(hidden_states, mha.dtype)
     B, L, E = x.shape
-    steps = decode_calls(L, prefill)
-
-    kv = KVCache()
-    ours = np.concatenate([mha.forward(x[:, a:b], x[:, a:b], x[:, a:b], kv_cache=kv)[0] for a, b in steps], axis=1)
-    full, _ = mha.forward(x, x, x, mask=M.causal_mask(L))
-
-    hf_cache = DynamicCache(config=module.config)
-    cos_t, sin_t = torch_cos_sin(torch, _positions(None, B, L), d, mha.rope_theta, dtype)
-    tx = torch.from_numpy(np.ascontiguousarray(x))
-    theirs = []
-    was_training = module.training
-    module.eval()
-    try:
-        with torch.no_grad():
-            for a, b in steps:
-                mask = _causal_float_mask(torch, b - a, b, dtype)
-                theirs.append(module(tx[:, a:b], (cos_t[:, a:b], sin_t[:, a:b]), mask, cache=hf_cache)[0].numpy())
-    finally:
-        module.train(was_training)
-    layer = hf_cache.layers[module.layer_idx]
-
-    report = CrosscheckReport(
-        f"KV cache vs transformers DynamicCache (prefill {prefill}, then {L - prefill} single steps)", dtype, rtol
-    )
-    report.compare("outputs, every call", "LlamaAttention(..., cache=)", ours, np.concatenate(theirs, axis=1))
-    report.compare("cached ≡ full causal", "ours, one causal forward", ours, full, note="ours vs ours")
-    report.compare("cached keys (RoPE'd)", "DynamicCache keys", kv.keys, layer.keys.numpy())
-    report.compare("cached values", "DynamicCache values", kv.values, layer.values.numpy())
-    report.notes.append(f"our KVCache: {kv.nbytes} bytes for {len(kv)} positions ({kv.bytes_per_token} per token)")
-    return report
+    calls, kv = decode_calls(L, prefill), KVCache()
+    ours = {"outputs": decode(calls, lambda a, b: mha.forward(*(x[:, a:b],) * 3, kv_cache=kv)[0])}
+    ours.update(full=mha.forward(x, x, x, mask=M.causal_mask(L))[0], keys=kv.keys, values=kv.values)
+    cos_sin = torch_cos_sin(torch, positions_of(None, B, L), mha.head_dim, mha.rope_theta, dtype)
+    outputs, layer = hf_decode(torch, module, x, calls, cos_sin, partial(causal_call_mask, torch, dtype))
+    theirs = {"outputs": outputs, "keys": layer.keys.numpy(), "values": layer.values.numpy()}
+    title = f"KV cache vs transformers DynamicCache (prefill {prefill}, then {L - prefill} single steps)"
+    note = f"our KVCache: {kv.nbytes} bytes for {len(kv)} positions ({kv.bytes_per_token} per token)"
+    rows = decoding_rows("LlamaAttention(..., cache=)")
+    return compare(title, dtype, rtol_for(dtype, rtol), rows, ours, theirs, [note])
 
 
 def hf_llama_attention(

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..models.decoder import DecoderConfig, DecoderModel
-from ._harness import random_like
 from ._lazy import require, to_numpy
+from .harness import Row, compare, eval_mode, named_grad_rows, our_grads, shipped_gap, upstream
 from .llama import hf_rope_theta, torch_cos_sin
 from .report import CrosscheckReport, rtol_for
 
@@ -145,8 +145,9 @@ def float64_throughout(model: LlamaModel):
         model.set_attn_implementation(implementation)
 
 
-def _run_hf(torch, model, ids, attention_mask, d):
-    """-> (every layer's output, last_hidden_state, gradients by name) of the LlamaModel, autograd of d."""
+def _run_hf(torch, model, ids, attention_mask, d) -> dict:
+    """The LlamaModel on ``ids`` and autograd of <d, last_hidden_state> -> "hidden i" (the embeddings, then every
+    layer's output, through forward hooks), "last" (last_hidden_state) and the gradients by name."""
     layer_outputs = []
     hooks = [layer.register_forward_hook(lambda m, i, out: layer_outputs.append(out)) for layer in model.layers]
     model.zero_grad(set_to_none=True)
@@ -157,9 +158,21 @@ def _run_hf(torch, model, ids, attention_mask, d):
     finally:
         for h in hooks:
             h.remove()
-    grads = {name: p.grad.numpy() for name, p in model.named_parameters()}
-    hidden = [r.hidden_states[0].detach().numpy()] + [o.detach().numpy() for o in layer_outputs]
-    return hidden, r.last_hidden_state.detach().numpy(), grads
+    hidden = [r.hidden_states[0], *layer_outputs]
+    theirs = {f"hidden {i}": h.detach().numpy() for i, h in enumerate(hidden)}
+    theirs["last"] = r.last_hidden_state.detach().numpy()
+    return {**theirs, **our_grads({name: p.grad.numpy() for name, p in model.named_parameters()})}
+
+
+def _hf_runs(torch, model, ids, attention_mask, d) -> tuple[dict, dict]:
+    """(the model as shipped, the compared run: in float64 inside ``float64_throughout``, in float32 as shipped),
+    each ``_run_hf`` in eval mode."""
+    with eval_mode(model):
+        shipped = _run_hf(torch, model, ids, attention_mask, d)
+        if d.dtype != np.float64:
+            return shipped, shipped
+        with float64_throughout(model):
+            return shipped, _run_hf(torch, model, ids, attention_mask, d)
 
 
 def crosscheck_hf_llama_model(
@@ -179,47 +192,36 @@ def crosscheck_hf_llama_model(
     float32 (the model as given).
     """
     torch = require("torch")
-    ours = from_hf_llama_model(model)
-    dtype = ours.dtype
-    rtol = rtol_for(dtype, rtol)
-    ids = np.asarray(input_ids)
-    out, cache = ours.forward(ids, attention_mask)
-    d = random_like(out.last_hidden_state.shape, dtype, rng) if d_last_hidden_state is None else d_last_hidden_state
-    d = np.asarray(d, dtype=dtype)
-    grads = ours.backward(d, cache)
-
-    was_training = model.training
-    model.eval()
-    try:
-        if dtype == np.float64:
-            as_shipped = _run_hf(torch, model, ids, attention_mask, d)
-            with float64_throughout(model):
-                hidden, last, theirs = _run_hf(torch, model, ids, attention_mask, d)
-        else:
-            hidden, last, theirs = _run_hf(torch, model, ids, attention_mask, d)
-    finally:
-        model.train(was_training)
-
-    c = ours.config
+    ours_model = from_hf_llama_model(model)
+    ids, dtype, c = np.asarray(input_ids), ours_model.dtype, ours_model.config
+    out, cache = ours_model.forward(ids, attention_mask)
+    d = upstream(d_last_hidden_state, out.last_hidden_state.shape, dtype, rng)
+    grads = ours_model.backward(d, cache)
+    ours = {**{f"hidden {i}": h for i, h in enumerate(out.hidden_states)}, "last": out.last_hidden_state}
+    ours.update(our_grads(grads))
+    shipped, theirs = _hf_runs(torch, model, ids, attention_mask, d)
     title = (f"DecoderModel ({c.num_hidden_layers} layers, H={c.num_attention_heads}, Hkv={c.num_key_value_heads}) "
              "vs transformers LlamaModel + autograd")  # fmt: skip
-    report = CrosscheckReport(title, dtype, rtol)
-    report.compare("embeddings", "hidden_states[0]", out.hidden_states[0], hidden[0])
-    for i in range(c.num_hidden_layers):
-        report.compare(f"layer {i} output", f"layers[{i}] forward hook", out.hidden_states[i + 1], hidden[i + 1])
-    report.compare("last_hidden_state", "LlamaModel(...).last_hidden_state", out.last_hidden_state, last)
-    for name in ours.params:
-        report.compare(f"d {name}", "autograd .grad", grads[name], theirs[name])
-    B, L = ids.shape
-    real = B * L if attention_mask is None else int(np.sum(attention_mask))
-    report.notes.append(f"batch {B} x {L} tokens ({real} real), random upstream gradient; {len(ours.params)} tensors")
+    real = ids.size if attention_mask is None else int(np.sum(attention_mask))
+    notes = [f"batch {ids.shape[0]} x {ids.shape[1]} tokens ({real} real), random upstream gradient; "
+             f"{len(ours_model.params)} tensors"]  # fmt: skip
     if dtype == np.float64:
-        _, last_shipped, grads_shipped = as_shipped
-        err_y = np.abs(last_shipped - out.last_hidden_state).max() / np.abs(last_shipped).max()
-        err_g = max(np.abs(grads_shipped[n] - grads[n]).max() / np.abs(grads_shipped[n]).max() for n in grads)
-        report.notes.append(
+        err_y, err_g = shipped_gap(ours, shipped, "last", grads)
+        notes.append(
             f"HF run with its RMSNorm, RoPE angles and attention in float64 (float64_throughout, SDPA); the model as "
             f"shipped ({model.config._attn_implementation}, those three in float32) differs from ours by "
             f"{err_y:.1e} (last_hidden_state) and {err_g:.1e} (worst gradient), relative to the largest"
         )
-    return report
+    return compare(
+        title, dtype, rtol_for(dtype, rtol), _rows(c.num_hidden_layers, ours_model.params), ours, theirs, notes
+    )
+
+
+def _rows(num_layers: int, params) -> tuple[Row, ...]:
+    """The embeddings, every layer's output, last_hidden_state, the gradient of every parameter."""
+    return (
+        Row("embeddings", "hidden_states[0]", "hidden 0"),
+        *(Row(f"layer {i} output", f"layers[{i}] forward hook", f"hidden {i + 1}") for i in range(num_layers)),
+        Row("last_hidden_state", "LlamaModel(...).last_hidden_state", "last"),
+        *named_grad_rows(params),
+    )

@@ -11,8 +11,8 @@ import numpy as np
 from .. import functional as F
 from .. import masks as M
 from .._checks import default_scale
-from ._harness import additive_tensor, random_like, torch_attention
 from ._lazy import require
+from .harness import Row, additive_tensor, autograd, compare, grad_key, our_grads, tensor, torch_attention, upstream
 from .report import CrosscheckReport, rtol_for
 from .tensor_masks import mask_from_sdpa
 
@@ -45,28 +45,36 @@ def crosscheck_sdpa(
         mask = mask.astype(dtype)
 
     ctx, cache = F.scaled_dot_product_attention_forward(q, k, v, mask, scale=scale)  # ours
-    d_output = random_like(ctx.shape, dtype, rng) if d_output is None else np.asarray(d_output, dtype=dtype)
-    *d_qkv, _ = F.scaled_dot_product_attention_backward(d_output, cache)  # dq, dk, dv; no bias: d_bias is None
-    out_t, d_qkv_t, scores_t, weights_t = _run_torch(torch, (q, k, v), mask, is_causal, scale, d_output)
-
+    d_output = upstream(d_output, ctx.shape, dtype, rng)
+    d_qkv = F.scaled_dot_product_attention_backward(d_output, cache)[:3]  # dq, dk, dv; no bias: d_bias is None
+    ours = {"output": ctx, "weights": cache.attn_weights, "scores": cache.scores, **our_grads(dict(zip("qkv", d_qkv)))}
+    theirs = _run_torch(torch, (q, k, v), mask, is_causal, scale, d_output)
     kind = "is_causal=True" if is_causal else ("no mask" if mask is None else f"{mask.dtype.name} attn_mask")
-    report = CrosscheckReport(f"torch.nn.functional.scaled_dot_product_attention ({kind})", dtype, rtol)
-    report.compare("output (context)", "SDPA(q, k, v)", ctx, out_t)
-    report.compare("attn_weights", "softmax(scores+mask) (torch ops)", cache.attn_weights, weights_t)
-    report.compare("scores", "(q·scale) kᵀ (torch ops)", cache.scores, scores_t)
-    for name, ours, theirs in zip(("q", "k", "v"), d_qkv, d_qkv_t):
-        report.compare(f"dL/d{name}", f"{name}.grad", ours, theirs)
-    return report
+    title = f"torch.nn.functional.scaled_dot_product_attention ({kind})"
+    return compare(title, dtype, rtol, ROWS, ours, theirs)
 
 
-def _run_torch(torch, qkv, mask, is_causal: bool, scale, d_output) -> tuple:
+QKV_GRAD_ROWS = tuple(Row(f"dL/d{name}", f"{name}.grad", grad_key(name)) for name in "qkv")
+"""The gradient rows of q, k and v."""
+
+ROWS = (
+    Row("output (context)", "SDPA(q, k, v)", "output"),
+    Row("attn_weights", "softmax(scores+mask) (torch ops)", "weights"),
+    Row("scores", "(q·scale) kᵀ (torch ops)", "scores"),
+    *QKV_GRAD_ROWS,
+)
+"""The rows of ``crosscheck_sdpa``."""
+
+
+def _run_torch(torch, qkv, mask, is_causal: bool, scale, d_output) -> dict:
     """torch SDPA forward and autograd backward, then the scores and weights from torch ops, as NumPy:
-    (output (B, H, Lq, dv), (dq, dk, dv), scores (B, H, Lq, Lk), weights (B, H, Lq, Lk))."""
-    tq, tk, tv = (torch.from_numpy(np.ascontiguousarray(x)).requires_grad_() for x in qkv)
-    tm = None if (mask is None or is_causal) else torch.from_numpy(np.ascontiguousarray(mask))
+    output (B, H, Lq, dv), dq, dk, dv, scores (B, H, Lq, Lk), weights (B, H, Lq, Lk)."""
+    tq, tk, tv = (tensor(torch, x, grad=True) for x in qkv)
+    tm = None if (mask is None or is_causal) else tensor(torch, mask)
     out_t = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=tm, is_causal=is_causal, scale=scale)
-    g = torch.autograd.grad(out_t, (tq, tk, tv), torch.from_numpy(d_output))
+    g = autograd(torch, out_t, (tq, tk, tv), {}, d_output)[0]
     s = default_scale(tq.shape[-1], scale)
     with torch.no_grad():
         scores_t, weights_t, _ = torch_attention(torch, tq, tk, tv, s, additive_tensor(torch, mask, qkv[0].dtype))
-    return out_t.detach().numpy(), [x.numpy() for x in g], scores_t.numpy(), weights_t.numpy()
+    theirs = {"output": out_t.detach().numpy(), "scores": scores_t.numpy(), "weights": weights_t.numpy()}
+    return {**theirs, **our_grads(dict(zip("qkv", g)))}

@@ -50,6 +50,20 @@ def mask_to_torch_mha(
     torch = _require("torch")
     if mask is None:
         return None, None
+    m, full = _checked_mask(mask, batch_size, num_heads, query_len, key_len, dtype)
+    if m.shape[1:3] == (1, 1):  # a key padding mask
+        kpm = M.to_torch_key_padding_mask(np.broadcast_to(m[:, 0, 0, :], (full[0], full[3])))  # (B, Lk)
+        return torch.from_numpy(np.array(kpm)), None  # np.array: a writeable, contiguous copy
+    if m.shape[:2] == (1, 1):  # shared by the batch and the heads
+        attn = M.to_torch_attn_mask(np.broadcast_to(m[0, 0], full[2:]))  # (Lq, Lk)
+        return None, torch.from_numpy(np.array(attn))
+    attn = M.to_torch_attn_mask(np.broadcast_to(m, full), full[0], full[1])  # (B*H, Lq, Lk)
+    return None, torch.from_numpy(np.array(attn))
+
+
+def _checked_mask(mask, batch_size, num_heads, query_len, key_len, dtype) -> tuple[np.ndarray, tuple]:
+    """``mask_to_torch_mha``'s arguments checked (ValueError naming the one at fault) -> (the mask 4-D, each size 1 or
+    the full one, in ``dtype`` when float; the full shape (B, H, Lq, Lk))."""
     m = as_array(mask, "mask")
     if m.dtype != np.bool_ and not np.issubdtype(m.dtype, np.floating):
         raise ValueError(
@@ -89,14 +103,7 @@ def mask_to_torch_mha(
         if dtype is None or dtype.kind != "f":  # an int would turn -inf into INT_MIN: torch adds it to the scores
             raise ValueError(f"dtype must be a floating dtype for a float mask, got {dtype!r}")
         m = m.astype(dtype)
-    if m.shape[1:3] == (1, 1):  # a key padding mask
-        kpm = M.to_torch_key_padding_mask(np.broadcast_to(m[:, 0, 0, :], (full[0], full[3])))  # (B, Lk)
-        return torch.from_numpy(np.array(kpm)), None  # np.array: a writeable, contiguous copy
-    if m.shape[:2] == (1, 1):  # shared by the batch and the heads
-        attn = M.to_torch_attn_mask(np.broadcast_to(m[0, 0], full[2:]))  # (Lq, Lk)
-        return None, torch.from_numpy(np.array(attn))
-    attn = M.to_torch_attn_mask(np.broadcast_to(m, full), batch_size, num_heads)  # (B*H, Lq, Lk)
-    return None, torch.from_numpy(np.array(attn))
+    return m, full
 
 
 def mask_from_sdpa(attn_mask) -> np.ndarray | None:

@@ -7,15 +7,28 @@ return, from torch ops on torch's own input projection (independent of our name 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..attention import MHACache, MultiHeadAttention
+from ..attention import MultiHeadAttention
 from . import convert, names
-from ._harness import add_grad_rows, additive_tensor, heads, random_like, torch_attention
 from ._lazy import require
+from .harness import (
+    Row,
+    additive_tensor,
+    autograd,
+    compare,
+    eval_mode,
+    grad_key,
+    grad_rows,
+    heads,
+    run_ours,
+    theirs_grads,
+    torch_attention,
+    upstream,
+)
+from .harness import tensor as as_tensor
 from .report import CrosscheckReport, rtol_for
 from .tensor_masks import mask_from_torch_mha
 
@@ -53,55 +66,64 @@ def crosscheck_torch_mha(
     rtol = rtol_for(dtype, rtol)
     self_attention = query is key and key is value
     query, key, value = (np.asarray(x).astype(dtype, copy=False) for x in (query, key, value))
-    mask = mask_from_torch_mha(key_padding_mask, attn_mask, num_heads=mha.num_heads)
-    if mask is not None and mask.dtype != np.bool_:
-        mask = mask.astype(dtype)
-    B, Lq, E = query.shape
-    d_output = random_like((B, Lq, E), dtype, rng) if d_output is None else np.asarray(d_output, dtype=dtype)
-
-    out, cache = mha.forward(query, key, value, mask=mask)  # ours
-    grads = mha.backward(d_output, cache)
+    mask = _our_mask(key_padding_mask, attn_mask, mha)
+    d_output = upstream(d_output, query.shape, dtype, rng)
+    dx_from = ("query", "key", "value") if self_attention else ()
+    ours, _ = run_ours(mha, (query, key, value), d_output, dx_from, mask=mask)
     inputs = (query, key, value, key_padding_mask, attn_mask, mask)
-    theirs = _run_torch(torch, module, mha, inputs, self_attention, need_weights, d_output)
+    name_map = names.torch_mha_name_map(mha.embed_dim, module._qkv_same_embed_dim, mha.bias, mha.add_bias_kv)
+    theirs = _run_torch(torch, module, mha, inputs, self_attention, need_weights, d_output, name_map)
+    ours["weights_avg"] = ours["weights"].mean(1)
+    ours["torch_ops"], theirs["torch_ops"] = theirs.pop("output_ops"), theirs["output"]  # torch against torch
+    return compare(_title(module, mha, need_weights), dtype, rtol, rows(self_attention, name_map), ours, theirs)
 
+
+def _our_mask(key_padding_mask, attn_mask, mha: MultiHeadAttention):
+    """torch's two masks (True = ignore) -> ours (bool True = may attend, or float in the module's dtype)."""
+    mask = mask_from_torch_mha(key_padding_mask, attn_mask, num_heads=mha.num_heads)
+    return mask.astype(mha.dtype) if mask is not None and mask.dtype != np.bool_ else mask
+
+
+def _title(module, mha: MultiHeadAttention, need_weights: bool) -> str:
     path = "need_weights=True" if need_weights else "need_weights=False"
     layout = "separate q/k/v_proj_weight" if not module._qkv_same_embed_dim else "packed in_proj_weight"
-    report = CrosscheckReport(
-        f"torch.nn.MultiheadAttention ({path}, {layout}, bias={mha.bias}, batch_first={module.batch_first}"
-        + "".join(f", {k}=True" for k in ("add_bias_kv", "add_zero_attn") if getattr(mha, k))
-        + ")",
-        dtype,
-        rtol,
-    )
-    name_map = names.torch_mha_name_map(mha.embed_dim, module._qkv_same_embed_dim, mha.bias, mha.add_bias_kv)
-    _compare(report, out, cache, grads, theirs, self_attention, name_map)
-    return report
+    extras = "".join(f", {k}=True" for k in ("add_bias_kv", "add_zero_attn") if getattr(mha, k))
+    return f"torch.nn.MultiheadAttention ({path}, {layout}, bias={mha.bias}, batch_first={module.batch_first}{extras})"
 
 
-@dataclass
-class _TorchRun:
-    """What torch computed, as NumPy arrays: the module's results and the intermediates from torch ops."""
+ROWS = (
+    Row("output", "module(...)[0]", "output"),
+    Row("attn_weights per head", "average_attn_weights=False", "weights", missing=""),  # need_weights=False: none
+    Row("attn_weights averaged", "average_attn_weights=True", "weights_avg", missing=""),
+    Row("Q", "F._in_projection → heads", "Q"),
+    Row("K", "F._in_projection → heads", "K"),
+    Row("V", "F._in_projection → heads", "V"),
+    Row("scores", "(Q·scale) Kᵀ  (torch ops)", "scores"),
+    Row("context", "softmax(scores+mask) V (torch ops)", "context"),
+    Row("torch ops ≡ module", "out_proj(merge(context))", "torch_ops",
+        note="torch vs torch: the intermediates are the module's"),
+)  # fmt: skip
+"""The rows of ``crosscheck_torch_mha`` before the gradients: the output, the attention weights, the intermediates,
+torch ops against the module."""
 
-    output: np.ndarray  # (B, Lq, E), module(...)[0]
-    weights: np.ndarray | None  # (B, H, Lq, Lk), average_attn_weights=False; None for need_weights=False
-    weights_avg: np.ndarray | None  # (B, Lq, Lk), average_attn_weights=True; None for need_weights=False
-    Q: np.ndarray  # (B, H, Lq, d)
-    K: np.ndarray  # (B, H, Lk, d)
-    V: np.ndarray  # (B, H, Lk, d)
-    scores: np.ndarray  # (B, H, Lq, Lk)
-    context: np.ndarray  # (B, H, Lq, d)
-    output_ops: np.ndarray  # (B, Lq, E), out_proj(merge(context)) from the torch ops
-    d_inputs: list[np.ndarray]  # dL/dx for self-attention (one tensor), else dL/dquery, dL/dkey, dL/dvalue
-    d_params: dict[str, np.ndarray]  # by torch parameter name
+
+def rows(self_attention: bool, name_map) -> tuple[Row, ...]:
+    """``ROWS``, the gradients of the inputs (one x for self-attention) and of every parameter of ``name_map``."""
+    if self_attention:
+        inputs = (Row("dL/dx (q+k+v paths)", "x.grad (one tensor)", "dx"),)
+    else:
+        inputs = tuple(Row(f"dL/d{name}", f"{name}.grad", grad_key(name)) for name in ("query", "key", "value"))
+    return ROWS + inputs + grad_rows(name_map)
 
 
-def _run_torch(torch, module, mha: MultiHeadAttention, inputs, self_attention, need_weights, d_output) -> _TorchRun:
-    """The module forward and autograd backward (in eval mode: no dropout), then its intermediates."""
+def _run_torch(torch, module, mha: MultiHeadAttention, inputs, self_attention, need_weights, d_output, name_map):
+    """The module forward and autograd backward (in eval mode: no dropout), then its intermediates -> a dict keyed as
+    the rows (the parameters' gradients read as ours through ``name_map``)."""
     query, key, value, key_padding_mask, attn_mask, mask = inputs
     dtype = mha.dtype
 
     def tensor(x):
-        return torch.from_numpy(np.ascontiguousarray(x))
+        return as_tensor(torch, x)
 
     # torch: leaves are batch first; a batch_first=False module sees them transposed to (L, B, E)
     leaves = [tensor(query).requires_grad_()]
@@ -117,28 +139,22 @@ def _run_torch(torch, module, mha: MultiHeadAttention, inputs, self_attention, n
         return m if m is None or m.dtype == torch.bool else m.to(getattr(torch, dtype.name))
 
     masks = {"key_padding_mask": torch_mask(key_padding_mask), "attn_mask": torch_mask(attn_mask)}
-    named = dict(module.named_parameters())
-    was_training = module.training
-    module.eval()  # no dropout
-    try:
+    with eval_mode(module):  # no dropout
         out_t, w_t = module(*fed, **masks, need_weights=need_weights, average_attn_weights=False)
         out_t = out_t if module.batch_first else out_t.transpose(0, 1)  # (B, Lq, E)
-        g = [x.numpy() for x in torch.autograd.grad(out_t, leaves + list(named.values()), tensor(d_output))]
+        d_inputs, grads = autograd(torch, out_t, leaves, dict(module.named_parameters()), d_output)
         with torch.no_grad():
             avg_t = None
             if need_weights:  # the same path again, with weights averaged over the heads: (B, Lq, Lk)
                 avg_t = module(*fed, **masks, need_weights=True)[1].numpy()
             steps = _torch_steps(torch, module, mha, (tq, tk, tv), additive_tensor(torch, mask, dtype))
-    finally:
-        module.train(was_training)
-    return _TorchRun(
-        out_t.detach().numpy(),
-        None if w_t is None else w_t.detach().numpy(),
-        avg_t,
-        *steps,
-        d_inputs=g[: len(leaves)],
-        d_params=dict(zip(named, g[len(leaves) :])),
+    theirs = dict(zip(("Q", "K", "V", "scores", "context", "output_ops"), steps))
+    theirs.update(output=out_t.detach().numpy(), weights=None if w_t is None else w_t.detach().numpy())
+    theirs.update(
+        weights_avg=avg_t,
+        **dict(zip(("dx",) if self_attention else map(grad_key, ("query", "key", "value")), d_inputs)),
     )
+    return {**theirs, **theirs_grads(grads, name_map)}
 
 
 def _torch_steps(torch, module, mha: MultiHeadAttention, batch_first_qkv, additive) -> tuple[np.ndarray, ...]:
@@ -167,33 +183,3 @@ def _torch_steps(torch, module, mha: MultiHeadAttention, batch_first_qkv, additi
     merged_t = ctx_t.transpose(1, 2).reshape(B, Lq, E)  # (B, Lq, E)
     out_ops_t = torch.nn.functional.linear(merged_t, module.out_proj.weight, module.out_proj.bias)
     return tuple(t.numpy() for t in (Q_t, K_t, V_t, scores_t, ctx_t, out_ops_t))
-
-
-def _compare(report: CrosscheckReport, out, cache: MHACache, grads: dict, theirs: _TorchRun, self_attention, name_map):
-    """The rows: output, attention weights, the intermediates, torch ops against the module, the gradients
-    of the inputs and of every parameter (``name_map`` reads torch's parameter gradients as ours)."""
-    report.compare("output", "module(...)[0]", out, theirs.output)
-    if theirs.weights is not None:
-        report.compare("attn_weights per head", "average_attn_weights=False", cache.attn_weights, theirs.weights)
-        report.compare(
-            "attn_weights averaged", "average_attn_weights=True", cache.attn_weights.mean(1), theirs.weights_avg
-        )
-    report.compare("Q", "F._in_projection → heads", cache.Q, theirs.Q)
-    report.compare("K", "F._in_projection → heads", cache.K, theirs.K)
-    report.compare("V", "F._in_projection → heads", cache.V, theirs.V)
-    report.compare("scores", "(Q·scale) Kᵀ  (torch ops)", cache.scores, theirs.scores)
-    report.compare("context", "softmax(scores+mask) V (torch ops)", cache.context, theirs.context)
-    report.compare(
-        "torch ops ≡ module",
-        "out_proj(merge(context))",
-        theirs.output_ops,
-        theirs.output,
-        note="torch vs torch: the intermediates are the module's",
-    )
-    if self_attention:
-        d_x = grads["query"] + grads["key"] + grads["value"]
-        report.compare("dL/dx (q+k+v paths)", "x.grad (one tensor)", d_x, theirs.d_inputs[0])
-    else:
-        for name, gt in zip(("query", "key", "value"), theirs.d_inputs):
-            report.compare(f"dL/d{name}", f"{name}.grad", grads[name], gt)
-    add_grad_rows(report, grads, names.params_from_state(theirs.d_params, name_map), name_map)
