@@ -33,6 +33,7 @@ from .adapters import (
     parameters,
     split_output,
     to_layout,
+    written,
 )
 from .cases import FEATURES
 from .dtypes import DTYPES
@@ -113,13 +114,16 @@ def torch_function(fn, *, layout="bhld", mask_convention="attend", dtypes=DTYPES
             kw[names["dropout_mask"]] = _tensor(torch, call.dropout_mask, call.dtype, device)
         if gqa_flag and call.k.shape[1] != call.q.shape[1]:
             kw["enable_gqa"] = True
+        handed = {"q": q, "k": k, "v": v, **{n: t for n, t in kw.items() if isinstance(t, torch.Tensor)}}
+        before = {n: _numpy(t).copy() for n, t in handed.items()}  # a tensor may be a copy (bfloat16, a device)
         with backend():
             out, weights = split_output(fn(q, k, v, **kw))
+            changed = written({n: _numpy(t) for n, t in handed.items()}, before)
             grads = None
             if backward:
                 d_out = _tensor(torch, to_layout(call.d_out, layout), call.dtype, device)
                 grads = tuple(from_layout(_numpy(g), layout) for g in _grads(torch, out, (q, k, v), d_out))
-        return Outcome(from_layout(_numpy(out), layout), _numpy(weights), grads)
+        return Outcome(from_layout(_numpy(out), layout), _numpy(weights), grads, changed)
 
     label = name or getattr(fn, "__qualname__", None) or repr(fn)
     if sdpa_backend:

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .adapters import Call, Implementation, NotSupported, from_numpy
+from .adapters import Call, Implementation, NotSupported, from_numpy, written
 from .cases import Case, matrix
 from .conventions import ALTERNATIVES, BY_NAME, LOWER, Tensors, applies, blocked_rows, effective_mask, reference
 from .dtypes import HELD
@@ -68,16 +68,20 @@ def select(case_list: list[Case], only: str | None) -> list[Case]:
 
 
 def run_case(impl: Implementation, case: Case) -> CaseResult:
-    """One case: n/a, ERROR (the function raised), FAIL (with the detected convention) or PASS."""
+    """One case: n/a, ERROR (the function raised), FAIL (with the detected convention, or the inputs it wrote into)
+    or PASS. The function is handed copies of the case's inputs; the reference is computed from the originals."""
     missing = sorted(case.needs() - impl.features - {"backward"})
     if case.dtype not in impl.dtypes:
         return CaseResult(case, "n/a", message=f"takes no {case.dtype}")
     if missing:
         return CaseResult(case, "n/a", message=f"takes no {', '.join(missing)}")
     backward = "backward" in impl.features
-    x = case.inputs()
-    call = Call(case.dtype, x.q, x.k, x.v, x.mask, case.scale, case.is_causal, case.dropout_p, x.keep,
-                x.d_out if backward else None)  # fmt: skip
+    x = case.inputs()  # the reference's: the function gets copies, so what it writes cannot change the reference
+    original = {"q": x.q, "k": x.k, "v": x.v, "mask": x.mask, "dropout_mask": x.keep,
+                "d_out": x.d_out if backward else None}  # fmt: skip
+    given = {n: None if a is None else a.copy() for n, a in original.items()}
+    call = Call(case.dtype, given["q"], given["k"], given["v"], given["mask"], case.scale, case.is_causal,
+                case.dropout_p, given["dropout_mask"], given["d_out"])  # fmt: skip
     try:
         with np.errstate(all="ignore"):
             outcome = impl(call)
@@ -86,18 +90,33 @@ def run_case(impl: Implementation, case: Case) -> CaseResult:
     except Exception as e:  # noqa: BLE001 - whatever the function raises is this case's result
         hint = sorted(case.needs() - {"backward", "mask"})
         more = f" (if it does not take {', '.join(hint)}: without={tuple(hint)!r})" if hint else ""
-        return CaseResult(case, "ERROR", message=f"raised {type(e).__name__}: {_one_line(e)}"[:300] + more)
+        changed = written(given, original)
+        first = f"wrote into {_names(changed)}, then " if changed else ""
+        return CaseResult(case, "ERROR", message=f"{first}raised {type(e).__name__}: {_one_line(e)}"[:300] + more,
+                          written=changed)  # fmt: skip
+    changed = tuple(dict.fromkeys(written(given, original) + tuple(getattr(outcome, "written", ()))))
+    mutation = WROTE.format(_names(changed)) if changed else ""
     got, problem = collect(outcome, case, backward)
     if problem:
-        return CaseResult(case, "FAIL", message=problem)
+        return CaseResult(case, "FAIL", message="; and ".join(filter(None, (mutation, problem))), written=changed)
     ref, pl = reference(x, case, backward=backward), plain(x, case, backward=backward)
     checks = check(got, ref, pl, case)
-    if all(c.passed for c in checks.values()):
+    wrong = [n for n, c in checks.items() if not c.passed]
+    if changed:  # a failure of its own: judged on what it returned, against the reference of the untouched inputs
+        more = f"; and wrong: {', '.join(wrong)}" if wrong else " (what it returned is right)"
+        return CaseResult(case, "FAIL", checks, message=mutation + more, written=changed)
+    if not wrong:
         return CaseResult(case, "PASS", checks)
     detected = detect(got, x, case, checks, impl.mask_convention)
-    wrong = [n for n, c in checks.items() if not c.passed]
     message = "" if detected else f"wrong: {', '.join(wrong)}; no known convention matches"
     return CaseResult(case, "FAIL", checks, detected, message)
+
+
+WROTE = "wrote into its input {} (a function must leave its arguments as given)"
+
+
+def _names(names) -> str:
+    return ", ".join(names)
 
 
 def _one_line(e: BaseException) -> str:
