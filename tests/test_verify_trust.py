@@ -5,6 +5,9 @@ os._exit) or hangs fails its case with a message, and the command still prints i
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -110,3 +113,77 @@ def test_torch_tensors_share_the_memory_and_are_checked_too():
     assert all(r.message.endswith("(what it returned is right)") for r in forward.results), str(forward)
     both = T.verify_attention(T.from_torch(scribbles), cases=cases[:1])  # autograd refuses the written q: an ERROR
     assert both.results[0].status == "ERROR" and both.results[0].message.startswith("wrote into q, then raised")
+
+
+# --------------------------------------------------------------------------- a function that exits or hangs
+
+MISBEHAVES = '''
+import ctypes, os, sys, time
+sys.path.insert(0, {examples!r})
+from correct import attention as correct
+
+
+def attention(q, k, v, **kw):
+    """What it does depends on the case (its Lq): it returns, exits in three ways, or hangs."""
+    Lq = q.shape[2]
+    if Lq == 3:
+        sys.exit(0)
+    if Lq == 113:
+        os._exit(0)
+    if Lq == 127:
+        ctypes.CDLL(None).exit(0)  # C's exit: no Python guard sees it
+    if Lq == 1023:
+        while True:
+            time.sleep(1)
+    print("the function prints this")
+    return correct(q, k, v, **kw)
+'''
+
+
+def test_the_command_reports_each_exit_and_hang_as_its_case_failure_and_exits_1(tmp_path):
+    """Before: sys.exit(0) inside the function ended verify with exit code 0 and no report."""
+    target = tmp_path / "misbehaves.py"
+    target.write_text(MISBEHAVES.format(examples=str(ROOT / "examples" / "verify")))
+    page = tmp_path / "report.json"
+    r = subprocess.run([sys.executable, "-m", "mha_numpy", "verify", f"{target}:attention", "--only",
+                        "no mask [float32", "--timeout", "4", "--json", str(page)], capture_output=True, text=True,
+                       timeout=300)  # fmt: skip
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "RESULT: FAIL: 2 passed, 0 failed, 4 ERROR of 6 cases" in r.stdout, r.stdout
+    assert "the function prints this" in r.stderr and "prints this" not in r.stdout  # its output: stderr
+    rows = {(x["shape"]["Lq"]): (x["status"], x["message"]) for x in json.loads(page.read_text())["results"]}
+    assert rows[1][0] == rows[203][0] == "PASS"  # the cases after a hang and an exit still run
+    assert rows[3] == ("ERROR", "called sys.exit(0): a function under test must return (its exit is a failure, "
+                       "whatever the code)")  # fmt: skip
+    assert rows[113][0] == "ERROR" and rows[113][1].startswith("called os._exit(0)")
+    assert rows[127][0] == "ERROR" and rows[127][1].startswith("the process running it ended (exit code 0")
+    assert rows[1023][0] == "ERROR" and rows[1023][1].startswith("stopped after 4 s: the function did not return")
+
+
+def test_a_module_that_ends_the_process_on_import_exits_3(tmp_path):
+    bad = tmp_path / "leaves.py"
+    bad.write_text("import os\nos._exit(0)\n")
+    r = subprocess.run([sys.executable, "-m", "mha_numpy", "verify", f"{bad}:attention"], capture_output=True,
+                       text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 3 and r.stderr.strip() == f"verify: importing {bad} called os._exit(0)", r.stderr
+
+
+def test_verify_attention_in_process_turns_sys_exit_into_a_failure():
+    def leaves(q, k, v):
+        sys.exit(0)
+
+    report = T.verify_attention(leaves, cases=PLAIN[:2])
+    assert not report.passed and [r.status for r in report.results] == ["ERROR", "ERROR"], str(report)
+    assert report.results[0].message.startswith("called sys.exit(0)")
+
+
+def test_verify_attention_in_process_turns_os_exit_into_a_failure():
+    """In a process of its own: without the guard, os._exit(0) would end this test run with exit code 0."""
+    code = (
+        "import os\nfrom mha_numpy import testing as T\nfrom mha_numpy.testing.cases import shrink\n"
+        "case = shrink(T.matrix('quick')[0])\n"
+        "report = T.verify_attention(lambda q, k, v: os._exit(0), cases=[case])\n"
+        "print(report.results[0].status, report.results[0].message)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.startswith("ERROR called os._exit(0): a function under test must return"), r.stdout + r.stderr

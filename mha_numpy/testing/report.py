@@ -16,7 +16,7 @@ RULE = (
     " · max|ref|: ref = mha_numpy's kernel in float64, plain = the same path in the case's dtype, s the scores "
     "(docs/verify.md)"
 )
-STATUSES = ("PASS", "FAIL", "ERROR", "n/a")  # ERROR: the function raised; n/a: it does not take the case
+STATUSES = ("PASS", "FAIL", "ERROR", "n/a")  # ERROR: the function raised, exited or hung; n/a: it does not take it
 
 
 @dataclass
@@ -130,7 +130,11 @@ class VerifyReport:
             names = ", ".join(dict.fromkeys(n for r in mutated for n in r.written))
             lines.append(f"{len(mutated)} case{'s' * (len(mutated) != 1)} wrote into the function's inputs ({names}): "
                          "a function must leave its arguments as given (judged on copies)")  # fmt: skip
-        unexplained = sum(r.failed and not r.detected and not r.written for r in self.results)
+        errors = sum(r.status == "ERROR" for r in self.results)
+        if errors:
+            lines.append(f"{errors} case{'s' * (errors != 1)} gave nothing to judge: the function raised, exited or "
+                         "did not return in time (the row says which)")  # fmt: skip
+        unexplained = sum(r.status == "FAIL" and not r.detected and not r.written for r in self.results)
         if unexplained:
             lines.append(f"{unexplained} failing case{'s' * (unexplained != 1)} match no known convention: a bug "
                          "(the row's message says which tensor is wrong)")  # fmt: skip

@@ -1,0 +1,177 @@
+"""``verify``'s cases in a child process, each with a time limit: the function's exit, crash or hang is its case's
+failure, and the report is still printed by this process.
+
+One child runs the whole matrix (``python -c "...verify import child; child()"``: imports the target, adapts it,
+then ``run_case`` on each case), so the default run starts Python, NumPy and the target's libraries once. It
+tells us, over a pipe of its own (not its stdout, which goes to our stderr with what the function prints):
+
+    ("ready", implementation name, notes)      the target imported and adapted
+    ("usage", message) / ("import", message)   a usage mistake (exit 2) / the module raised on import (exit 3)
+    ("start", i)   ("result", i, CaseResult, CPU seconds)   around each case; ("done",) after the last
+
+A case whose result does not come within ``timeout`` seconds of its start is an ERROR naming the limit, and the
+child is killed (its process group: what the function started too); a child that ends during a case (``os._exit``
+from C, a crash, a signal) makes that case an ERROR with its exit code. Either way a new child runs the cases
+after it. Frames: a 4-byte big-endian length, then a pickle. POSIX only (process groups, ``select`` on a pipe),
+as the course checker (``checker/process.py``), which this follows.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..testing import CaseResult
+from ._args import UsageError
+
+DEFAULT_TIMEOUT = 60.0  # seconds a case may take (--timeout)
+STARTUP = 120.0  # seconds for the child to import NumPy, mha_numpy, the target and its libraries (torch, JAX)
+POLL = 0.5  # seconds between checks that the child still lives, while waiting for it
+CHILD = "from mha_numpy.commands.verify import child; child()"
+
+
+class CannotImport(Exception):
+    """The target's module raised (or exited, or hung) while being imported: exit 3 with this message."""
+
+
+def send(fd: int, message) -> None:
+    """One frame on ``fd``: 4-byte big-endian length, then the pickle."""
+    data = pickle.dumps(message)
+    data = len(data).to_bytes(4, "big") + data
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+class Child:
+    """A child process running ``job`` (a dict: the target, its options, the cases and the first to run)."""
+
+    def __init__(self, job: dict):
+        read, write = os.pipe()
+        env = dict(os.environ)
+        here = str(Path(__file__).resolve().parents[2])  # the directory holding this mha_numpy: the child's too
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", CHILD],
+                stdin=subprocess.PIPE,
+                stdout=2,  # what the function prints: our stderr, never the report's stdout
+                pass_fds=(write,),
+                env=env,
+                start_new_session=True,  # its own process group: killing it ends what the function started
+            )
+        finally:
+            os.close(write)  # ours closed: the pipe ends (EOF) when the child does
+        self.fd, self.buffer = read, b""
+        try:
+            self.proc.stdin.write(pickle.dumps({**job, "fd": write, "path": sys.path}))
+            self.proc.stdin.close()
+        except OSError:  # it died at once: read() says so
+            pass
+
+    def read(self, deadline: float):
+        """The next message; TimeoutError past ``deadline``, EOFError when the child ended (or closed the pipe)."""
+        while True:
+            if len(self.buffer) >= 4:
+                n = int.from_bytes(self.buffer[:4], "big")
+                if len(self.buffer) >= 4 + n:
+                    frame, self.buffer = self.buffer[4 : 4 + n], self.buffer[4 + n :]
+                    try:
+                        return pickle.loads(frame)
+                    except Exception as e:  # noqa: BLE001 - not a frame of ours: something wrote into the pipe
+                        raise EOFError(f"sent something that is not a message ({type(e).__name__})") from None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([self.fd], [], [], min(left, POLL))
+            if ready:
+                chunk = os.read(self.fd, 1 << 16)
+                if not chunk:
+                    raise EOFError(self.ended())
+                self.buffer += chunk
+            elif self.proc.poll() is not None:  # dead, the pipe held open by a process it started
+                raise EOFError(self.ended())
+
+    def ended(self) -> str:
+        """How the child ended: its exit code or signal (waiting 2 s for it)."""
+        try:
+            code = self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            return "it closed verify's pipe"
+        return f"exit code {code}" if code >= 0 else f"signal {signal.Signals(-code).name}"
+
+    def kill(self) -> None:
+        """Kill the child's process group (what the function started with it) and close the pipe."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        os.close(self.fd)
+
+
+def run_cases(job: dict, cases: list, timeout: float = DEFAULT_TIMEOUT, progress=None):
+    """Run ``cases`` in child processes -> (implementation name, notes, results, CPU seconds of the cases).
+    UsageError or CannotImport when the target cannot be run at all."""
+    results: list[CaseResult] = []
+    name, notes, cpu = job["target"], [], 0.0
+    while len(results) < len(cases):
+        first = len(results)
+        child = Child({**job, "cases": cases, "start": first})
+        try:
+            message = _ready(child, job["module"], timeout, restart=first > 0)
+            if message[0] == "lost":  # a second child that cannot start: the remaining cases are its failures
+                results += [CaseResult(c, "ERROR", message=message[1]) for c in cases[first:]]
+                break
+            name, notes = message[1], message[2]
+            while len(results) < len(cases):
+                result, seconds = _next(child, cases, len(results), timeout)
+                results.append(result)
+                cpu += max(seconds, 0.0)
+                if progress is not None:
+                    progress(len(results), len(cases), result)
+                if seconds < 0:  # the child was killed or ended: a new one runs the rest
+                    break
+        finally:
+            child.kill()
+    return name, notes, results, cpu
+
+
+def _ready(child: Child, module: str, timeout: float, restart: bool) -> tuple:
+    """The child's first message: ("ready", name, notes), or ("lost", why) for a restarted child that failed."""
+    limit = max(STARTUP, timeout)
+    try:
+        message = child.read(time.monotonic() + limit)
+    except TimeoutError:
+        why = f"importing {module} did not finish in {limit:g} s"
+    except EOFError as e:
+        why = f"importing {module} ended the process ({e})"
+    else:
+        if message[0] == "ready" or restart:
+            return message if message[0] == "ready" else ("lost", f"a new process could not run it: {message[1]}")
+        raise (UsageError if message[0] == "usage" else CannotImport)(message[1])
+    if restart:
+        return ("lost", f"a new process could not run it: {why}")
+    raise CannotImport(why)
+
+
+def _next(child: Child, cases: list, i: int, timeout: float) -> tuple[CaseResult, float]:
+    """Case i's result and its CPU seconds; an ERROR and -1 when the child hung or ended on it."""
+    try:
+        message = child.read(time.monotonic() + STARTUP)  # ("start", i): sent at once
+        if message != ("start", i):
+            raise EOFError(f"sent {message!r:.60} instead of the start of case {i + 1}")
+        message = child.read(time.monotonic() + timeout)
+        if message[0] != "result" or message[1] != i:
+            raise EOFError(f"sent {message!r:.60} instead of the result of case {i + 1}")
+        return message[2], message[3]
+    except TimeoutError:
+        why = f"stopped after {timeout:g} s: the function did not return (an endless loop? --timeout to change it)"
+    except EOFError as e:
+        why = f"the process running it ended ({e}: os._exit, a crash or a signal): a function under test must return"
+    return CaseResult(cases[i], "ERROR", message=why), -1.0
