@@ -1,5 +1,7 @@
 """``python -m mha_numpy verify MODULE:FUNCTION``: run an attention implementation over the case matrix against
-mha_numpy's float64 reference and print the report (``mha_numpy.testing``; docs/verify.md)."""
+mha_numpy's float64 reference and print the report (``mha_numpy.testing``; docs/verify.md). The cases run in a
+child process, each with a time limit (``verify_process``; ``child`` below is that process's side), so that the
+function's exit, crash or hang is its case's failure and this process always prints the report."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import os
 import pickle
 import sys
 import time
@@ -19,8 +22,8 @@ from .verify_process import DEFAULT_TIMEOUT, CannotImport, run_cases, send
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_CANNOT_IMPORT = 0, 1, 2, 3
 EXIT_CODES = (
     "exit codes: 0 = every case ran passed (n/a cases, which the function does not take, do not count); 1 = a case "
-    "failed or the function raised on it; 2 = usage error (a bad target or option, torch or JAX missing); 3 = the "
-    "module could not be imported (it raised)."
+    "failed, or the function raised, exited, wrote into its inputs or ran past --timeout on it; 2 = usage error (a "
+    "bad target or option, torch or JAX missing); 3 = the module could not be imported (it raised, exited or hung)."
 )
 LIBRARIES = {"torch": "torch", "transformers": "torch", "jax": "jax"}  # a target in these modules: that adapter
 
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
            "torch_only": torch_only}  # fmt: skip
     progress = _progress if sys.stderr.isatty() and args.json != "-" else None
     try:
-        if args.in_process:
+        if args.in_process or os.name != "posix":  # no process groups or select on pipes elsewhere
             with exit_guard():
                 impl = adapt(job)
             impl.notes.append(IN_PROCESS)
