@@ -115,6 +115,19 @@ def test_torch_tensors_share_the_memory_and_are_checked_too():
     assert both.results[0].status == "ERROR" and both.results[0].message.startswith("wrote into q, then raised")
 
 
+def test_a_torch_mask_written_into_is_named_once_by_its_name_in_the_calling_convention():
+    torch = require_torch()
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def opens_its_mask(q, k, v, attn_mask=None):
+        out = sdpa(q, k, v, attn_mask=attn_mask)
+        attn_mask.fill_(True)
+        return out
+
+    report = T.verify_attention(T.from_torch(opens_its_mask, without=("backward",)), cases=MASKED)
+    assert [r.written for r in report.results] == [("mask",)] * len(MASKED), str(report)
+
+
 # --------------------------------------------------------------------------- a function that exits or hangs
 
 MISBEHAVES = '''
@@ -175,6 +188,23 @@ def test_verify_attention_in_process_turns_sys_exit_into_a_failure():
     report = T.verify_attention(leaves, cases=PLAIN[:2])
     assert not report.passed and [r.status for r in report.results] == ["ERROR", "ERROR"], str(report)
     assert report.results[0].message.startswith("called sys.exit(0)")
+
+
+def test_what_it_returns_is_read_under_the_same_guard():
+    """An object's __array__ is the function's code too: its exception or exit is the case's failure, not verify's."""
+
+    class Exits:
+        def __array__(self, dtype=None, copy=None):
+            sys.exit(0)
+
+    class Raises:
+        def __array__(self, dtype=None, copy=None):
+            raise RuntimeError("no numbers here")
+
+    for result, says in ((Exits(), "SystemExit: 0"), (Raises(), "RuntimeError: no numbers here")):
+        report = T.verify_attention(lambda q, k, v, result=result: result, cases=PLAIN[:1])
+        r = report.results[0]
+        assert r.status == "FAIL" and r.message == f"returned what cannot be read as arrays ({says})", str(report)
 
 
 def test_verify_attention_in_process_turns_os_exit_into_a_failure():

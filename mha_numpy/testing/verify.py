@@ -106,7 +106,13 @@ def run_case(impl: Implementation, case: Case) -> CaseResult:
                           written=changed)  # fmt: skip
     changed = tuple(dict.fromkeys(written(given, original) + tuple(getattr(outcome, "written", ()))))
     mutation = WROTE.format(_names(changed)) if changed else ""
-    got, problem = collect(outcome, case, backward)
+    try:  # its results read as arrays: an object's __array__ is the function's code too
+        with np.errstate(all="ignore"), exit_guard():
+            got, problem = collect(outcome, case, backward)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001
+        problem = f"returned what cannot be read as arrays ({type(e).__name__}: {_one_line(e)})"[:300]
     if problem:
         return CaseResult(case, "FAIL", message="; and ".join(filter(None, (mutation, problem))), written=changed)
     ref, pl = reference(x, case, backward=backward), plain(x, case, backward=backward)
