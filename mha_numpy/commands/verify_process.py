@@ -9,11 +9,12 @@ tells us, over a pipe of its own (not its stdout, which goes to our stderr with 
     ("usage", message) / ("import", message)   a usage mistake (exit 2) / the module raised on import (exit 3)
     ("start", i)   ("result", i, CaseResult, CPU seconds)   around each case; ("done",) after the last
 
-A case whose result does not come within ``timeout`` seconds of its start is an ERROR naming the limit, and the
-child is killed (its process group: what the function started too); a child that ends during a case (``os._exit``
-from C, a crash, a signal) makes that case an ERROR with its exit code. Either way a new child runs the cases
-after it. Frames: a 4-byte big-endian length, then a pickle. POSIX only (process groups, ``select`` on a pipe),
-as the course checker (``checker/process.py``), which this follows.
+A case whose result does not come within ``timeout`` seconds of its start is an ERROR naming the limit, the child
+is killed (its process group: what the function started too), and the cases after it are not run (ERROR "not
+run": each could hang as long; a function hanging on every case would take the limit times the matrix). A child
+that ends during a case (``os._exit`` from C, a crash, a signal) makes that case an ERROR with its exit code, and a
+new child runs the cases after it. Frames: a 4-byte big-endian length, then a pickle. POSIX only (process groups,
+``select`` on a pipe), as the course checker (``checker/process.py``), which this follows.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ._args import UsageError
 DEFAULT_TIMEOUT = 60.0  # seconds a case may take (--timeout)
 STARTUP = 120.0  # seconds for the child to import NumPy, mha_numpy, the target and its libraries (torch, JAX)
 POLL = 0.5  # seconds between checks that the child still lives, while waiting for it
+STOPPED = "stopped after"  # a case's message when it ran past the time limit
 CHILD = "from mha_numpy.commands.verify import child; child()"
 
 
@@ -139,6 +141,13 @@ def run_cases(job: dict, cases: list, timeout: float = DEFAULT_TIMEOUT, progress
                     break
         finally:
             child.kill()
+        if results and results[-1].message.startswith(STOPPED):  # a hang: the rest not run (each could take as long)
+            hung = results[-1].case.id
+            for case in cases[len(results) :]:
+                results.append(CaseResult(case, "ERROR", message=f"not run: {hung} ran past the time limit before it "
+                                          "(--only to run the rest)"))  # fmt: skip
+                if progress is not None:
+                    progress(len(results), len(cases), results[-1])
     return name, notes, results, cpu
 
 
@@ -171,7 +180,7 @@ def _next(child: Child, cases: list, i: int, timeout: float) -> tuple[CaseResult
             raise EOFError(f"sent {message!r:.60} instead of the result of case {i + 1}")
         return message[2], message[3]
     except TimeoutError:
-        why = f"stopped after {timeout:g} s: the function did not return (an endless loop? --timeout to change it)"
+        why = f"{STOPPED} {timeout:g} s: the function did not return (an endless loop? --timeout to change it)"
     except EOFError as e:
         why = f"the process running it ended ({e}: os._exit, a crash or a signal): a function under test must return"
     return CaseResult(cases[i], "ERROR", message=why), -1.0
