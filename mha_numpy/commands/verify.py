@@ -72,8 +72,9 @@ def add_parser(sub) -> None:
     p.add_argument("--sdpa-backend", choices=["math", "flash_attention", "efficient_attention", "cudnn_attention"],
                    help="run a --torch function under torch.nn.attention.sdpa_kernel(this backend)")  # fmt: skip
     p.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-                   help="the time a case may take (default %(default)g s): a case still running then is a failure, "
-                   "its process killed")  # fmt: skip
+                   help="the time a case may take, the function and its judging (default %(default)g s; "
+                   "the judging takes under 3 s on the full matrix): a case still running then is a failure, its "
+                   "process killed, the cases after it not run")  # fmt: skip
     p.add_argument("--in-process", action="store_true", help="run the function in verify's own process (for a "
                    "debugger): no time limit, and a crash or an exit from C code ends verify")  # fmt: skip
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON (- : to stdout, instead of the table)")
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
            "torch_only": torch_only}  # fmt: skip
     progress = _progress if sys.stderr.isatty() and args.json != "-" else None
     try:
-        if args.in_process or os.name != "posix":  # no process groups or select on pipes elsewhere
+        if args.in_process or os.name != "posix" or not sys.executable:  # no process groups elsewhere
             with exit_guard():
                 impl = adapt(job)
             impl.notes.append(IN_PROCESS)
