@@ -176,6 +176,36 @@ def test_the_command_reports_each_exit_and_hang_as_its_case_failure_and_exits_1(
                          "it (--only to run the rest)")  # fmt: skip
 
 
+WRITES_INTO_THE_PIPE = """
+import fcntl, os, sys
+sys.path.insert(0, {examples!r})
+from correct import attention as correct
+
+
+def attention(q, k, v, **kw):
+    if q.shape[2] == 113:  # a frame that is no message, into every pipe it may write to
+        for fd in map(int, os.listdir("/proc/self/fd")):
+            try:
+                if fd > 2 and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY:
+                    os.write(fd, b"\\x00\\x00\\x00\\x02xx")
+            except OSError:  # the directory's own descriptor, closed by now
+                pass
+    return correct(q, k, v, **kw)
+"""
+
+
+def test_garbage_written_into_verify_s_pipe_is_the_case_s_failure(tmp_path):
+    target = tmp_path / "garbage.py"
+    target.write_text(WRITES_INTO_THE_PIPE.format(examples=str(ROOT / "examples" / "verify")))
+    r = subprocess.run([sys.executable, "-m", "mha_numpy", "verify", f"{target}:attention", "--only",
+                        "no mask [float64", "--json", "-"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 1, r.stdout + r.stderr
+    rows = {x["shape"]["Lq"]: (x["status"], x["message"]) for x in json.loads(r.stdout)["results"]}
+    assert rows[1][0] == rows[512][0] == "PASS", rows
+    assert rows[113] == ("ERROR", "the process running it sent something that is not a message (UnpicklingError) "
+                         "(something wrote into verify's pipe)"), rows  # fmt: skip
+
+
 def test_a_module_that_ends_the_process_on_import_exits_3(tmp_path):
     bad = tmp_path / "leaves.py"
     bad.write_text("import os\nos._exit(0)\n")

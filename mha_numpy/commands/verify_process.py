@@ -7,7 +7,7 @@ tells us, over a pipe of its own (not its stdout, which goes to our stderr with 
 
     ("ready", implementation name, notes)      the target imported and adapted
     ("usage", message) / ("import", message)   a usage mistake (exit 2) / the module raised on import (exit 3)
-    ("start", i)   ("result", i, CaseResult, CPU seconds)   around each case; ("done",) after the last
+    ("start", i)   ("result", i, CaseResult, CPU seconds)   around each case
 
 A case whose result does not come within ``timeout`` seconds of its start is an ERROR naming the limit, the child
 is killed (its process group: what the function started too), and the cases after it are not run (ERROR "not
@@ -72,21 +72,28 @@ class Child:
         self.fd, self.buffer = read, b""
         try:
             self.proc.stdin.write(pickle.dumps({**job, "fd": write, "path": sys.path}))
-            self.proc.stdin.close()
         except OSError:  # it died at once: read() says so
             pass
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
 
-    def read(self, deadline: float):
-        """The next message; TimeoutError past ``deadline``, EOFError when the child ended (or closed the pipe)."""
+    def read(self, deadline: float, *expected: tuple[str, int]) -> tuple:
+        """The next message, one of the ``expected`` (kind, length); TimeoutError past ``deadline``, EOFError when
+        the child ended (or closed the pipe), ValueError for anything else on the pipe."""
         while True:
             if len(self.buffer) >= 4:
                 n = int.from_bytes(self.buffer[:4], "big")
                 if len(self.buffer) >= 4 + n:
                     frame, self.buffer = self.buffer[4 : 4 + n], self.buffer[4 + n :]
                     try:
-                        return pickle.loads(frame)
+                        message = pickle.loads(frame)
                     except Exception as e:  # noqa: BLE001 - not a frame of ours: something wrote into the pipe
-                        raise EOFError(f"sent something that is not a message ({type(e).__name__})") from None
+                        raise ValueError(f"something that is not a message ({type(e).__name__})") from None
+                    if not (isinstance(message, tuple) and message and (message[0], len(message)) in expected):
+                        raise ValueError(f"{message!r:.80}, not a message verify expected here")
+                    return message
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError
@@ -114,7 +121,9 @@ class Child:
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait()
-        os.close(self.fd)
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def run_cases(job: dict, cases: list, timeout: float = DEFAULT_TIMEOUT, progress=None):
@@ -152,35 +161,39 @@ def run_cases(job: dict, cases: list, timeout: float = DEFAULT_TIMEOUT, progress
 
 
 def _ready(child: Child, module: str, timeout: float, restart: bool) -> tuple:
-    """The child's first message: ("ready", name, notes), or ("lost", why) for a restarted child that failed."""
+    """The child's first message: ("ready", name, notes), or ("lost", why) for a restarted child that failed;
+    UsageError or CannotImport for the first child that cannot run the target."""
     limit = max(STARTUP, timeout)
     try:
-        message = child.read(time.monotonic() + limit)
+        message = child.read(time.monotonic() + limit, ("ready", 3), ("usage", 2), ("import", 2))
+        if message[0] == "ready":
+            return message
+        error = (UsageError if message[0] == "usage" else CannotImport)(message[1])
     except TimeoutError:
-        why = f"importing {module} did not finish in {limit:g} s"
+        error = CannotImport(f"importing {module} did not finish in {limit:g} s")
     except EOFError as e:
-        why = f"importing {module} ended the process ({e})"
-    else:
-        if message[0] == "ready" or restart:
-            return message if message[0] == "ready" else ("lost", f"a new process could not run it: {message[1]}")
-        raise (UsageError if message[0] == "usage" else CannotImport)(message[1])
+        error = CannotImport(f"importing {module} ended the process ({e})")
+    except ValueError as e:
+        error = CannotImport(f"while importing {module}, the process sent {e}")
     if restart:
-        return ("lost", f"a new process could not run it: {why}")
-    raise CannotImport(why)
+        return ("lost", f"a new process could not run it: {error}")
+    raise error
 
 
 def _next(child: Child, cases: list, i: int, timeout: float) -> tuple[CaseResult, float]:
     """Case i's result and its CPU seconds; an ERROR and -1 when the child hung or ended on it."""
     try:
-        message = child.read(time.monotonic() + STARTUP)  # ("start", i): sent at once
-        if message != ("start", i):
-            raise EOFError(f"sent {message!r:.60} instead of the start of case {i + 1}")
-        message = child.read(time.monotonic() + timeout)
-        if message[0] != "result" or message[1] != i:
-            raise EOFError(f"sent {message!r:.60} instead of the result of case {i + 1}")
-        return message[2], message[3]
+        message = child.read(time.monotonic() + STARTUP, ("start", 2))  # sent at once
+        if message[1] != i:
+            raise ValueError(f"the start of case {message[1]!r:.20} instead of case {i + 1}")
+        message = child.read(time.monotonic() + timeout, ("result", 4))
+        if message[1] != i or not isinstance(message[2], CaseResult):
+            raise ValueError(f"a result that is not case {i + 1}'s")
+        return message[2], float(message[3])
     except TimeoutError:
         why = f"{STOPPED} {timeout:g} s: the function did not return (an endless loop? --timeout to change it)"
     except EOFError as e:
         why = f"the process running it ended ({e}: os._exit, a crash or a signal): a function under test must return"
+    except (ValueError, TypeError) as e:  # run_cases kills this child
+        why = f"the process running it sent {e} (something wrote into verify's pipe)"
     return CaseResult(cases[i], "ERROR", message=why), -1.0
