@@ -89,9 +89,8 @@ def run(args: argparse.Namespace) -> int:
     for option, path in (("--json", args.json), ("--html", args.html)):
         _check_output(option, path)
     module_part = _module_part(args.target)
-    kind = "torch" if args.torch else "jax" if args.jax else LIBRARIES.get(module_part.split(".")[0], "numpy")
-    if _is_file(module_part):
-        kind = "torch" if args.torch else "jax" if args.jax else "numpy"
+    library = "numpy" if _is_file(module_part) else LIBRARIES.get(module_part.split(".")[0], "numpy")
+    kind = "torch" if args.torch else "jax" if args.jax else library
     options = {k: v for k, v in (("layout", args.layout), ("mask_convention", args.mask_convention),
                ("dtypes", args.dtypes), ("without", args.without or None)) if v is not None}  # fmt: skip
     torch_only = {k: v for k, v in (("device", args.device), ("sdpa_backend", args.sdpa_backend)) if v is not None}
@@ -189,7 +188,8 @@ def _is_file(module_part: str) -> bool:
 
 
 def load_target(target: str, vjp_name: str | None):
-    """MODULE:FUNCTION -> (module name, the object, its NumPy VJP or None); UsageError or exit 3 when it cannot."""
+    """MODULE:FUNCTION -> (module name, the object, its NumPy VJP or None); UsageError, or CannotImport when the
+    module raises (or exits) while being imported."""
     module_part = _module_part(target)
     attr = target.rpartition(":")[2]
     module = _import(module_part)

@@ -72,8 +72,8 @@ def select(case_list: list[Case], only: str | None) -> list[Case]:
 
 
 def run_case(impl: Implementation, case: Case) -> CaseResult:
-    """One case: n/a, ERROR (the function raised), FAIL (with the detected convention, or the inputs it wrote into)
-    or PASS. The function is handed copies of the case's inputs; the reference is computed from the originals."""
+    """One case: n/a, ERROR (the function raised or exited), FAIL (with the detected convention, or the inputs it
+    wrote into) or PASS. The function is handed copies of the case's inputs; the reference is of the originals."""
     missing = sorted(case.needs() - impl.features - {"backward"})
     if case.dtype not in impl.dtypes:
         return CaseResult(case, "n/a", message=f"takes no {case.dtype}")
