@@ -66,6 +66,11 @@ def test_json_to_stdout_is_the_report_alone(capsys, tmp_path):
     assert code == 0 and f"wrote {path}" in out and json.loads(path.read_text())["passed"] is True
 
 
+def test_in_process_runs_the_cases_here_and_says_so(capsys):
+    code, out, _ = verify(capsys, CORRECT, "--only", "padding [float64", "--in-process")
+    assert code == 0 and "note: run in verify's own process (--in-process): no time limit" in out, out
+
+
 def test_a_torch_function_by_its_module_name(capsys):
     pytest.importorskip("torch", reason="torch is not installed: pip install -r requirements-dev.txt")
     code, out, _ = verify(capsys, "torch.nn.functional:scaled_dot_product_attention", "--sdpa-backend", "math",
@@ -88,6 +93,7 @@ MISTAKES = [
     ([CORRECT, "--json", "/no/such/dir/r.json"], "--json"),
     ([CORRECT, "--html", "."], "--html"),
     ([CORRECT, "--torch", "--jax"], "--jax"),
+    ([CORRECT, "--timeout", "0"], "--timeout"),
 ]
 
 

@@ -1,5 +1,7 @@
 """``python -m mha_numpy verify MODULE:FUNCTION``: run an attention implementation over the case matrix against
-mha_numpy's float64 reference and print the report (``mha_numpy.testing``; docs/verify.md)."""
+mha_numpy's float64 reference and print the report (``mha_numpy.testing``; docs/verify.md). The cases run in a
+child process, each with a time limit (``verify_process``; ``child`` below is that process's side), so that the
+function's exit, crash or hang is its case's failure and this process always prints the report."""
 
 from __future__ import annotations
 
@@ -7,16 +9,21 @@ import argparse
 import importlib
 import importlib.util
 import json
+import os
+import pickle
 import sys
+import time
 from pathlib import Path
 
-from ._args import UsageError, writing
+from ..testing.verify import Exited, exit_guard
+from ._args import UsageError, positive_float, writing
+from .verify_process import DEFAULT_TIMEOUT, CannotImport, run_cases, send
 
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_CANNOT_IMPORT = 0, 1, 2, 3
 EXIT_CODES = (
     "exit codes: 0 = every case ran passed (n/a cases, which the function does not take, do not count); 1 = a case "
-    "failed or the function raised on it; 2 = usage error (a bad target or option, torch or JAX missing); 3 = the "
-    "module could not be imported (it raised)."
+    "failed, or the function raised, exited, wrote into its inputs or ran past --timeout on it; 2 = usage error (a "
+    "bad target or option, torch or JAX missing); 3 = the module could not be imported (it raised, exited or hung)."
 )
 LIBRARIES = {"torch": "torch", "transformers": "torch", "jax": "jax"}  # a target in these modules: that adapter
 
@@ -65,55 +72,129 @@ def add_parser(sub) -> None:
     p.add_argument("--device", help="torch device for --torch (default cpu)")
     p.add_argument("--sdpa-backend", choices=["math", "flash_attention", "efficient_attention", "cudnn_attention"],
                    help="run a --torch function under torch.nn.attention.sdpa_kernel(this backend)")  # fmt: skip
+    p.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                   help="the time a case may take, the function and its judging (default %(default)g s; "
+                   "the judging takes under 3 s on the full matrix): a case still running then is a failure, its "
+                   "process killed, the cases after it not run")  # fmt: skip
+    p.add_argument("--in-process", action="store_true", help="run the function in verify's own process (for a "
+                   "debugger): no time limit, and a crash or an exit from C code ends verify")  # fmt: skip
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON (- : to stdout, instead of the table)")
     p.add_argument("--html", metavar="FILE", help="also write the report as one HTML page")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Adapt MODULE:FUNCTION (NumPy, torch or JAX), run it over the case matrix, print the report and write
-    --json/--html; an exit code of ``EXIT_CODES``.
-    """
-    from ..testing import Implementation, from_jax, from_numpy, from_torch, verify_attention
+    """Adapt MODULE:FUNCTION (NumPy, torch or JAX), run it over the case matrix (in a child process unless
+    --in-process), print the report and write --json/--html; an exit code of ``EXIT_CODES``."""
+    from ..testing import VerifyReport, matrix, verify_attention
+    from ..testing.verify import select
 
     for option, path in (("--json", args.json), ("--html", args.html)):
         _check_output(option, path)
-    module_name, obj, vjp = load_target(args.target, args.vjp)
-    kind = "torch" if args.torch else "jax" if args.jax else LIBRARIES.get(module_name.split(".")[0], "numpy")
+    module_part = _module_part(args.target)
+    library = "numpy" if _is_file(module_part) else LIBRARIES.get(module_part.split(".")[0], "numpy")
+    kind = "torch" if args.torch else "jax" if args.jax else library
     options = {k: v for k, v in (("layout", args.layout), ("mask_convention", args.mask_convention),
                ("dtypes", args.dtypes), ("without", args.without or None)) if v is not None}  # fmt: skip
     torch_only = {k: v for k, v in (("device", args.device), ("sdpa_backend", args.sdpa_backend)) if v is not None}
     if torch_only and kind != "torch":
         raise UsageError(f"argument --{next(iter(torch_only)).replace('_', '-')}: applies to --torch functions only")
+    job = {"target": args.target, "module": module_part, "vjp": args.vjp, "kind": kind, "options": options,
+           "torch_only": torch_only}  # fmt: skip
+    progress = _progress if sys.stderr.isatty() and args.json != "-" else None
     try:
-        if isinstance(obj, Implementation):
-            if options or torch_only or vjp is not None:
-                raise UsageError(f"{args.target} is an adapted Implementation: it takes no adapter options")
-            impl = obj
-        elif kind == "torch":
-            impl = from_torch(obj, **options, **torch_only)
-        elif kind == "jax":
-            impl = from_jax(obj, **options)
+        if args.in_process or os.name != "posix" or not sys.executable:  # no process groups elsewhere
+            with exit_guard():
+                impl = adapt(job)
+            impl.notes.append(IN_PROCESS)
+            report = verify_attention(impl, cases=args.cases, only=args.only, progress=progress)
         else:
-            impl = from_numpy(obj, vjp, **options, name=args.target)
-        progress = _progress if sys.stderr.isatty() and args.json != "-" else None
-        report = verify_attention(impl, cases=args.cases, only=args.only, progress=progress)
-    except ValueError as e:  # a bad option value for the adapter, or --only matching nothing
-        message = str(e)
-        option = next((o for o in ("dtypes", "without", "layout", "mask_convention", "sdpa_backend", "only")
-                       if message.startswith(o)), None)  # fmt: skip
-        raise UsageError(f"argument --{option.replace('_', '-')}: {message}" if option else message) from None
+            cases = select(matrix(args.cases), args.only)
+            start = time.perf_counter()
+            name, notes, results, cpu = run_cases(job, cases, args.timeout, progress)
+            report = VerifyReport(name, args.cases, results, notes, time.perf_counter() - start, cpu)
+    except ValueError as e:  # --only matching nothing
+        raise _usage(e) from None
+    except CannotImport as e:
+        print(f"verify: {e}", file=sys.stderr)
+        return EXIT_CANNOT_IMPORT
     if args.json != "-":
         print(report)
     _write(args, report)
     return EXIT_PASSED if report.passed else EXIT_FAILED
 
 
-def load_target(target: str, vjp_name: str | None):
-    """MODULE:FUNCTION -> (module name, the object, its NumPy VJP or None); UsageError or exit 3 when it cannot."""
+IN_PROCESS = "run in verify's own process (--in-process): no time limit, and a crash or an exit from C code ends verify"
+
+
+def adapt(job: dict):
+    """The target of ``job`` imported and adapted -> an Implementation (UsageError, CannotImport)."""
+    from ..testing import Implementation, from_jax, from_numpy, from_torch
+
+    _, obj, vjp = load_target(job["target"], job["vjp"])
+    options, torch_only, kind = job["options"], job["torch_only"], job["kind"]
+    try:
+        if isinstance(obj, Implementation):
+            if options or torch_only or vjp is not None:
+                raise UsageError(f"{job['target']} is an adapted Implementation: it takes no adapter options")
+            return obj
+        if kind == "torch":
+            return from_torch(obj, **options, **torch_only)
+        if kind == "jax":
+            return from_jax(obj, **options)
+        return from_numpy(obj, vjp, **options, name=job["target"])
+    except ValueError as e:  # a bad option value for the adapter
+        raise _usage(e) from None
+
+
+def _usage(e: ValueError) -> UsageError:
+    message = str(e)
+    option = next((o for o in ("dtypes", "without", "layout", "mask_convention", "sdpa_backend", "only")
+                   if message.startswith(o)), None)  # fmt: skip
+    return UsageError(f"argument --{option.replace('_', '-')}: {message}" if option else message)
+
+
+def child() -> None:
+    """The child process of ``verify_process``: the job from stdin, the messages to the pipe it names."""
+    from .._optional import MissingDependency
+    from ..testing import run_case
+
+    job = pickle.load(sys.stdin.buffer)
+    fd, cases = job["fd"], job["cases"]
+    sys.path[:] = job["path"]  # the parent's: a module name resolves as it would there
+    try:
+        with exit_guard():
+            impl = adapt(job)
+    except (UsageError, MissingDependency) as e:
+        return send(fd, ("usage", str(e)))
+    except CannotImport as e:
+        return send(fd, ("import", str(e)))
+    send(fd, ("ready", impl.name, list(impl.notes)))
+    for i in range(job["start"], len(cases)):
+        send(fd, ("start", i))
+        cpu = time.process_time()
+        result = run_case(impl, cases[i])
+        send(fd, ("result", i, result, time.process_time() - cpu))
+
+
+def _module_part(target: str) -> str:
     module_part, sep, attr = target.rpartition(":")
     if not sep or not module_part or not attr:
         raise UsageError(f"argument MODULE:FUNCTION: expected e.g. my_kernels:attention, got {target!r}")
+    if _is_file(module_part) and not Path(module_part).is_file():
+        raise UsageError(f"argument MODULE:FUNCTION: no such file: {module_part}")
+    return module_part
+
+
+def _is_file(module_part: str) -> bool:
+    return module_part.endswith(".py") or "/" in module_part
+
+
+def load_target(target: str, vjp_name: str | None):
+    """MODULE:FUNCTION -> (module name, the object, its NumPy VJP or None); UsageError, or CannotImport when the
+    module raises (or exits) while being imported."""
+    module_part = _module_part(target)
+    attr = target.rpartition(":")[2]
     module = _import(module_part)
     obj = _attribute(module, module_part, attr)
     if vjp_name is not None:
@@ -133,9 +214,7 @@ def _is_implementation(obj) -> bool:
 
 def _import(module_part: str):
     path = Path(module_part)
-    if module_part.endswith(".py") or "/" in module_part:
-        if not path.is_file():
-            raise UsageError(f"argument MODULE:FUNCTION: no such file: {module_part}")
+    if _is_file(module_part):
         name = "_verify_target_" + "".join(c if c.isalnum() else "_" for c in path.stem)
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
@@ -153,16 +232,18 @@ def _import(module_part: str):
         if runner is None and e.name and module_part.startswith(e.name):
             raise UsageError(f"argument MODULE:FUNCTION: no module named {e.name!r}") from None
         _cannot_import(module_part, e)
+    except KeyboardInterrupt:
+        raise
     except BaseException as e:  # noqa: BLE001 - whatever it raises (SystemExit too) while importing: one line, exit 3
-        if isinstance(e, KeyboardInterrupt):
-            raise
         _cannot_import(module_part, e)
 
 
 def _cannot_import(module_part: str, e: BaseException):
+    if isinstance(e, (SystemExit, Exited)):
+        how = "os._exit" if isinstance(e, Exited) else "sys.exit"
+        raise CannotImport(f"importing {module_part} called {how}({e.code!r})")
     message = " ".join(str(e).split())[:200]
-    print(f"verify: importing {module_part} raised {type(e).__name__}: {message}", file=sys.stderr)
-    raise SystemExit(EXIT_CANNOT_IMPORT)
+    raise CannotImport(f"importing {module_part} raised {type(e).__name__}: {message}")
 
 
 def _attribute(module, module_part: str, attr: str, option: str = "MODULE:FUNCTION"):

@@ -70,6 +70,7 @@ class Outcome:
     out: np.ndarray
     weights: np.ndarray | None = None
     grads: tuple | None = None  # (dq, dk, dv)
+    written: tuple = ()  # the names of the arguments the function wrote into (``written``), seen by the adapter
 
 
 @dataclass
@@ -85,6 +86,17 @@ class Implementation:
 
     def __call__(self, call: Call) -> Outcome:
         return self.run(call)
+
+
+def written(handed: dict, before: dict) -> tuple[str, ...]:
+    """The names whose array in ``handed`` no longer equals the one in ``before`` (NaN equal to NaN): the
+    arguments a function wrote into. Inputs are never to be mutated (a caller reuses them: its reference, the
+    next layer, the backward)."""
+    return tuple(
+        n
+        for n, a in handed.items()
+        if a is not None and not (a.shape == before[n].shape and np.array_equal(a, before[n], equal_nan=True))
+    )
 
 
 def check_choice(value, name: str, choices) -> str:
@@ -201,12 +213,14 @@ def from_numpy(fn, vjp=None, *, layout="bhld", mask_convention="attend", dtypes=
     def run(call: Call) -> Outcome:
         q, k, v = (to_layout(as_numpy_dtype(a, call.dtype), layout) for a in (call.q, call.k, call.v))
         kw = keywords(call, names, convert_mask(call.mask, mask_convention, call.dtype))
-        out, weights = split_output(fn(q, k, v, **kw))
+        d_out = None if call.d_out is None else to_layout(as_numpy_dtype(call.d_out, call.dtype), layout)
+        handed = {"q": q, "k": k, "v": v, "d_out": d_out, **{n: a for n, a in kw.items() if isinstance(a, np.ndarray)}}
+        before = {n: None if a is None else a.copy() for n, a in handed.items()}  # what it is handed may be a
+        out, weights = split_output(fn(q, k, v, **kw))  # copy (bfloat16, a mask converted): checked here
         grads = None
-        if call.d_out is not None:
-            d_out = to_layout(as_numpy_dtype(call.d_out, call.dtype), layout)
+        if d_out is not None:
             grads = tuple(from_layout(g, layout) for g in vjp(q, k, v, d_out, **kw))
-        return Outcome(from_layout(out, layout), weights, grads)
+        return Outcome(from_layout(out, layout), weights, grads, written(handed, before))
 
     label = name or getattr(fn, "__qualname__", repr(fn))
     return Implementation(label, run, features, dtypes, mask_convention)

@@ -16,7 +16,7 @@ RULE = (
     " · max|ref|: ref = mha_numpy's kernel in float64, plain = the same path in the case's dtype, s the scores "
     "(docs/verify.md)"
 )
-STATUSES = ("PASS", "FAIL", "ERROR", "n/a")  # ERROR: the function raised; n/a: it does not take the case
+STATUSES = ("PASS", "FAIL", "ERROR", "n/a")  # ERROR: the function raised, exited or hung; n/a: it does not take it
 
 
 @dataclass
@@ -28,6 +28,7 @@ class CaseResult:
     checks: dict = field(default_factory=dict)  # tensor name -> tolerance.Check
     detected: str | None = None  # an Alternative's name (conventions.ALTERNATIVES), or "A + B"
     message: str = ""  # why n/a, the exception, a wrong shape, what no convention explains
+    written: tuple = ()  # the arguments the function wrote into (a failure of its own: inputs stay as given)
 
     @property
     def worst(self) -> Check | None:
@@ -46,7 +47,8 @@ class CaseResult:
                 "shape": dict(B=c.B, H=c.H, Hkv=c.Hkv, Lq=c.Lq, Lk=c.Lk, d=c.d), "mask": c.mask, "form": c.form,
                 "is_causal": c.is_causal, "scale": c.scale, "dropout_p": c.dropout_p, "logits": c.logits,
                 "status": self.status, "tensors": tensors, "detected": self.detected,
-                "detected_text": describe(self.detected), "message": self.message}  # fmt: skip
+                "detected_text": describe(self.detected), "written": list(self.written),
+                "message": self.message}  # fmt: skip
 
 
 def _num(x: float):
@@ -123,7 +125,16 @@ class VerifyReport:
                      f" ({self.seconds:.1f} s, CPU {self.cpu_seconds:.1f} s)")  # fmt: skip
         for name, n in sorted(self.detected().items(), key=lambda kv: -kv[1]):
             lines.append(f"detected in {n} case{'s' * (n != 1)}: {name}: {describe(name)}")
-        unexplained = sum(r.failed and not r.detected for r in self.results)
+        mutated = [r for r in self.results if r.written]
+        if mutated:
+            names = ", ".join(dict.fromkeys(n for r in mutated for n in r.written))
+            lines.append(f"{len(mutated)} case{'s' * (len(mutated) != 1)} wrote into the function's inputs ({names}): "
+                         "a function must leave its arguments as given (judged on copies)")  # fmt: skip
+        errors = sum(r.status == "ERROR" for r in self.results)
+        if errors:
+            lines.append(f"{errors} case{'s' * (errors != 1)} gave nothing to judge: the function raised, exited or "
+                         "did not return in time (the row says which)")  # fmt: skip
+        unexplained = sum(r.status == "FAIL" and not r.detected and not r.written for r in self.results)
         if unexplained:
             lines.append(f"{unexplained} failing case{'s' * (unexplained != 1)} match no known convention: a bug "
                          "(the row's message says which tensor is wrong)")  # fmt: skip

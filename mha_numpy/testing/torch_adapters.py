@@ -33,6 +33,7 @@ from .adapters import (
     parameters,
     split_output,
     to_layout,
+    written,
 )
 from .cases import FEATURES
 from .dtypes import DTYPES
@@ -68,6 +69,11 @@ def _numpy(t):
         return None
     t = t.detach().cpu()
     return (t.float() if t.dtype == _torch().bfloat16 else t).numpy()
+
+
+def _snapshot(tensors: dict) -> dict:
+    """The tensors' values now, as NumPy copies (to see later whether the function wrote into them)."""
+    return {n: None if t is None else _numpy(t).copy() for n, t in tensors.items()}
 
 
 def _grads(torch, out, inputs, d_out):
@@ -113,13 +119,16 @@ def torch_function(fn, *, layout="bhld", mask_convention="attend", dtypes=DTYPES
             kw[names["dropout_mask"]] = _tensor(torch, call.dropout_mask, call.dtype, device)
         if gqa_flag and call.k.shape[1] != call.q.shape[1]:
             kw["enable_gqa"] = True
+        handed = {"q": q, "k": k, "v": v, **{a: kw[n] for a, n in names.items() if isinstance(kw.get(n), torch.Tensor)}}
+        before = _snapshot(handed)  # by our names (mask, dropout_mask): a tensor may be a copy (bfloat16, a device)
         with backend():
             out, weights = split_output(fn(q, k, v, **kw))
+            changed = written(_snapshot(handed), before)
             grads = None
             if backward:
                 d_out = _tensor(torch, to_layout(call.d_out, layout), call.dtype, device)
                 grads = tuple(from_layout(_numpy(g), layout) for g in _grads(torch, out, (q, k, v), d_out))
-        return Outcome(from_layout(_numpy(out), layout), _numpy(weights), grads)
+        return Outcome(from_layout(_numpy(out), layout), _numpy(weights), grads, changed)
 
     label = name or getattr(fn, "__qualname__", None) or repr(fn)
     if sdpa_backend:
@@ -202,12 +211,15 @@ def hf_attention(fn="sdpa", *, mask_convention=None, dtypes=DTYPES, without=(), 
         kw = {"scaling": d**-0.5 if call.scale is None else call.scale, "dropout": 0.0}
         if "is_causal" in params:
             kw["is_causal"] = call.is_causal
+        handed = {"q": q, "k": k, "v": v, "mask": mask}
+        before = _snapshot(handed)  # a tensor may be a copy (bfloat16, a device)
         out, weights = fn(module, q, k, v, mask, **kw)
+        changed = written(_snapshot(handed), before)
         grads = None
         if backward:
             d_out = _tensor(torch, call.d_out.transpose(0, 2, 1, 3), call.dtype, device)  # (B, Lq, H, d)
             grads = tuple(_numpy(g) for g in _grads(torch, out, (q, k, v), d_out))
-        return Outcome(_numpy(out).transpose(0, 2, 1, 3), _numpy(weights), grads)
+        return Outcome(_numpy(out).transpose(0, 2, 1, 3), _numpy(weights), grads, changed)
 
     label = name or f"{fn.__module__}.{fn.__name__}"
     impl = Implementation(label, run, features, tuple(dtypes), mask_convention)

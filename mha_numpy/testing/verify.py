@@ -7,17 +7,21 @@
 Each case: the function's forward (and backward, when it has one) on the case's inputs; every tensor against the
 reference with its budget (``tolerance``); a failing case is re-run under each alternative convention that
 applies (``conventions``), alone and with the two other ways of treating a fully masked row, and the first whose
-numbers the function matches is named. An exception in the function is that case's ERROR, never the tool's.
+numbers the function matches is named. An exception in the function is that case's ERROR, never the tool's, and
+so is its exit: ``sys.exit`` (SystemExit) and ``os._exit`` (``exit_guard``) while it runs. The function is handed
+copies of the inputs; one it writes into is named and fails the case (the reference is of the untouched inputs).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from dataclasses import replace
 
 import numpy as np
 
-from .adapters import Call, Implementation, NotSupported, from_numpy
+from .adapters import Call, Implementation, NotSupported, from_numpy, written
 from .cases import Case, matrix
 from .conventions import ALTERNATIVES, BY_NAME, LOWER, Tensors, applies, blocked_rows, effective_mask, reference
 from .dtypes import HELD
@@ -68,36 +72,95 @@ def select(case_list: list[Case], only: str | None) -> list[Case]:
 
 
 def run_case(impl: Implementation, case: Case) -> CaseResult:
-    """One case: n/a, ERROR (the function raised), FAIL (with the detected convention) or PASS."""
+    """One case: n/a, ERROR (the function raised or exited), FAIL (with the detected convention, or the inputs it
+    wrote into) or PASS. The function is handed copies of the case's inputs; the reference is of the originals."""
     missing = sorted(case.needs() - impl.features - {"backward"})
     if case.dtype not in impl.dtypes:
         return CaseResult(case, "n/a", message=f"takes no {case.dtype}")
     if missing:
         return CaseResult(case, "n/a", message=f"takes no {', '.join(missing)}")
     backward = "backward" in impl.features
-    x = case.inputs()
-    call = Call(case.dtype, x.q, x.k, x.v, x.mask, case.scale, case.is_causal, case.dropout_p, x.keep,
-                x.d_out if backward else None)  # fmt: skip
+    x = case.inputs()  # the reference's: the function gets copies, so what it writes cannot change the reference
+    original = {"q": x.q, "k": x.k, "v": x.v, "mask": x.mask, "dropout_mask": x.keep,
+                "d_out": x.d_out if backward else None}  # fmt: skip
+    given = {n: None if a is None else a.copy() for n, a in original.items()}
+    call = Call(case.dtype, given["q"], given["k"], given["v"], given["mask"], case.scale, case.is_causal,
+                case.dropout_p, given["dropout_mask"], given["d_out"])  # fmt: skip
     try:
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), exit_guard():
             outcome = impl(call)
     except (NotSupported, NotImplementedError) as e:
         return CaseResult(case, "n/a", message=_one_line(e) or type(e).__name__)
-    except Exception as e:  # noqa: BLE001 - whatever the function raises is this case's result
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - whatever the function raises, and its exit, is this case's result
+        changed = written(given, original)
+        first = f"wrote into {_names(changed)}, then " if changed else ""
+        if isinstance(e, (SystemExit, Exited)):
+            how = "os._exit" if isinstance(e, Exited) else "sys.exit"
+            return CaseResult(case, "ERROR", message=f"{first}called {how}({e.code!r}): a function under test must "
+                              "return (its exit is a failure, whatever the code)", written=changed)  # fmt: skip
         hint = sorted(case.needs() - {"backward", "mask"})
         more = f" (if it does not take {', '.join(hint)}: without={tuple(hint)!r})" if hint else ""
-        return CaseResult(case, "ERROR", message=f"raised {type(e).__name__}: {_one_line(e)}"[:300] + more)
-    got, problem = collect(outcome, case, backward)
+        return CaseResult(case, "ERROR", message=f"{first}raised {type(e).__name__}: {_one_line(e)}"[:300] + more,
+                          written=changed)  # fmt: skip
+    changed = tuple(dict.fromkeys(written(given, original) + tuple(getattr(outcome, "written", ()))))
+    mutation = WROTE.format(_names(changed)) if changed else ""
+    try:  # its results read as arrays: an object's __array__ is the function's code too
+        with np.errstate(all="ignore"), exit_guard():
+            got, problem = collect(outcome, case, backward)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001
+        problem = f"returned what cannot be read as arrays ({type(e).__name__}: {_one_line(e)})"[:300]
     if problem:
-        return CaseResult(case, "FAIL", message=problem)
+        return CaseResult(case, "FAIL", message="; and ".join(filter(None, (mutation, problem))), written=changed)
     ref, pl = reference(x, case, backward=backward), plain(x, case, backward=backward)
     checks = check(got, ref, pl, case)
-    if all(c.passed for c in checks.values()):
+    wrong = [n for n, c in checks.items() if not c.passed]
+    if changed:  # a failure of its own: judged on what it returned, against the reference of the untouched inputs
+        more = f"; and wrong: {', '.join(wrong)}" if wrong else " (what it returned is right)"
+        return CaseResult(case, "FAIL", checks, message=mutation + more, written=changed)
+    if not wrong:
         return CaseResult(case, "PASS", checks)
     detected = detect(got, x, case, checks, impl.mask_convention)
-    wrong = [n for n, c in checks.items() if not c.passed]
     message = "" if detected else f"wrong: {', '.join(wrong)}; no known convention matches"
     return CaseResult(case, "FAIL", checks, detected, message)
+
+
+class Exited(BaseException):
+    """``os._exit(code)`` called by the function under test while ``exit_guard`` holds: its case's ERROR. A
+    BaseException, as SystemExit is, so that the function's own ``except Exception`` does not swallow it."""
+
+    def __init__(self, code):
+        super().__init__(code)
+        self.code = code
+
+
+@contextlib.contextmanager
+def exit_guard():
+    """While the function under test runs, ``os._exit`` raises ``Exited`` instead of ending this process (a process
+    it forks exits for real). C code calling exit(), or a crash, still ends the process: the command runs the cases
+    in a child process for that (``commands/verify_process.py``)."""
+    real, pid = os._exit, os.getpid()
+
+    def guarded(code):
+        if os.getpid() != pid:
+            real(code)
+        raise Exited(code)
+
+    os._exit = guarded
+    try:
+        yield
+    finally:
+        os._exit = real
+
+
+WROTE = "wrote into its input {} (a function must leave its arguments as given)"
+
+
+def _names(names) -> str:
+    return ", ".join(names)
 
 
 def _one_line(e: BaseException) -> str:
