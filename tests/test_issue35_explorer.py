@@ -1,5 +1,5 @@
 """explore_attention on the newer modules (issue 35): sinks, soft-cap, differential attention, latent attention
-(MLA).
+(MLA); and text holding a lone surrogate.
 
 Once: sinks and soft-cap caches were refused with messages about row sums and missing score terms, differential
 attention gave a NumPy reshape error, an MLA cache an AttributeError. Expected numbers are written out here from
@@ -9,13 +9,16 @@ from the page's own builder.
 
 from __future__ import annotations
 
+import json
+import re
+
 import numpy as np
 import pytest
 from helpers import alibi_by_hand
 
 from mha_numpy import MultiHeadAttention
 from mha_numpy.latent import MultiHeadLatentAttention
-from mha_numpy.viz import explore_attention
+from mha_numpy.viz import explore_attention, explorer_html, explorer_sets_html
 from mha_numpy.viz.explorer_sources import weight_grads
 
 E, H, LQ, LK = 8, 2, 4, 5
@@ -164,3 +167,27 @@ def test_latent_attention_shows_its_per_head_maps():
     assert data["masks"] == ["".join("0" if c else "1" for c in causal.ravel())]
     with pytest.raises(ValueError, match=r"^d_output: latent attention"):
         explore_attention(mla, cache, d_output=np.zeros((2, 6, 16)))
+
+
+# --------------------------------------------------------------------------- text
+
+
+def test_lone_surrogates_reach_the_page_as_U_FFFD_and_pairs_as_their_character():
+    """Every text on the page is Unicode text: tokens, key tokens, layer names, term and set names, as the title."""
+    tokens = ["a\ud800", "\udcff", "\ud83d\ude00", "b"]  # high alone, low alone, a pair given as two halves
+    A = np.full((1, 1, 4, 4), 0.25)
+    page = explorer_html(A, tokens, key_tokens=tokens[::-1], layer_names=["\udc80L"], title="t\ud800")
+    want = ["a\ufffd", "\ufffd", "😀", "b"]
+    assert page.data["qtok"] == want and page.data["ktok"] == want[::-1]
+    assert page.data["layers"] == ["\ufffdL"] and page.data["title"] == "t\ufffd"
+    raw = re.search(r"<script id='explorer-data' type='application/json'>(.*?)</script>", page, re.S)[1]
+    escapes = re.findall(r"\\u(d[89ab][0-9a-f]{2})(?:\\u(d[c-f][0-9a-f]{2}))?|\\u(d[c-f][0-9a-f]{2})", raw)
+    assert escapes and all(hi and lo and not alone for hi, lo, alone in escapes)  # surrogates only in pairs
+    assert json.loads(raw)["qtok"] == want
+    sets = explorer_sets_html({"x\ud800": page}, title="s")
+    assert [s["name"] for s in sets.data["sets"]] == ["x\ufffd"]
+    mha = MultiHeadAttention(E, H, rng=0)
+    q, kv, _ = inputs(B=1)
+    _, cache = mha.forward(q, kv, kv)
+    data = explore_attention(mha, cache, ["\ud800"] * LQ, ["\udc00"] * LK).data
+    assert data["qtok"] == ["\ufffd"] * LQ and data["ktok"] == ["\ufffd"] * LK
