@@ -68,7 +68,12 @@ REVERSE_TARGET = 0.95  # the reversal task's target: >= 95% of held-out sequence
 
 @dataclass(frozen=True)
 class Seq2SeqConfig:
-    """The sizes of the model. max_len: the longest source and target (the learned position tables' rows)."""
+    """The sizes of the model. max_len: the longest source and target (the learned position tables' rows).
+
+    Checked when made (ValueError naming the field): every size a positive int, ``d_model`` divisible by ``nhead``,
+    ``num_encoder_layers`` >= 0 (0: the memory is the normed embeddings), ``num_decoder_layers`` >= 1 (the decoder
+    is the model's output), ``layer_norm_eps`` a finite number > 0.
+    """
 
     vocab_size: int = 11
     d_model: int = 32
@@ -78,6 +83,16 @@ class Seq2SeqConfig:
     num_decoder_layers: int = 1
     max_len: int = 16
     layer_norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        minimum = {"num_encoder_layers": 0}  # every other int field is a size: at least 1
+        for name in ("vocab_size", "d_model", "nhead", "dim_feedforward", "num_encoder_layers", "num_decoder_layers",
+                     "max_len"):  # fmt: skip
+            object.__setattr__(self, name, as_int(getattr(self, name), name, minimum=minimum.get(name, 1)))
+        eps = as_number(self.layer_norm_eps, "layer_norm_eps", positive=True)
+        object.__setattr__(self, "layer_norm_eps", eps)
+        if self.d_model % self.nhead:
+            raise ValueError(f"d_model={self.d_model} is not divisible by nhead={self.nhead}")
 
 
 def param_shapes(c: Seq2SeqConfig) -> dict[str, tuple[int, ...]]:
@@ -279,10 +294,8 @@ class Seq2SeqModel:
 
     def __init__(self, config: Seq2SeqConfig, weights: dict[str, np.ndarray], dtype=np.float64) -> None:
         dtype, c = as_float_dtype(dtype), config
-        as_int(c.num_encoder_layers, "num_encoder_layers", minimum=0)
-        as_int(c.num_decoder_layers, "num_decoder_layers", minimum=1)  # the decoder is the model's output
-        if c.d_model % c.nhead:
-            raise ValueError(f"d_model={c.d_model} is not divisible by nhead={c.nhead}")
+        if not isinstance(c, Seq2SeqConfig):
+            raise ValueError(f"config must be a Seq2SeqConfig (it checks the sizes), got {type(c).__name__}")
         self.config, self.dtype = c, dtype
         self.params: dict[str, np.ndarray] = LY.checked_params(weights, param_shapes(c), dtype)
         self.encoder_layers = [
@@ -458,7 +471,11 @@ class Seq2SeqModel:
 
 def reverse_batch(rng: np.random.Generator, batch: int, length: int, vocab_size: int):
     """-> src (B, L) symbols in 1 ... vocab_size - 1, tgt_in (B, L) = BOS then the reversed source without its last
-    token (teacher forcing), labels (B, L) = the reversed source."""
+    token (teacher forcing), labels (B, L) = the reversed source. rng: a Generator or an int seed; batch, length
+    >= 1; vocab_size >= 2 (BOS and at least one symbol)."""
+    rng = as_generator(rng)
+    batch, length = as_int(batch, "batch", minimum=1), as_int(length, "length", minimum=1)
+    vocab_size = as_int(vocab_size, "vocab_size", minimum=2)  # 0 is BOS: the symbols are 1 ... vocab_size - 1
     src = rng.integers(1, vocab_size, size=(batch, length))  # (B, L)
     labels = src[:, ::-1].copy()  # (B, L) y_t = src[L-1-t]
     tgt_in = np.concatenate([np.full((batch, 1), BOS), labels[:, :-1]], axis=1)  # (B, L) shifted right
@@ -495,9 +512,14 @@ def train_reverse(
 ) -> ReverseTraining:
     """Train a ``Seq2SeqModel`` to reverse random sequences with Adam on fresh batches; the seed fixes the initial
     weights, every batch and the held-out set. Each step: forward, cross-entropy, the hand-written backward, the
-    gradient clipped to ``max_grad_norm``, an Adam update."""
+    gradient clipped to ``max_grad_norm``, an Adam update. ``eval_size``: the held-out sequences, at least 1."""
+    if not isinstance(config, Seq2SeqConfig):
+        raise ValueError(f"config must be a Seq2SeqConfig, got {type(config).__name__}")
+    if config.vocab_size < 2:
+        raise ValueError(f"config.vocab_size={config.vocab_size} leaves no symbol to reverse (0 is BOS): at least 2")
     length = as_int(length, "length", minimum=1)
     steps, batch_size = as_int(steps, "steps", minimum=1), as_int(batch_size, "batch_size", minimum=1)
+    eval_size = as_int(eval_size, "eval_size", minimum=1)
     lr, max_grad_norm = as_number(lr, "lr", positive=True), as_number(max_grad_norm, "max_grad_norm", positive=True)
     if length > config.max_len:
         raise ValueError(f"length={length} is longer than the config's max_len={config.max_len}")
