@@ -191,3 +191,19 @@ def test_lone_surrogates_reach_the_page_as_U_FFFD_and_pairs_as_their_character()
     _, cache = mha.forward(q, kv, kv)
     data = explore_attention(mha, cache, ["\ud800"] * LQ, ["\udc00"] * LK).data
     assert data["qtok"] == ["\ufffd"] * LQ and data["ktok"] == ["\ufffd"] * LK
+
+
+@pytest.mark.parametrize("option", ["add_bias_kv", "add_zero_attn"])
+def test_a_mask_over_the_given_keys_leaves_the_appended_key_allowed(option):
+    """The module appends a key after the Lk given ones, which the call's mask does not cover (once: "mask does
+    not broadcast"); every query may attend to it, as the module's append_keys has it."""
+    mha = MultiHeadAttention(E, H, rng=4, **{option: True})
+    q, kv, mask = inputs(4)
+    fmask = np.where(mask, 0.5, -np.inf)
+    for m in (mask, fmask):
+        _, cache = mha.forward(q, kv, kv, mask=m)
+        data = explore_attention(mha, cache, mask=m, batch=1).data  # its neuron view's softmax is checked too
+        blocked = np.array([c == "1" for c in data["masks"][0]]).reshape(LQ, LK + 1)
+        assert blocked.tolist() == np.c_[~mask, np.zeros(LQ, dtype=bool)].tolist()
+        attn = page_maps(data, "attn", 0, (LQ, LK + 1))
+        assert attn[:, FULL_ROW, -1].tolist() == [1000] * H  # the row with every given key blocked reads it alone

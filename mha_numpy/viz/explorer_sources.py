@@ -186,17 +186,20 @@ def _neuron_arrays(pairs, batch: int, d_outputs=None) -> dict:
 SINK_TOKEN = "⟨sink⟩"  # the key column of the weight that went to the attention sink
 
 
-def _full_mask(mask, shape: tuple) -> np.ndarray | None:
-    """The mask given to the call, broadcast to the cache's (B, H, Lq, Lk) (None stays None)."""
+def _full_mask(mask, shape: tuple, appended: int = 0) -> np.ndarray | None:
+    """The mask given to the call -> (B, H, Lq, Lk), the cache's shape (None stays None). ``appended``: the keys the
+    module appends after the sequence (add_bias_kv, add_zero_attn), which the mask does not cover and every query
+    may attend to (the module's ``append_keys``): a mask over the Lk - appended keys gets them as allowed columns."""
     if mask is None:
         return None
     m = np.asarray(mask)
+    if appended and m.ndim >= 1 and m.shape[-1] == shape[-1] - appended:
+        tail = np.full((*m.shape[:-1], appended), True if m.dtype == np.bool_ else 0.0, dtype=m.dtype)
+        m = np.concatenate([m, tail], axis=-1)  # (..., Lk): the appended keys allowed
     try:
         return np.broadcast_to(m, shape)
     except ValueError:
-        raise ValueError(
-            f"mask with shape {m.shape} does not broadcast to the cache's (B, H, Lq, Lk) {shape}"
-        ) from None
+        raise ValueError(f"mask with shape {m.shape} does not broadcast to the cache's {shape}") from None
 
 
 def _with_sink(arrays: dict, mask, mha) -> tuple[dict, np.ndarray | None]:
@@ -277,7 +280,7 @@ def explore_attention(
     else:
         arrays = _neuron_arrays([(mha, cache)], batch, None if d_output is None else [d_output])
         what = "G ~ N(0, 1) (seed 0), a random upstream gradient" if d_output is None else "G the d_output given"
-    full = _full_mask(mask, A.shape)
+    full = _full_mask(mask, A.shape, 0 if latent else _appended(mha))
     qt = [f"q{i}" for i in range(Lq)] if query_tokens is None else list(query_tokens)
     kt = [f"k{j}" for j in range(Lk)] if key_tokens is None else list(key_tokens)
     if _option(mha, "sinks", False):
@@ -286,7 +289,8 @@ def explore_attention(
     masks, names = full, None
     if _option(mha, "diff_attention", False):
         vectors = (mha.params[n] for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"))  # (d,) each
-        lam, _ = F.diff_lambda_forward(*vectors, mha.config.diff_lambda_init)  # (), as the DiffCombine step
+        init = _option(mha, "diff_lambda_init", 0.8 - 0.6 * np.exp(-0.3 * _option(mha, "diff_layer_idx", 0)))
+        lam, _ = F.diff_lambda_forward(*vectors, init)  # (), as the DiffCombine step
         arrays, masks, names = _diff_layers(arrays, full, float(lam))
     kind = "MultiHeadLatentAttention" if latent else "MultiHeadAttention"
     shown = "" if not latent else " (per-head maps; no neuron or gradient view for latent attention)"
