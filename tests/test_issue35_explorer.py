@@ -207,3 +207,19 @@ def test_a_mask_over_the_given_keys_leaves_the_appended_key_allowed(option):
         assert blocked.tolist() == np.c_[~mask, np.zeros(LQ, dtype=bool)].tolist()
         attn = page_maps(data, "attn", 0, (LQ, LK + 1))
         assert attn[:, FULL_ROW, -1].tolist() == [1000] * H  # the row with every given key blocked reads it alone
+
+
+def test_alibi_and_the_relative_bias_leave_the_appended_key_alone():
+    """With both terms and add_bias_kv, the relative bias was read for Lk + 1 keys and ALiBi, the rest, took its
+    negative on the appended key; neither term reaches that key (the module adds them before appending it)."""
+    mha = MultiHeadAttention(E, H, rng=5, alibi=True, rel_pos_max_distance=2, add_bias_kv=True)
+    q, kv, _ = inputs(5, B=1)
+    _, cache = mha.forward(q, kv, kv)
+    terms = {t["name"]: t for t in explore_attention(mha, cache).data["neuron"]["terms"]}
+    alibi = np.array(
+        [np.reshape(terms["ALiBi"]["maps"][terms["ALiBi"]["index"][0][h]], (LQ, LK + 1)) for h in range(H)]
+    )
+    rel = terms["relative bias"]
+    rel = np.array([np.reshape(rel["maps"][rel["index"][0][h]], (LQ, LK + 1)) for h in range(H)])
+    assert (alibi[..., -1] == 0).all() and (rel[..., -1] == 0).all()
+    assert np.abs(alibi[..., :LK] - alibi_by_hand(H, LQ, LK)).max() <= 1e-7

@@ -146,8 +146,7 @@ def score_terms(mha, cache, Q: np.ndarray, K: np.ndarray) -> dict[str, np.ndarra
         return {**exact, "soft-cap": extra - sum(exact.values(), np.zeros(S.shape))}
     if len(names) == 1:
         return {names[0]: extra}
-    rel, _ = F.relative_position_bias_forward(mha.params["rel_bias"], S.shape[2], S.shape[3])  # (1, H, Lq, Lk)
-    rel = np.broadcast_to(rel.astype(np.float64), S.shape)  # (B, H, Lq, Lk)
+    rel = np.broadcast_to(_exact_terms(mha, S.shape)["relative bias"], S.shape)  # (B, H, Lq, Lk), 0 on appended keys
     return {"ALiBi": extra - rel, "relative bias": rel}
 
 
