@@ -223,3 +223,18 @@ def test_alibi_and_the_relative_bias_leave_the_appended_key_alone():
     rel = np.array([np.reshape(rel["maps"][rel["index"][0][h]], (LQ, LK + 1)) for h in range(H)])
     assert (alibi[..., -1] == 0).all() and (rel[..., -1] == 0).all()
     assert np.abs(alibi[..., :LK] - alibi_by_hand(H, LQ, LK)).max() <= 1e-7
+
+
+def test_a_score_change_the_explorer_does_not_name_is_other_not_alibi(monkeypatch):
+    """An option that changes the scores and that explore_attention does not know (here the soft-cap, its name taken
+    away) is the term "other score changes": ALiBi stays ALiBi, and the neuron view's softmax is the weights."""
+    from mha_numpy.viz import explorer_sources
+
+    monkeypatch.setattr(explorer_sources, "SCORE_CHANGES", (), raising=False)
+    mha = MultiHeadAttention(E, H, softcap=0.8, alibi=True, rng=6)
+    q, kv, _ = inputs(6, B=1)
+    _, cache = mha.forward(q, kv, kv)
+    terms = {t["name"]: t for t in explore_attention(mha, cache).data["neuron"]["terms"]}
+    assert list(terms) == ["ALiBi", "other score changes"]
+    alibi = np.array([np.reshape(terms["ALiBi"]["maps"][terms["ALiBi"]["index"][0][h]], (LQ, LK)) for h in range(H)])
+    assert np.abs(alibi - alibi_by_hand(H, LQ, LK)).max() <= 1e-7

@@ -3,7 +3,7 @@
 Each builder reads only the documented parts of an attention cache: ``cache.Q`` (B, H, Lq, d) and
 ``cache.K``, ``cache.V`` (B, Hkv, Lk, d), after RoPE and before the grouped-query repeat;
 ``cache.attn_weights`` (B, H, Lq, Lk); ``cache.attention.scores`` (B, H, Lq, Lk) = q·kᵀ × scale plus every
-additive score term, before the mask (read only when the module has a term); and the output projection
+additive score term and change, before the mask; and the output projection
 ``mha.params["W_o"]``. Query head h reads key/value head h // (H / Hkv). The terms a module has are
 ``mha.alibi`` (ALiBi) and ``"rel_bias" in mha.params`` (a relative-position bias); a float mask is one more,
 taken from the ``mask`` given. The gradient view's dP (``weight_grads``) reads ``cache.V``, ``cache.attn_weights``
@@ -15,8 +15,9 @@ option is one that does not have it):
 - ``sinks``: a row's weights sum to less than 1; the rest went to the sink, shown as one more key column
   "⟨sink⟩" holding 1 - the row's sum, whose neuron-view score is the sink's logit ``params["sinks"][h]`` (its k is
   0, its value nothing: ``value_norms`` and ``weight_grads`` are 0 there).
-- ``softcap``: ``cache.attention.scores`` are after the cap; the neuron view adds the term "soft-cap" =
-  cap · tanh(s / cap) - s, what the cap took off each score (ALiBi and the relative bias then read exactly).
+- ``softcap``, ``head_temperature``: ``cache.attention.scores`` are after them; the neuron view adds one term named
+  after them, what they did to each score (e.g. "soft-cap" = cap · tanh(s / cap) - s); what an option this module
+  does not name did is the term "other score changes" (ALiBi and the relative bias are always made exactly).
 - ``diff_attention``: the H maps are two layers of H/2 heads, "map 1" (A_p) and "map 2" (A_{p+H/2}, subtracted
   × λ); the gradient view goes back through the pair's RMSNorm (``cache.steps["diff_combine"]``); the values are
   a pair's, so there is no per-head value size (the value-weighted switch is off).
@@ -124,30 +125,33 @@ def _exact_terms(mha, shape: tuple) -> dict[str, np.ndarray]:
     return {name: np.pad(t.astype(np.float64), pad) for name, t in out.items()}
 
 
-def score_terms(mha, cache, Q: np.ndarray, K: np.ndarray) -> dict[str, np.ndarray]:
-    """{name: (B, H, Lq, Lk)} the additive score terms of one call besides q·kᵀ × scale: "ALiBi" (``mha.alibi``),
-    "relative bias" (``"rel_bias" in mha.params``) and "soft-cap" (``softcap``: cap · tanh(s / cap) - s, what the
-    cap took off each score); {} when the module has none.
+SCORE_CHANGES = (("head_temperature", "head temperature"), ("softcap", "soft-cap"))  # (option, term name)
+OTHER_TOLERANCE = 1e-4  # what is left of the scores beyond every named term, relative to max(1, max |score|)
 
-    Q (B, H, Lq, d), K (B, H, Lk, d) float64 (K repeated per query head). Their sum is what the kernel added,
-    ``cache.attention.scores`` - Q Kᵀ × scale (the scores are after the cap); with both ALiBi and the relative
-    bias the relative bias is read from its table (``functional.relative_position_bias_forward``) and ALiBi is the
-    rest; with the cap both are made as their steps make them and the cap's term is the rest.
+
+def score_terms(mha, cache, Q: np.ndarray, K: np.ndarray) -> dict[str, np.ndarray]:
+    """{name: (B, H, Lq, Lk)} the additive score terms of one call besides q·kᵀ × scale: "ALiBi" (``alibi``) and
+    "relative bias" (``"rel_bias" in mha.params``), made as their steps make them (0 on the keys add_bias_kv and
+    add_zero_attn append); then what the options that change the scores themselves did, as one term named after
+    them (``head_temperature``: scores × exp(t_h); ``softcap``: cap · tanh(s / cap)), e.g. "soft-cap" =
+    cap · tanh(s / cap) - s; {} when the module has none.
+
+    Q (B, H, Lq, d), K (B, H, Lk, d) float64 (K repeated per query head). The terms sum to what the kernel made of
+    q·kᵀ × scale, ``cache.attention.scores`` - Q Kᵀ × scale (the scores before the mask, after every change). Should
+    more be left than rounding (``OTHER_TOLERANCE``) with no option to name it (an option this explorer does not
+    know), it is the term "other score changes": the neuron view's softmax stays the module's weights.
     """
-    alibi, rel = _option(mha, "alibi", False), "rel_bias" in mha.params
-    names = (["ALiBi"] if alibi else []) + (["relative bias"] if rel else [])
-    capped = _option(mha, "softcap") is not None
-    if not names and not capped:
-        return {}
+    changes = [name for option, name in SCORE_CHANGES if _option(mha, option) not in (None, False)]
     S = np.asarray(cache.attention.scores, dtype=np.float64)  # (B, H, Lq, Lk) with every term, before the mask
-    extra = S - (Q * _scale(mha)) @ K.swapaxes(-1, -2)  # (B, H, Lq, d) @ (B, H, d, Lk) -> (B, H, Lq, Lk)
-    if capped:
-        exact = {n: np.broadcast_to(t, S.shape) for n, t in _exact_terms(mha, S.shape).items()}  # (B, H, Lq, Lk)
-        return {**exact, "soft-cap": extra - sum(exact.values(), np.zeros(S.shape))}
-    if len(names) == 1:
-        return {names[0]: extra}
-    rel = np.broadcast_to(_exact_terms(mha, S.shape)["relative bias"], S.shape)  # (B, H, Lq, Lk), 0 on appended keys
-    return {"ALiBi": extra - rel, "relative bias": rel}
+    rest = S - (Q * _scale(mha)) @ K.swapaxes(-1, -2)  # (B, H, Lq, d) @ (B, H, d, Lk) -> (B, H, Lq, Lk)
+    terms = {n: np.broadcast_to(t, S.shape) for n, t in _exact_terms(mha, S.shape).items()}  # (B, H, Lq, Lk)
+    for t in terms.values():
+        rest = rest - t
+    if changes:
+        terms[" + ".join(changes)] = rest
+    elif np.abs(rest).max(initial=0.0) > OTHER_TOLERANCE * max(1.0, np.abs(S).max(initial=0.0)):
+        terms["other score changes"] = rest
+    return terms
 
 
 def _neuron_arrays(pairs, batch: int, d_outputs=None) -> dict:
