@@ -238,3 +238,11 @@ def test_a_score_change_the_explorer_does_not_name_is_other_not_alibi(monkeypatc
     assert list(terms) == ["ALiBi", "other score changes"]
     alibi = np.array([np.reshape(terms["ALiBi"]["maps"][terms["ALiBi"]["index"][0][h]], (LQ, LK)) for h in range(H)])
     assert np.abs(alibi - alibi_by_hand(H, LQ, LK)).max() <= 1e-7
+
+
+def test_sinks_refuse_a_sentence_pair_naming_both():
+    mha = MultiHeadAttention(E, H, sinks=True, rng=0)
+    x = inputs(B=1)[0]
+    _, cache = mha.forward(x, x, x)
+    with pytest.raises(ValueError, match=r"^sentence_b_start with sinks is not supported"):
+        explore_attention(mha, cache, sentence_b_start=2)

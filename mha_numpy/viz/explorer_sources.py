@@ -266,11 +266,12 @@ def explore_attention(
     """The explorer of one ``MultiHeadAttention.forward``: ``cache`` is what it returned, ``mask`` what it was
     given (drawn as masked; a float mask's finite values are a score term); ``batch`` picks the sequence.
     Tokens default to q0.., k0... (query and key tokens apart: cross-attention). The neuron view adds the module's
-    ALiBi, relative bias and soft-cap to q·k × scale. The gradient view shows ``weight_grads`` for the upstream
-    gradient ``d_output`` (B, Lq, E) of the output, default N(0, 1) (seed 0). Sinks add a key column "⟨sink⟩";
-    differential attention shows its two maps as two layers; latent attention (MLA) its per-head maps (head and
-    model views; a ``d_output`` is refused). ``options``: ``explorer_html``'s (``heads=``, ``include_heads=``,
-    ``sentence_b_start=``, ...)."""
+    ALiBi, relative bias, soft-cap and head temperature to q·k × scale. The gradient view shows ``weight_grads`` for
+    the upstream gradient ``d_output`` (B, Lq, E) of the output, default N(0, 1) (seed 0). Sinks add a key
+    column "⟨sink⟩"; differential attention shows its two maps as two layers of H/2 heads (``heads=``,
+    ``include_heads=`` count those); latent attention (MLA) its per-head maps (head and model views; a
+    ``d_output`` is refused).
+    ``options``: ``explorer_html``'s (``heads=``, ``include_heads=``, ``sentence_b_start=``, ...)."""
     latent = _option(mha, "kv_lora_rank") is not None
     A = np.asarray(cache.attn_weights)  # (B, H, Lq, Lk)
     if not 0 <= batch < A.shape[0]:
@@ -287,6 +288,8 @@ def explore_attention(
     qt = [f"q{i}" for i in range(Lq)] if query_tokens is None else list(query_tokens)
     kt = [f"k{j}" for j in range(Lk)] if key_tokens is None else list(key_tokens)
     if _option(mha, "sinks", False):
+        if options.get("sentence_b_start") is not None:
+            raise ValueError("sentence_b_start with sinks is not supported: the sink is a key of neither sentence")
         arrays, full = _with_sink(arrays, full, mha)
         kt = kt + [SINK_TOKEN]
     masks, names = full, None
