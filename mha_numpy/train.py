@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._checks import as_int, as_number
+from ._checks import as_generator, as_int, as_number
 from .models.layers import softmax_cross_entropy_forward
 from .models.tiny import TinyAttentionModel
 from .optim import SGD, Adam, clip_grad_norm, global_norm
@@ -39,6 +39,9 @@ def make_batch(
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    rng, shift = as_generator(rng), as_int(shift, "shift")
+    batch_size, length = as_int(batch_size, "batch_size", minimum=1), as_int(length, "length", minimum=1)
+    vocab_size = as_int(vocab_size, "vocab_size", minimum=1)
     tokens = rng.integers(0, vocab_size, size=(batch_size, length))  # (B, L)
     targets = tokens[:, ::-1] if task == "reverse" else np.roll(tokens, shift, axis=1)  # (B, L)
     return tokens, np.ascontiguousarray(targets)
@@ -48,6 +51,7 @@ def ideal_attention(task: str, length: int, shift: int = 1) -> np.ndarray:
     """(L, L) map with a 1 where output (query) i must read input (key) j: the pattern to learn."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    length, shift = as_int(length, "length", minimum=1), as_int(shift, "shift")
     i = np.arange(length)
     j = length - 1 - i if task == "reverse" else (i - shift) % length
     ideal = np.zeros((length, length))

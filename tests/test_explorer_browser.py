@@ -20,6 +20,7 @@ from helpers import alibi_by_hand, rel_bias_by_hand
 from mha_numpy import MultiHeadAttention
 from mha_numpy import functional as F
 from mha_numpy.__main__ import main
+from mha_numpy.latent import MultiHeadLatentAttention
 from mha_numpy.viz import explore_attention, explore_bert, explorer_html, explorer_sets_html
 from mha_numpy.viz.explorer_sources import bert_caches
 
@@ -550,8 +551,13 @@ HOSTILE = [
 LABEL_MAX = 32  # explorer.js: a longer token or name is shown cut, ending in "…"
 
 
-def shown(text: str) -> str:
-    return text if len(text) <= LABEL_MAX else text[: LABEL_MAX - 1] + "…"
+def text(t: str) -> str:
+    return t.replace("\ud800", "\ufffd")  # the page's text: a lone surrogate, which is no character, as U+FFFD
+
+
+def shown(t: str) -> str:
+    t = text(t)
+    return t if len(t) <= LABEL_MAX else t[: LABEL_MAX - 1] + "…"
 
 
 def codes(text: str) -> list[int]:
@@ -592,9 +598,9 @@ def test_hostile_text_shows_literally_and_the_script_runs(browser, hostile_page)
         "   [c(t.querySelector('tspan').textContent), c(t.querySelector('title').textContent)]),"
         " k: [...document.querySelectorAll('#head-svg text.tok.k')].map(t => c(t.querySelector('tspan').textContent))}"
     )
-    assert got["title"] == codes(title) and got["h1"] == codes(title)
-    assert got["layers"] == [[codes(shown(n)), codes(n)] for n in layers]
-    assert got["q"] == [[codes(shown(t)), codes(t)] for t in HOSTILE]
+    assert got["title"] == codes(text(title)) and got["h1"] == codes(text(title))
+    assert got["layers"] == [[codes(shown(n)), codes(text(n))] for n in layers]
+    assert got["q"] == [[codes(shown(t)), codes(text(t))] for t in HOSTILE]
     assert got["k"] == [codes(shown(t)) for t in HOSTILE]
     assert len(lines(d)) > 0  # the head view is drawn
     svg_box = d.execute_script("const r = document.getElementById('head-svg').getBBox(); return [r.x, r.width]")
@@ -606,7 +612,7 @@ def test_hostile_text_shows_literally_and_the_script_runs(browser, hostile_page)
         "   [c(t.textContent), c(t.title)]),"
         " canvas: [...document.querySelectorAll('canvas.thumb')].map(t => c(t.title))}"
     )
-    assert got["th"] == [[codes(shown(n)), codes(n)] for n in layers]
+    assert got["th"] == [[codes(shown(n)), codes(text(n))] for n in layers]
     assert got["canvas"] == [codes(f"{n}, head {h}: click to open in the head view") for n in layers for h in (0, 1)]
 
     d.find_element(By.ID, "tab-neuron").click()
@@ -619,8 +625,8 @@ def test_hostile_text_shows_literally_and_the_script_runs(browser, hostile_page)
         " q: c(document.querySelector('#q-vector td.tok').title), caption: c(document.getElementById('neuron-caption')"
         "   .textContent)}"
     )
-    assert got["options"] == [[codes(f"{i}: {shown(t)}"), codes(t)] for i, t in enumerate(HOSTILE)]
-    assert got["keys"] == [[codes(shown(t)), codes(t)] for t in HOSTILE]
+    assert got["options"] == [[codes(f"{i}: {shown(t)}"), codes(text(t))] for i, t in enumerate(HOSTILE)]
+    assert got["keys"] == [[codes(shown(t)), codes(text(t))] for t in HOSTILE]
     assert got["q"] == codes(HOSTILE[0])
     caption = codes(f"{shown(layers[0])}, head 0, query 0 “{shown(HOSTILE[0])}”: score_j")
     assert got["caption"][: len(caption)] == caption
@@ -637,4 +643,65 @@ def test_bert_html_of_a_hostile_sentence_runs(browser, tmp_path, monkeypatch):
     d = browser.open(tmp_path / "p.html")
     assert d.execute_script("return document.body.dataset.ready") == "1"
     assert text in d.find_element(By.TAG_NAME, "h1").text and text in d.title
+    assert console_errors(d) == []
+
+
+# --------------------------------------------------------------------------- the newer modules (issue 35)
+
+
+NEWER = {  # from 4 queries to 5 keys, but MLA: self-attention of the 4
+    "sinks, soft-cap": lambda: MultiHeadAttention(8, 2, sinks=True, softcap=1.0, rng=0),
+    "differential": lambda: MultiHeadAttention(8, 4, diff_attention=True, num_kv_heads=2, rng=0),
+    "latent": lambda: MultiHeadLatentAttention(8, 2, 4, 2, 2, 3, rng=0),
+}
+
+
+@pytest.mark.parametrize("kind", list(NEWER))
+def test_newer_modules_pages_run_and_draw_their_views(browser, tmp_path, kind):
+    """A sinks page's "⟨sink⟩" column and its neuron row (score = the sink's logit, weight = what no key took);
+    differential attention's two maps as two layers; MLA's per-head maps (no neuron view)."""
+    mha = NEWER[kind]()
+    rng = np.random.default_rng(8)
+    x, kv = rng.standard_normal((1, 4, 8)), rng.standard_normal((1, 5, 8))
+    mask = np.ones((4, 5), dtype=bool)
+    mask[3] = False  # a query with no key: with sinks, its whole weight goes to the sink
+    if kind == "latent":
+        mask = np.tril(np.ones((4, 4), dtype=bool))
+        _, cache = mha.forward(x, mask=mask)
+    else:
+        if kind == "sinks, soft-cap":
+            mha.params["sinks"][...] = [1.0, -1.0]
+        _, cache = mha.forward(x, kv, kv, mask=mask)
+    explore_attention(mha, cache, mask=mask).save(tmp_path / "p.html")
+    d = browser.open(tmp_path / "p.html")
+    assert d.execute_script("return document.body.dataset.ready") == "1"
+    A = cache.attn_weights[0]  # (H, Lq, Lk)
+    H, Lq, Lk = A.shape
+    keys = d.execute_script("return [...document.querySelectorAll('text.tok.k tspan')].map(t => t.textContent)")
+    layers = d.execute_script("return [...document.querySelectorAll('#layer option')].map(o => o.title)")
+    d.find_element(By.ID, "tab-model").click()
+    thumbs = len(d.find_elements(By.CSS_SELECTOR, "canvas.thumb"))
+    d.find_element(By.ID, "tab-neuron").click()
+    if kind == "sinks, soft-cap":
+        assert keys == [f"k{j}" for j in range(Lk)] + ["⟨sink⟩"] and thumbs == H
+        assert neuron_columns(d)[5:-2] == ["+ soft-cap", "+ sink logit", "+ mask"]
+        for h in range(H):
+            select(d, "neuron-head", h)
+            for i in range(Lq):
+                select(d, "neuron-query", i)
+                rows = neuron_rows(d)
+                sink = rows[-1]
+                assert sink["j"] == Lk and sink["dot"] == 0 and sink["terms"] == [0, mha.params["sinks"][h]]
+                weights = np.array([r["weight"] for r in rows])  # from q and k rounded to 12 bits
+                assert np.abs(weights[:Lk] - A[h, i]).max() <= 2e-3
+                assert abs(sink["weight"] - (1 - A[h, i].sum())) <= 2e-3
+                if i == 3:  # every key blocked: the whole row went to the sink
+                    assert sink["weight"] == 1 and weights[:Lk].max() == 0
+    elif kind == "differential":
+        assert layers == ["map 1: A_p", layers[1]] and layers[1].startswith("map 2: A_(p+H/2), subtracted × λ = ")
+        assert thumbs == 2 * (H // 2) and len(neuron_rows(d)) == Lk  # two layers of the H/2 pairs
+        d.find_element(By.ID, "tab-grad").click()
+        assert len(d.find_elements(By.CSS_SELECTOR, "canvas.grad")) == H // 2
+    else:
+        assert thumbs == H and "needs queries and keys" in d.find_element(By.ID, "neuron-view").text
     assert console_errors(d) == []

@@ -96,14 +96,26 @@ def test_greedy_decoding_with_the_caches_is_the_teacher_forced_forward():
         assert np.abs(c.K - K).max() <= 1e-12 * np.abs(K).max() and np.abs(c.V - V).max() <= 1e-12 * np.abs(V).max()
 
 
-def test_cross_attend_is_the_modules_forward():
+def test_decoding_cross_attention_is_the_module():
+    """Decoding reads the memory through the cross-attention module, as training does (issue 34: it once wrote the
+    data path out by hand): an option set on the module (a soft-cap) reaches both, so they still agree, and the
+    cap shows in the weights."""
     model = Seq2SeqModel.random(SMALL, rng=5)
-    layer, rng = model.decoder_layers[1], np.random.default_rng(6)
-    queries, memory = rng.standard_normal((2, 3, SMALL.d_model)), rng.standard_normal((2, 5, SMALL.d_model))
-    out, weights = layer.cross_attend(queries, *layer.cross_kv(memory))
-    ref, cache = layer.cross_attn.forward(queries, memory, memory)
-    assert np.abs(out - ref).max() <= 1e-12 * np.abs(ref).max()
-    assert np.abs(weights - cache.attn_weights).max() <= 1e-12
+    src, _, _ = small_inputs(6)
+    plain = model.greedy_decode(src, 5)
+    for layer in model.decoder_layers:
+        layer.cross_attn.softcap = 0.3  # scores capped to ±0.3: the maps flatten
+    dec = model.greedy_decode(src, 5)
+    tgt_in = np.concatenate([np.full((3, 1), BOS), dec.tokens[:, :-1]], axis=1)
+    out, _ = model.forward(src, tgt_in)
+    assert np.abs(dec.logits - out.logits).max() <= 1e-12 * np.abs(out.logits).max()
+    for mine, full, before in zip(dec.cross_attentions, out.cross_attentions, plain.cross_attentions):
+        assert np.abs(mine - full).max() <= 1e-12
+        assert mine.max() < before.max() and mine.max() <= np.exp(0.6) / (np.exp(0.6) + src.shape[1] - 1)
+    layer = model.decoder_layers[1]
+    K, V = layer.cross_kv(out.memory)
+    _, c = layer.cross_attn.forward(np.zeros((3, 2, SMALL.d_model)), out.memory, out.memory)
+    assert np.array_equal(K, c.K) and np.array_equal(V, c.V) and K.shape == (3, SMALL.nhead, src.shape[1], 4)
 
 
 def test_reverse_reaches_its_target(trained):

@@ -20,11 +20,11 @@ model's state-dict names, except the attention projections: torch packs W_q, W_k
 (``names.torch_mha_name_map`` says where each sits).
 
 Greedy decoding (``greedy_decode``) runs the decoder one token a call: each decoder self-attention appends its new
-key and value to a ``KVCache`` (the cache grows by one position a token), while the cross-attention's keys and
-values are the memory's, the same for every token, so they are projected once (``DecoderLayer.cross_kv``) and
-every token only projects its query. ``MultiHeadAttention``'s ``KVCache`` is self-attention's (each call appends
-its own keys), hence ``cross_attend``: the module's forward (project, split, attend, merge, out-project) with K and
-V given, forward only; the tests check it against the module's forward, token for token.
+key and value to a ``KVCache`` (the cache grows by one position a token); the cross-attention is the module's
+forward with the memory as keys and values, as in training. Its keys and values are the memory's, the same for
+every token; the module projects them at each call (``MultiHeadAttention``'s ``KVCache`` is self-attention's: each
+call appends its own keys), which at these sizes costs less than the Python around it. The tests check the
+decoding against the teacher-forced forward, token for token.
 
 The task (``reverse_batch``, ``train_reverse``): reverse a sequence of ``length`` symbols. The decoder reads
 BOS, y_0, ..., y_{L-2} and predicts y_0 ... y_{L-1}, with y_t = src[L-1-t], so target position t must read source
@@ -68,7 +68,12 @@ REVERSE_TARGET = 0.95  # the reversal task's target: >= 95% of held-out sequence
 
 @dataclass(frozen=True)
 class Seq2SeqConfig:
-    """The sizes of the model. max_len: the longest source and target (the learned position tables' rows)."""
+    """The sizes of the model. max_len: the longest source and target (the learned position tables' rows).
+
+    Checked when made (ValueError naming the field): every size a positive int, ``d_model`` divisible by ``nhead``,
+    ``num_encoder_layers`` >= 0 (0: the memory is the normed embeddings), ``num_decoder_layers`` >= 1 (the decoder
+    is the model's output), ``layer_norm_eps`` a finite number > 0.
+    """
 
     vocab_size: int = 11
     d_model: int = 32
@@ -78,6 +83,16 @@ class Seq2SeqConfig:
     num_decoder_layers: int = 1
     max_len: int = 16
     layer_norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        minimum = {"num_encoder_layers": 0}  # every other int field is a size: at least 1
+        for name in ("vocab_size", "d_model", "nhead", "dim_feedforward", "num_encoder_layers", "num_decoder_layers",
+                     "max_len"):  # fmt: skip
+            object.__setattr__(self, name, as_int(getattr(self, name), name, minimum=minimum.get(name, 1)))
+        eps = as_number(self.layer_norm_eps, "layer_norm_eps", positive=True)
+        object.__setattr__(self, "layer_norm_eps", eps)
+        if self.d_model % self.nhead:
+            raise ValueError(f"d_model={self.d_model} is not divisible by nhead={self.nhead}")
 
 
 def param_shapes(c: Seq2SeqConfig) -> dict[str, tuple[int, ...]]:
@@ -195,35 +210,25 @@ class DecoderLayer:
     # ------------------------------------------------------------------ decoding (forward only)
 
     def cross_kv(self, memory: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """memory (B, Ls, E) -> the cross-attention's K, V (B, H, Ls, d), once per source (forward only)."""
+        """memory (B, Ls, E) -> the cross-attention's K, V (B, H, Ls, d): the memory as the module projects it (its
+        cache's ``K`` and ``V``), what every query of the target reads (forward only)."""
         self._sync()
-        P, H = self.cross_attn.params, self.cross_attn.num_heads
-        k, _ = F.linear_forward(memory, P["W_k"], P["b_k"])  # (B, Ls, E) @ (E, E) -> (B, Ls, E)
-        v, _ = F.linear_forward(memory, P["W_v"], P["b_v"])  # (B, Ls, E) @ (E, E) -> (B, Ls, E)
-        return F.split_heads_forward(k, H)[0], F.split_heads_forward(v, H)[0]  # (B, H, Ls, d) each
+        _, c = self.cross_attn.forward(memory[:, :1], memory, memory)  # one query: only K and V are wanted
+        return c.K, c.V
 
-    def cross_attend(self, n2: np.ndarray, K: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """n2 (B, Lt, E) queries, K, V (B, H, Ls, d) from ``cross_kv`` -> output (B, Lt, E), weights (B, H, Lt, Ls):
-        the cross-attention module's forward with its keys and values given (forward only)."""
-        P, H = self.cross_attn.params, self.cross_attn.num_heads
-        q, _ = F.linear_forward(n2, P["W_q"], P["b_q"])  # (B, Lt, E) @ (E, E) -> (B, Lt, E)
-        Q, _ = F.split_heads_forward(q, H)  # (B, H, Lt, d)
-        context, c = F.scaled_dot_product_attention_forward(Q, K, V, scale=self.cross_attn.scale)  # (B, H, Lt, d)
-        merged, _ = F.merge_heads_forward(context)  # (B, Lt, E)
-        out, _ = F.linear_forward(merged, P["W_o"], P["b_o"])  # (B, Lt, E) @ (E, E) -> (B, Lt, E)
-        return out, c.attn_weights
-
-    def step(self, x: np.ndarray, kv: KVCache, K: np.ndarray, V: np.ndarray):
-        """One call of decoding: x (B, n, E) the newest tokens -> y (B, n, E), cross-attention weights (B, H, n, Ls).
+    def step(self, x: np.ndarray, kv: KVCache, memory: np.ndarray) -> tuple[np.ndarray, MHACache]:
+        """One call of decoding: x (B, n, E) the newest tokens, memory (B, Ls, E) -> y (B, n, E), the cross-attention
+        module's cache (``attn_weights`` (B, H, n, Ls); ``K``, ``V`` (B, H, Ls, d) the memory's projections).
 
         The self-attention appends the tokens' keys and values to ``kv`` (and attends to all cached ones); the
-        cross-attention uses K, V from ``cross_kv``. The same lines as ``forward``, F1-F3."""
+        cross-attention is the module's forward, as in ``forward``: the same lines, F1-F3."""
         self._sync()
         n1 = self._norm_forward(x, 1)[0]
         h1 = x + self.self_attn.forward(n1, n1, n1, kv_cache=kv)[0]  # F1: the cache: cached + n keys
-        a, weights = self.cross_attend(self._norm_forward(h1, 2)[0], K, V)  # F2: K, V projected once
+        n2 = self._norm_forward(h1, 2)[0]
+        a, c_ca = self.cross_attn.forward(n2, memory, memory)  # F2: (B, n, E); weights (B, H, n, Ls)
         h2 = h1 + a
-        return h2 + LY.feed_forward_forward(self._norm_forward(h2, 3)[0], *self._ffn())[0], weights  # F3
+        return h2 + LY.feed_forward_forward(self._norm_forward(h2, 3)[0], *self._ffn())[0], c_ca  # F3
 
 
 # --------------------------------------------------------------------------- the model
@@ -261,7 +266,7 @@ class GreedyDecoding:
     """tokens (B, n) the decoded ids (BOS not included); logits (B, n, V) each step's; cross_attentions: one
     (B, H, n, Ls) per decoder layer, row t the weights with which step t read the source; kv_caches: each decoder
     layer's self-attention ``KVCache`` at the end (n positions: one appended a step); cross_kv: each layer's
-    cross-attention K, V (B, H, Ls, d), projected once from the memory."""
+    cross-attention K, V (B, H, Ls, d), the memory's projections (the same at every step)."""
 
     tokens: np.ndarray
     logits: np.ndarray
@@ -279,10 +284,8 @@ class Seq2SeqModel:
 
     def __init__(self, config: Seq2SeqConfig, weights: dict[str, np.ndarray], dtype=np.float64) -> None:
         dtype, c = as_float_dtype(dtype), config
-        as_int(c.num_encoder_layers, "num_encoder_layers", minimum=0)
-        as_int(c.num_decoder_layers, "num_decoder_layers", minimum=1)  # the decoder is the model's output
-        if c.d_model % c.nhead:
-            raise ValueError(f"d_model={c.d_model} is not divisible by nhead={c.nhead}")
+        if not isinstance(c, Seq2SeqConfig):
+            raise ValueError(f"config must be a Seq2SeqConfig (it checks the sizes), got {type(c).__name__}")
         self.config, self.dtype = c, dtype
         self.params: dict[str, np.ndarray] = LY.checked_params(weights, param_shapes(c), dtype)
         self.encoder_layers = [
@@ -424,9 +427,8 @@ class Seq2SeqModel:
     def greedy_decode(self, src: np.ndarray, length: int, bos: int = BOS) -> GreedyDecoding:
         """src (B, Ls) -> the ``length`` tokens the decoder picks one by one (argmax), from ``bos``.
 
-        Forward only. The encoder runs once; each decoder layer's cross-attention K, V are projected once from the
-        memory; each step embeds one token at its position, appends its self-attention keys and values to the
-        layer's ``KVCache`` and reads the memory through K, V."""
+        Forward only. The encoder runs once; each step embeds one token at its position, appends its self-attention
+        keys and values to the layer's ``KVCache`` and reads the memory through the cross-attention module."""
         src = self._check_ids(src, "src")
         length = as_int(length, "length", minimum=1)
         if length > self.config.max_len:
@@ -434,15 +436,16 @@ class Seq2SeqModel:
         LY.check_ids(np.asarray([bos]), "bos", self.config.vocab_size)
         P = self.params
         memory, _ = self.encode(src)  # (B, Ls, E), once
-        kvs = [layer.cross_kv(memory) for layer in self.decoder_layers]  # per layer K, V (B, H, Ls, d), once
         caches = [KVCache() for _ in self.decoder_layers]  # per layer: the self-attention's, growing a token a step
         token = np.full((src.shape[0], 1), bos)  # (B, 1)
-        tokens, logits, weights = [], [], [[] for _ in self.decoder_layers]
+        tokens, logits, weights, kvs = [], [], [[] for _ in self.decoder_layers], [None] * len(self.decoder_layers)
         for t in range(length):
             x, _ = self._embed(token, "tgt", start=t)  # (B, 1, E) the token at position t
-            for i, (layer, (K, V)) in enumerate(zip(self.decoder_layers, kvs)):
-                x, w = layer.step(x, caches[i], K, V)  # (B, 1, E), (B, H, 1, Ls)
-                weights[i].append(w)
+            for i, layer in enumerate(self.decoder_layers):
+                x, c = layer.step(x, caches[i], memory)  # (B, 1, E), the cross-attention's cache
+                weights[i].append(c.attn_weights)  # (B, H, 1, Ls)
+                if t == 0:
+                    kvs[i] = c.K, c.V  # (B, H, Ls, d) each: the memory's, the same at every step
             y, _ = self._final_norm(x, "decoder")
             step_logits, _ = F.linear_forward(y, P["generator.weight"], P["generator.bias"])  # (B, 1, V)
             token = step_logits.argmax(axis=-1)  # (B, 1) the most likely next token
@@ -458,7 +461,11 @@ class Seq2SeqModel:
 
 def reverse_batch(rng: np.random.Generator, batch: int, length: int, vocab_size: int):
     """-> src (B, L) symbols in 1 ... vocab_size - 1, tgt_in (B, L) = BOS then the reversed source without its last
-    token (teacher forcing), labels (B, L) = the reversed source."""
+    token (teacher forcing), labels (B, L) = the reversed source. rng: a Generator or an int seed; batch, length
+    >= 1; vocab_size >= 2 (BOS and at least one symbol)."""
+    rng = as_generator(rng)
+    batch, length = as_int(batch, "batch", minimum=1), as_int(length, "length", minimum=1)
+    vocab_size = as_int(vocab_size, "vocab_size", minimum=2)  # 0 is BOS: the symbols are 1 ... vocab_size - 1
     src = rng.integers(1, vocab_size, size=(batch, length))  # (B, L)
     labels = src[:, ::-1].copy()  # (B, L) y_t = src[L-1-t]
     tgt_in = np.concatenate([np.full((batch, 1), BOS), labels[:, :-1]], axis=1)  # (B, L) shifted right
@@ -495,9 +502,14 @@ def train_reverse(
 ) -> ReverseTraining:
     """Train a ``Seq2SeqModel`` to reverse random sequences with Adam on fresh batches; the seed fixes the initial
     weights, every batch and the held-out set. Each step: forward, cross-entropy, the hand-written backward, the
-    gradient clipped to ``max_grad_norm``, an Adam update."""
+    gradient clipped to ``max_grad_norm``, an Adam update. ``eval_size``: the held-out sequences, at least 1."""
+    if not isinstance(config, Seq2SeqConfig):
+        raise ValueError(f"config must be a Seq2SeqConfig, got {type(config).__name__}")
+    if config.vocab_size < 2:
+        raise ValueError(f"config.vocab_size={config.vocab_size} leaves no symbol to reverse (0 is BOS): at least 2")
     length = as_int(length, "length", minimum=1)
     steps, batch_size = as_int(steps, "steps", minimum=1), as_int(batch_size, "batch_size", minimum=1)
+    eval_size = as_int(eval_size, "eval_size", minimum=1)
     lr, max_grad_norm = as_number(lr, "lr", positive=True), as_number(max_grad_norm, "max_grad_norm", positive=True)
     if length > config.max_len:
         raise ValueError(f"length={length} is longer than the config's max_len={config.max_len}")

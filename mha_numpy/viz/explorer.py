@@ -23,7 +23,8 @@ Numbers on the page (the sizes keep a 6-layer, 12-head map of 64 tokens under ab
 - ``weight_grads`` (a gradient of the weights, e.g. dP from the backward) packed as q and k are (12 bits of
   each head's largest |value|); 0 where the mask blocks.
 
-Text (tokens, title, layer names) reaches the page only inside the JSON data, which is pure ASCII with
+Text (tokens, title, layer names) is made well-formed first (``well_formed``: a lone surrogate, which is no
+character, becomes U+FFFD), then reaches the page only inside the JSON data, which is pure ASCII with
 ``<``, ``>`` and ``&`` written as ``\\u003c``, ``\\u003e``, ``\\u0026`` (so nothing in it can end, comment out or open
 a ``<script>``), and in ``<title>``, HTML-escaped; the script puts it into the page as text nodes and
 attribute values only (``textContent``, ``setAttribute``), never as HTML.
@@ -106,10 +107,18 @@ def _check_not_empty(shape: tuple[int, int, int, int]) -> None:
             raise ValueError(f"attentions (layers, H, Lq, Lk) = {shape} has no {what}: there is nothing to show")
 
 
+def well_formed(text) -> str:
+    """``str(text)`` as Unicode text: a surrogate pair as its character, a lone surrogate (no character; e.g. a
+    byte-level token's half, or a file name's undecodable byte) as U+FFFD, as for ``<title>``. Every text of the
+    page (tokens, title, layer and set names, the gradient's note) goes through it, so the page holds only text
+    that can be written as UTF-8 and that every browser API takes."""
+    return str(text).encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def tick_labels(tokens, n: int, name: str) -> list[str]:
     if tokens is None:
         return [str(i) for i in range(n)]
-    labels = [str(t) for t in tokens]
+    labels = [well_formed(t) for t in tokens]
     if len(labels) != n:
         raise ValueError(f"{name} has {len(labels)} entries but the attention has length {n} on that axis")
     return labels
@@ -171,7 +180,7 @@ def _biases(biases, shape: tuple[int, int, int, int], batch: int) -> dict[str, n
                 raise ValueError(
                     f"{what} with shape {t.shape} does not broadcast to (H, Lq, Lk) = {shape[1:]}"
                 ) from None
-        out[str(name)] = np.stack(layers)  # (layers, H, Lq, Lk)
+        out[well_formed(name)] = np.stack(layers)  # (layers, H, Lq, Lk)
     return out
 
 
@@ -343,7 +352,7 @@ def page_data(
     ktok = qtok if key_tokens is None and Lq == Lk else tick_labels(key_tokens, Lk, "key_tokens")
     blocked, added = _masks(masks, A.shape, batch)  # (layers, H, Lq, Lk) each
     _check_rows(A, blocked)
-    names = [f"layer {i}" for i in range(nl)] if layer_names is None else [str(n) for n in layer_names]
+    names = [f"layer {i}" for i in range(nl)] if layer_names is None else [well_formed(n) for n in layer_names]
     if len(names) != nl:
         raise ValueError(f"layer_names has {len(names)} entries but attentions has {nl} layers")
     keep_l = _indices(include_layers, nl, "include_layers")
@@ -367,7 +376,7 @@ def page_data(
     grads = None
     if weight_grads is not None:
         g_ints, g_steps = _vectors(pick(_grads(weight_grads, A, batch, blocked)))  # packed as q and k are
-        grads = {"note": "" if grad_note is None else str(grad_note), "g": g_ints, "step": g_steps}
+        grads = {"note": "" if grad_note is None else well_formed(grad_note), "g": g_ints, "step": g_steps}
     elif grad_note is not None:
         raise ValueError("grad_note describes weight_grads, which was not given")
     A_all, blocked_all, added_all = A, blocked, added  # every layer and head: the neuron view's check reads them
@@ -375,7 +384,7 @@ def page_data(
     patterns, mask_index = _distinct(blocked, lambda m: "".join("1" if b else "0" for b in m.ravel().tolist()))
 
     data = {
-        "title": str(title),
+        "title": well_formed(title),
         "qtok": qtok,
         "ktok": ktok,
         "layers": [names[l] for l in keep_l],
@@ -426,7 +435,7 @@ def page_data(
 
 
 def _script_json(data: dict) -> str:
-    """``data`` as JSON that is inert inside ``<script>``: ASCII only (U+2028, U+2029, emoji and lone surrogates as
+    """``data`` as JSON that is inert inside ``<script>``: ASCII only (U+2028, U+2029 and emoji as
     \\u escapes), ``<``, ``>``, ``&`` as \\u003c, \\u003e, \\u0026 (they occur only inside JSON strings, where
     the escape means the same character), so no ``</script>``, ``<!--`` or ``<script`` can form; no NaN."""
     text = json.dumps(data, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
@@ -435,8 +444,7 @@ def _script_json(data: dict) -> str:
 
 def _html_text(text: str) -> str:
     """Text for an HTML element such as ``<title>``: escaped, lone surrogates (not encodable) as U+FFFD."""
-    text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")  # a surrogate pair -> its character
-    return html.escape(text, quote=True)
+    return html.escape(well_formed(text), quote=True)
 
 
 def _asset(name: str) -> str:
@@ -497,8 +505,8 @@ def explorer_sets_html(sets: dict, *, title: str = "Attention explorer") -> Expl
             data = page_data(**{"tokens": None, **value})
         else:
             raise ValueError(f"sets[{name!r}] must be an ExplorerPage or a dict of explorer_html's arguments")
-        out.append({**data, "name": str(name), "title": str(title)})
-    return _page({"title": str(title), "sets": out}, str(title))
+        out.append({**data, "name": well_formed(name), "title": well_formed(title)})
+    return _page({"title": well_formed(title), "sets": out}, well_formed(title))
 
 
 def _page(data: dict, title: str) -> ExplorerPage:
