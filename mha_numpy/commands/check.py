@@ -89,7 +89,7 @@ def _submit(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from ..checker.grading import BadPath, grade_file, read_cases
+    from ..checker.grading import BadPath, failed_grade, grade_file, read_cases
 
     try:
         cases = read_cases(args.cases) if args.cases is not None else None
@@ -100,6 +100,9 @@ def _submit(args: argparse.Namespace) -> int:
     except BadPath as e:
         print(f"check: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except Exception as e:  # noqa: BLE001 - whatever stopped the grading, a score file is written: every test 0
+        grade = failed_grade(args.submit, cases, f"the grading stopped: {type(e).__name__}: {str(e)[:200]}")
+    # written here, by this process, after the child and everything it started are gone (ChildProcess.close)
     score.write_text(json.dumps(grade.results(), indent=2) + "\n", encoding="utf-8")
     print(grade)
     print(f"score file: {score}")
