@@ -305,3 +305,18 @@ def test_a_backward_alone_reads_the_reference_cache_without_the_library(tmp_path
     """
     r = check(write(tmp_path, source))
     assert r.returncode == 0 and rows(r) == {"scaled_dot_product_attention_backward": "PASS"}, r.stdout + r.stderr
+
+
+def test_the_checker_is_dumpable_and_no_subreaper_again_after_a_file(tmp_path):
+    """Not dumpable and subreaper hold while a child lives only; this process is as it was afterwards (Linux)."""
+    import ctypes
+
+    from mha_numpy.checker import check_file
+    from mha_numpy.checker import process as P
+
+    before = P._prctl(P.PR_GET_DUMPABLE)
+    report = check_file(write(tmp_path, "def softmax_forward(x):\n    return x, None\n"), timeout=float(LIMIT))
+    assert report["softmax_forward"].status == "FAIL"
+    subreaper = ctypes.c_int(-1)
+    assert P._prctl(P.PR_GET_CHILD_SUBREAPER, ctypes.byref(subreaper)) == 0 and subreaper.value == 0
+    assert P._prctl(P.PR_GET_DUMPABLE) == before == 1 and P._held == 0

@@ -16,6 +16,8 @@ yet"; one that changes its arguments in place FAILs. The known bugs live in ``bu
 
 ``check_file`` runs the file in a child process with a time limit (``checker.process``); ``check_namespace``
 calls the functions in this process (a notebook), with the same copies and mutation checks and no time limit.
+A file cannot import the library in its child process (``checker.guard``: only NumPy, and stand-ins for what the
+exercises' cells use); a notebook can, so ``grading.grade_namespace`` scores the library's own functions 0 and warns.
 Neither is a sandbox: the student's code can do anything the user running the checker can (docs/course.md).
 """
 

@@ -71,24 +71,25 @@ def child_env() -> dict[str, str]:
     return env
 
 
-PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36  # linux/prctl.h
+PR_GET_DUMPABLE, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 3, 4, 36, 37  # linux/prctl.h
 _libc = None
 _lock = threading.Lock()
 _live: set[int] = set()  # the pids of the children of the ChildProcesses alive in this process
 _held = 0  # how many ChildProcesses hold the guard (not dumpable, subreaper) now
 _exempt: set[int] = set()  # this process's children when the guard was taken: never swept
+_before = (1, 0)  # (dumpable, subreaper) when the guard was taken: what _release_guard puts back
 
 
-def _prctl(option: int, value: int) -> bool:
-    """Linux's prctl(option, value); False where there is none (macOS) or it failed."""
+def _prctl(option: int, value=0) -> int:
+    """Linux's prctl(option, value): its result, -1 where there is none (macOS) or it failed."""
     global _libc
     if not sys.platform.startswith("linux"):
-        return False
+        return -1
     try:
         _libc = _libc or ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        return _libc.prctl(option, value, 0, 0, 0) == 0
+        return int(_libc.prctl(option, value, 0, 0, 0))
     except (OSError, AttributeError):
-        return False
+        return -1
 
 
 def children(pid: int | None = None) -> list[int]:
@@ -115,10 +116,14 @@ def children(pid: int | None = None) -> list[int]:
 
 def _take_guard() -> None:
     """Not dumpable (no /proc/<pid>/fd for the student), subreaper (orphans come here), while children live."""
-    global _held, _exempt
+    global _held, _exempt, _before
     with _lock:
         if _held == 0:
             _exempt = set(children())
+            subreaper = ctypes.c_int(0)
+            if _prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(subreaper)) != 0:
+                subreaper.value = 0
+            _before = (max(_prctl(PR_GET_DUMPABLE), 0), subreaper.value)
             _prctl(PR_SET_DUMPABLE, 0)
             _prctl(PR_SET_CHILD_SUBREAPER, 1)
         _held += 1
@@ -129,8 +134,8 @@ def _release_guard() -> None:
     with _lock:
         _held -= 1
         if _held == 0:
-            _prctl(PR_SET_CHILD_SUBREAPER, 0)
-            _prctl(PR_SET_DUMPABLE, 1)
+            _prctl(PR_SET_CHILD_SUBREAPER, _before[1])
+            _prctl(PR_SET_DUMPABLE, _before[0])
 
 
 def _sweep(rounds: int = 200) -> int:
