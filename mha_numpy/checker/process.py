@@ -7,16 +7,17 @@ modules (``child``, ``guard``, ``load``, ``protocol``, ``student``) from their f
 and ``checker.guard`` refuses the library to the student's code. Then it offers what ``InProcess`` offers
 (``names``, ``start``, ``call``), so the runner checks a file and a notebook's namespace alike.
 
-Reports and score files come from this process only: while a child lives, this process is not dumpable (Linux:
-its ``/proc/<pid>/fd`` cannot be opened by the student's code, so nothing is written to its stdout) and is the
-subreaper of the child's descendants, so that ``close`` kills the child's session and then every process it left
-behind, even one that started a session of its own, and waits for them all (``descendants_gone``).
+Reports and score files come from this process only. While a child lives, this process is not dumpable (Linux;
+with the child giving up CAP_SYS_PTRACE, its ``/proc/<pid>/fd`` cannot be opened by the student's code, so nothing
+is written into its stdout) and is the subreaper of the child's descendants (Linux): ``close`` kills the child's
+process group, then every orphan that came here (``_sweep``: one that started a session of its own too), and waits
+for them all, so nothing the file started runs on when the report's last line or the score file is written. The
+orphans swept are the children of this process that were not there when the first child started and are no live
+ChildProcess's: a subprocess another thread of this process starts while a file is checked would be swept too.
 
 Time: importing the file, and each function's check (``start`` begins it), may take ``timeout`` seconds; a
 call still running then is stopped by killing the process. A process that dies (``os._exit``, a crash) or is
 killed is started again, and the file imported again, at the next call; the function being checked is a FAIL.
-At the end (``close``) the process group is killed, then every orphan adopted (``_sweep``): nothing the file started
-runs on.
 What the file printed is kept apart (``output``): it never mixes with the report. POSIX only (Linux, macOS):
 process groups, ``select`` on pipes.
 """
@@ -40,7 +41,7 @@ from .protocol import read_reply, send_request
 from .student import Abort, Mutated, StudentFault
 
 DEFAULT_TIMEOUT = 60.0  # seconds for importing the file, and for checking each function
-STARTUP = 60.0  # seconds for the child's own imports (numpy, mha_numpy), before the student's file runs
+STARTUP = 60.0  # seconds for the child's own imports (numpy), before the student's file runs
 ENV_KEPT = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "SYSTEMROOT")
 CHILD_PACKAGE = "_mha_numpy_child"  # the name the child's own modules are loaded under: not mha_numpy
 # the child's first lines: its modules from this directory under CHILD_PACKAGE, then nothing more found there
