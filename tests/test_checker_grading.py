@@ -109,9 +109,9 @@ def test_cli_submit_writes_gradescopes_results_json_and_scores_a_broken_file_zer
         )
     cheat = tmp_path / "cheat.py"
     cheat.write_text("from mha_numpy.functional import softmax_backward, softmax_forward\n")
-    assert main(["check", "--submit", str(cheat), "--cases", "cases.json"]) == 3  # refused in the child: not run
+    assert main(["check", "--submit", str(cheat), "--cases", "cases.json"]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
-    assert results["score"] == 0 and "mha_numpy.functional is refused" in results["output"]
+    assert results["score"] == 0 and all("own function, imported" in t["output"] for t in results["tests"])
     assert "imports mha_numpy.functional" in results["output"]
     broken = tmp_path / "broken.py"
     broken.write_text("def softmax_forward(x:\n")

@@ -1,11 +1,10 @@
-"""The child process's import guard: a checked file cannot import the library, whose pairs hold the answers.
+"""The child process's import guard: a checked file cannot use the library, whose pairs hold the answers.
 
 Installed first in ``sys.meta_path`` by ``checker.child`` before the student's file runs (the child itself
 never imports ``mha_numpy``: its own modules are loaded from their files under another name). Every import
 of ``mha_numpy`` or a submodule, however it is spelled (``import``, ``from ... import``, ``__import__``,
-``importlib.import_module``), goes through ``LibraryGuard.find_spec`` and is refused with an ImportError
-that says why, except what an exercise's own cells use (``EXERCISE_MODULES``), which is served by stand-ins
-that hold no answer:
+``importlib.import_module``), goes through ``LibraryGuard.find_spec``. What an exercise's own cells use
+(``EXERCISE_MODULES``) is served by stand-ins that hold no answer:
 
 - ``mha_numpy.optim``: the optimizers and clipping (the real file: it needs NumPy only).
 - ``mha_numpy.train``: the toy tasks (``TASKS``, ``make_batch``, ``ideal_attention``, ``attention_share``,
@@ -13,9 +12,13 @@ that hold no answer:
 - ``mha_numpy.checker`` with ``capstone`` and ``capstone_block``: ``forward_listing()`` (the forward the
   exercise gives); ``compare`` and ``train`` say that they run in the notebook, not in the checker's process.
 
-``sys.modules`` holds nothing else of the library, so no attribute path (``reference.F``, a capstone's
-``reference_grads``) leads to it. The guard is a fence, not a sandbox: code that sets out to remove it and
-load the library's files by hand runs on the grading machine (docs/course.md, For teachers).
+Everything else is refused: the import itself succeeds (a leftover debugging import does not stop the file),
+but every name it gives is a ``Refused`` placeholder that raises ``LibraryRefused`` when called, so a function
+that is, or calls, the library's FAILs with a message naming it, and the student's other functions are checked.
+``refused`` lists what was asked for (the grade's warning). ``sys.modules`` holds nothing else of the library, so no
+attribute path (``reference.F``, a capstone's ``reference_grads``) leads to it. The guard is a fence, not a
+sandbox: code that sets out to remove it and load the library's files by hand runs on the grading machine
+(docs/course.md, For teachers).
 """
 
 from __future__ import annotations
@@ -98,7 +101,7 @@ def _capstone(name: str, listing: str, capstone: str) -> types.ModuleType:
 
     module.forward_listing, module.compare, module.train = forward_listing, compare, train
     setattr(module, capstone, f"{capstone} (a stand-in: the capstone is graded in the checker's process)")
-    module.__getattr__ = _missing(name, ("forward_listing", "compare", "train", capstone))
+    module.__getattr__ = _missing(name)
     return module
 
 
@@ -109,23 +112,51 @@ def _checker(name: str) -> types.ModuleType:
         return f"check_namespace {NOT_HERE}"
 
     module.check_namespace = module.check_file = check_namespace
-    module.__getattr__ = _missing(name, ("capstone", "capstone_block", "check_namespace", "check_file"))
+    module.__getattr__ = _missing(name)
     return module
 
 
-def _missing(name: str, names: tuple[str, ...]):
-    def __getattr__(attribute: str):
+class Refused:
+    """A name of the library in the child: calling it raises LibraryRefused naming it; its attributes are more of
+    the same (``F.softmax_forward``), its ``__module__`` the module it would come from (the grade reads it)."""
+
+    def __init__(self, name: str):
+        vars(self)["name"] = name
+        vars(self)["__module__"] = name.rpartition(".")[0]
+
+    def __getattr__(self, attribute: str):
         if attribute.startswith("__"):
             raise AttributeError(attribute)
-        raise AttributeError(f"{name}.{attribute} is refused to a checked file (it has {', '.join(names)})")
+        return Refused(f"{vars(self)['name']}.{attribute}")
+
+    def __call__(self, *args, **kwargs):
+        raise LibraryRefused(refusal(vars(self)["name"]))
+
+    def __repr__(self) -> str:
+        return f"<{vars(self)['name']}: refused in the checker's process>"
+
+
+def _missing(name: str):
+    def __getattr__(attribute: str):
+        if attribute.startswith("__") or f"{name}.{attribute}" in EXERCISE_MODULES:
+            raise AttributeError(attribute)  # a stand-in submodule: the import system loads it
+        return Refused(f"{name}.{attribute}")
 
     return __getattr__
+
+
+def refused_module(name: str) -> types.ModuleType:
+    """What the child gives for a module of the library that is refused: every name of it a ``Refused``."""
+    module = _module(name, f"{name} is refused in the checker's process: its names raise LibraryRefused.", True)
+    module.__getattr__ = _missing(name)
+    return module
 
 
 def standin(name: str, listings: dict[str, str]) -> types.ModuleType:
     """The module the child gives for ``name`` of ``EXERCISE_MODULES`` (``listings``: each capstone's forward)."""
     if name == LIBRARY:
         module = _module(name, "A stand-in for mha_numpy in the checker's process.", package=True)
+        module.__getattr__ = _missing(name)
     elif name == "mha_numpy.optim":
         module = _module(name, "mha_numpy.optim (the real file: NumPy only).")
         _exec_source(module, LIBRARY_DIR / "optim.py")
@@ -135,7 +166,7 @@ def standin(name: str, listings: dict[str, str]) -> types.ModuleType:
         optim = importlib.import_module("mha_numpy.optim")  # the same classes as ``from mha_numpy.optim import``
         for n in OPTIM_NAMES:
             setattr(module, n, getattr(optim, n))
-        module.__getattr__ = _missing(name, TRAIN_NAMES + OPTIM_NAMES)
+        module.__getattr__ = _missing(name)
     elif name == "mha_numpy.checker":
         module = _checker(name)
     else:
@@ -149,6 +180,8 @@ class _StandinLoader(importlib.abc.Loader):
         self.guard = guard
 
     def create_module(self, spec):
+        if spec.name not in EXERCISE_MODULES:
+            return refused_module(spec.name)
         return standin(spec.name, self.guard.listings)
 
     def exec_module(self, module) -> None:
@@ -156,7 +189,8 @@ class _StandinLoader(importlib.abc.Loader):
 
 
 class LibraryGuard(importlib.abc.MetaPathFinder):
-    """Refuses every ``mha_numpy`` import but the stand-ins of ``EXERCISE_MODULES``; ``refused``: what was tried."""
+    """Gives the stand-ins of ``EXERCISE_MODULES`` and refused modules for the rest of ``mha_numpy``; ``refused``:
+    the modules of the library the file asked for that are not stand-ins."""
 
     def __init__(self, listings: dict[str, str] | None = None):
         self.listings = dict(listings or {})
@@ -165,12 +199,11 @@ class LibraryGuard(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if fullname != LIBRARY and not fullname.startswith(LIBRARY + "."):
             return None
-        if fullname in EXERCISE_MODULES:
-            package = fullname in (LIBRARY, "mha_numpy.checker")
-            return importlib.machinery.ModuleSpec(fullname, _StandinLoader(self), is_package=package)
-        if fullname not in self.refused:
+        standin = fullname in EXERCISE_MODULES
+        if not standin and fullname not in self.refused:
             self.refused.append(fullname)
-        raise LibraryRefused(refusal(fullname), name=fullname)
+        package = not standin or fullname in (LIBRARY, "mha_numpy.checker")
+        return importlib.machinery.ModuleSpec(fullname, _StandinLoader(self), is_package=package)
 
 
 def install(listings: dict[str, str] | None = None) -> LibraryGuard:

@@ -29,8 +29,9 @@ def add_parser(sub) -> None:
         "function as soon as it is checked: PASS, not done yet (NotImplementedError), or FAIL with the worst element "
         "and a diagnosis when the error matches a known bug. A function that changes its arguments or its cache in "
         "place, does not return within the time limit, or ends the process, FAILs. What FILE prints goes to stderr, "
-        "apart from the report. FILE cannot import mha_numpy there (numpy, and mha_numpy.train's tasks and optimizers "
-        "only). Not a sandbox: run files you do not trust in a container. With --submit FILE: grade it "
+        "apart from the report. FILE cannot use mha_numpy there (what it imports of it raises when called; "
+        "mha_numpy.train's tasks and optimizers excepted). Not a sandbox: run files you do not trust in a container. "
+        "With --submit FILE: grade it "
         "on the teacher's cases (--cases) and write a score file (--score) for Gradescope / otter-grader.",
         epilog=EXIT_CODES,
     )
