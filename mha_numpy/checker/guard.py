@@ -44,6 +44,12 @@ EXERCISE_MODULES = (
     "mha_numpy.checker.capstone_block",
 )
 NOT_HERE = "runs in the exercise notebook, not in the checker's process (the checker compares in its own)"
+ASKED: list[str] = []  # what the file asked for of the library that it did not get (LibraryGuard.refused)
+
+
+def _asked(name: str) -> None:
+    if name not in ASKED:
+        ASKED.append(name)
 
 
 class LibraryRefused(ImportError):
@@ -140,6 +146,8 @@ def _missing(name: str):
     def __getattr__(attribute: str):
         if attribute.startswith("__") or f"{name}.{attribute}" in EXERCISE_MODULES:
             raise AttributeError(attribute)  # a stand-in submodule: the import system loads it
+        if name in EXERCISE_MODULES:
+            _asked(f"{name}.{attribute}")  # a name a stand-in does not have (a refused module is asked for as such)
         return Refused(f"{name}.{attribute}")
 
     return __getattr__
@@ -194,14 +202,14 @@ class LibraryGuard(importlib.abc.MetaPathFinder):
 
     def __init__(self, listings: dict[str, str] | None = None):
         self.listings = dict(listings or {})
-        self.refused: list[str] = []
+        self.refused = ASKED
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != LIBRARY and not fullname.startswith(LIBRARY + "."):
             return None
         standin = fullname in EXERCISE_MODULES
-        if not standin and fullname not in self.refused:
-            self.refused.append(fullname)
+        if not standin:
+            _asked(fullname)
         package = not standin or fullname in (LIBRARY, "mha_numpy.checker")
         return importlib.machinery.ModuleSpec(fullname, _StandinLoader(self), is_package=package)
 
