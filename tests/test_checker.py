@@ -134,8 +134,10 @@ def test_cli_on_a_buggy_file_prints_the_diagnoses_and_exits_1():
 
 
 def test_cli_on_the_solutions_exits_0(tmp_path):
+    """Every solution in one file but exercise 6's, which composes mha_numpy.functional's pairs: a checked file cannot
+    import the library (issue 35; its functions are checked in a notebook's namespace, test_checker_grading)."""
     student = tmp_path / "student.py"
-    student.write_text("".join(p.read_text() for p in sorted(SOLUTIONS.glob("*.py"))))
+    student.write_text("".join(p.read_text() for p in sorted(SOLUTIONS.glob("*.py")) if not p.name.startswith("ex06")))
     r = run_cli(str(student))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "FAIL" not in r.stdout

@@ -159,39 +159,37 @@ def test_a_fake_pass_table_printed_by_the_file_is_not_the_report(tmp_path):
 
 def test_a_file_that_patches_numpy_the_checker_or_the_reference_still_fails(tmp_path):
     """The child only runs the student's code; the references, comparisons and verdicts are in the checker's
-    process, which the file cannot reach."""
+    process, which the file cannot reach: patching NumPy there changes nothing, and the checker's and the
+    library's modules are refused to it (issue 35): patching them patches placeholders."""
     source = """
     import numpy as np
 
-    import mha_numpy.checker as checker
-    import mha_numpy.checker.diagnose as diagnose
-    import mha_numpy.checker.runner as runner
-    from mha_numpy import functional, pairs
-
     np.allclose = lambda *a, **k: True
     np.testing.assert_allclose = lambda *a, **k: None
-    diagnose.compare = lambda *a, **k: None
-    runner.compare = lambda *a, **k: None
-    checker.check_namespace = lambda *a, **k: "every function PASS"
+    np.array_equal = lambda *a, **k: True
 
 
     def softmax_forward(x):
-        return functional.softmax_forward(x)
+        m = x.max(axis=-1, keepdims=True)
+        e = np.exp(x - np.where(np.isfinite(m), m, 0.0))
+        s = e.sum(axis=-1, keepdims=True)
+        p = e / np.where(s > 0, s, 1.0)
+        return p, p
 
 
     def softmax_backward(dp, cache):
         p = cache
         return p * (1 - p) * dp
-
-
-    functional.softmax_backward = softmax_backward
-    for pair in pairs.PAIRS:
-        object.__setattr__(pair, "backward", softmax_backward) if pair.name == "softmax" else None
     """
     r = check(write(tmp_path, source))
     assert r.returncode == 1, r.stdout + r.stderr
     assert rows(r)["softmax_forward"] == "PASS" and rows(r)["softmax_backward"].startswith("FAIL"), r.stdout
     assert "The diagonal-only softmax backward" in r.stdout
+    for module in ("mha_numpy.checker.diagnose", "mha_numpy.checker.runner", "mha_numpy.functional", "mha_numpy.pairs"):
+        patch = f"import {module}\n{module}.compare = {module}.softmax_backward = lambda *a, **k: None\n"
+        r = check(write(tmp_path, patch + textwrap.dedent(source)))
+        assert r.returncode == 1 and "The diagonal-only softmax backward" in r.stdout, r.stdout + r.stderr
+        assert r.stdout.splitlines()[-1].startswith(f"the file imports {module}: refused"), r.stdout
 
 
 def test_the_file_runs_with_a_clean_environment_in_a_scratch_directory(tmp_path):

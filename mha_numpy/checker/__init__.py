@@ -16,6 +16,9 @@ yet"; one that changes its arguments in place FAILs. The known bugs live in ``bu
 
 ``check_file`` runs the file in a child process with a time limit (``checker.process``); ``check_namespace``
 calls the functions in this process (a notebook), with the same copies and mutation checks and no time limit.
+A file cannot use the library in its child process (``checker.guard``: what it imports of it raises when called,
+but stand-ins for what the exercises' cells use); a notebook can, so ``grading.grade_namespace`` scores the
+library's own functions 0 and warns.
 Neither is a sandbox: the student's code can do anything the user running the checker can (docs/course.md).
 """
 
@@ -43,6 +46,7 @@ class CheckReport:
     ignored: list[str] = field(default_factory=list)  # NAME_forward/_backward of no pair the checker knows
     planned: list[str] = field(default_factory=list)  # the functions to check, in order (sets the column width)
     output: str = ""
+    refused: list[str] = field(default_factory=list)  # the library's modules a file imported (checker.guard)
 
     @property
     def passed(self) -> bool:
@@ -71,6 +75,9 @@ class CheckReport:
         lines = [f"{done} of {len(self.rows)} functions pass"]
         if self.ignored:
             lines.append(f"not checked (no pair of that name is known): {', '.join(self.ignored)}")
+        if self.refused:
+            lines.append(f"the file imports {', '.join(self.refused)}: refused in the checker's process (the library's "
+                         "pairs hold the answers), a function that uses it FAILs")  # fmt: skip
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -92,6 +99,7 @@ def _check(student, only, source: str, echo: Callable[[str], None] | None) -> Ch
             echo(report.row_text(row))
 
     check_student(student, only, on_row)
+    report.refused = list(getattr(student, "refused", []))  # a file's child process says what it asked for
     if echo is not None:
         echo(report.summary())
     return report

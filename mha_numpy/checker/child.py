@@ -1,4 +1,10 @@
-"""The child process that runs a student's file: ``python -m mha_numpy.checker.child``, started by ``process``.
+"""The child process that runs a student's file: started by ``process`` (its ``BOOT`` lines), not as mha_numpy.
+
+Its modules (this one, ``guard``, ``load``, ``protocol``, ``student``) are loaded from their files under another
+package name, so the library is never imported here; ``guard`` is installed before the student's file runs and
+refuses it to the student's code. Everything this process uses against the student's code (``call_checked``,
+the copies, the comparison of arguments) is bound before that code runs: patching a module's name afterwards
+(``sys.modules["__main__"].call_checked``, ``copy.deepcopy``, ``numpy.array_equal``) changes nothing here.
 
 It takes the checker's requests on its stdin and answers on its stdout, which it moves out of the student's
 reach first: the student's code reads an empty stdin, and what it prints goes to the output file the checker
@@ -12,6 +18,8 @@ not made here: the checker compares what comes back with its own reference, in i
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import sys
 import threading
@@ -19,6 +27,7 @@ import time
 
 import numpy as np
 
+from . import guard as _guard
 from .load import StudentFileError, load_student
 from .protocol import CacheRef, Unsendable, read_request, send_reply
 from .student import Mutated, StudentFault, call_checked
@@ -30,6 +39,41 @@ def _streams() -> tuple[int, int]:
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     os.dup2(2, 1)  # print() goes where stderr goes: the checker's output file
     return requests, replies
+
+
+CAP_SYS_PTRACE, PR_CAPBSET_DROP, CAPABILITY_VERSION_3 = 19, 24, 0x20080522  # linux/capability.h, prctl.h
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _drop_ptrace() -> bool:
+    """Give up CAP_SYS_PTRACE for good (its bounding set too: nothing this process starts gets it back), so that
+    the checker's /proc/<pid>/fd stays closed to the student's code even when the grader runs as root (the checker
+    is not dumpable while a child lives). Linux only; False where it could not be done (not root: nothing to drop).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0)  # fails without CAP_SETPCAP: then it is not ours
+        header, data = _CapHeader(CAPABILITY_VERSION_3, 0), (_CapData * 2)()
+        if libc.capget(ctypes.byref(header), data) != 0:
+            return False
+        bit = ~(1 << CAP_SYS_PTRACE)
+        data[0].effective, data[0].permitted, data[0].inheritable = (
+            data[0].effective & bit,
+            data[0].permitted & bit,
+            data[0].inheritable & bit,
+        )
+        return libc.capset(ctypes.byref(header), data) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def _flush() -> None:
@@ -52,18 +96,23 @@ def _raised(e: BaseException) -> dict:
 class Server:
     """The student's namespace and the caches of the forward calls made so far."""
 
-    def __init__(self):
+    def __init__(self, guard: _guard.LibraryGuard | None = None):
         self.namespace: dict = {}
         self.caches: dict[int, object] = {}
+        self.guard = guard
+        self.call_checked = call_checked  # bound now, before the student's file can rebind the module's name
 
-    def load(self, path: str, shown: str) -> dict:
+    def load(self, path: str, shown: str, listings: dict | None = None) -> dict:
+        if self.guard is not None:
+            self.guard.listings.update(listings or {})
         try:
             self.namespace = load_student(path, shown)
         except StudentFileError as e:
             return {"kind": "error", "message": str(e)}
         names = [n for n, v in self.namespace.items() if callable(v) and n[:1] != "_"]
         modules = {n: str(getattr(self.namespace[n], "__module__", "") or "") for n in names}  # the file's, or not
-        return {"kind": "loaded", "names": names, "modules": modules}
+        refused = list(self.guard.refused) if self.guard is not None else []
+        return {"kind": "loaded", "names": names, "modules": modules, "refused": refused}
 
     def call(self, function: str, args: list, keep_cache: bool) -> dict:
         fn = self.namespace.get(function)
@@ -80,7 +129,7 @@ class Server:
             }
         try:
             with np.errstate(all="ignore"):  # a NaN is reported in the row, not as a warning (as in-process)
-                result = call_checked(function, fn, args)
+                result = self.call_checked(function, fn, args)
         except Mutated as e:
             return {"kind": "mutated", "detail": str(e)}
         except StudentFault as e:  # sys.exit inside the function
@@ -122,16 +171,20 @@ def _watch_parent(interval: float = 0.5) -> None:
 
 
 def main() -> None:
+    _drop_ptrace()
     _watch_parent()
+    guard = _guard.install()  # before anything of the student's runs
     requests, replies = _streams()
-    server = Server()
+    sys.argv[:] = [""]  # the student's file learns nothing of how the checker started this process
+    server = Server(guard)
+    handlers = {"load": server.load, "call": server.call, "map": server.call_many}  # bound before the file runs
     send_reply(replies, {"kind": "ready"})
     while True:
         request = read_request(requests)
         if request[0] == "quit":
             break
-        handle = {"load": server.load, "call": server.call, "map": server.call_many}[request[0]]
-        reply = handle(*request[1:])
+        reply = handlers[request[0]](*request[1:])
+        reply["refused"] = list(guard.refused)  # the imports of the library refused so far, for the grade's warning
         _flush()
         try:
             send_reply(replies, reply)

@@ -24,7 +24,9 @@ its partial credit (0 ... the cell's points).
 from __future__ import annotations
 
 import ast
+import functools
 import json
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,8 +38,10 @@ from .student import InProcess
 
 VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")  # Gradescope's
 LIBRARY = "mha_numpy"
-# what the exercises' own cells import from the library: the checker, and train (exercise 9 trains with it)
-ALLOWED = ("mha_numpy.checker", "mha_numpy.train")
+LIBRARY_DIR = Path(__file__).resolve().parents[1]
+# what the exercises' own cells import from the library: the checker, and train (exercise 9 trains with it). In a
+# file's child process these are stand-ins that hold no answer (checker.guard); everything else is refused there.
+ALLOWED = ("mha_numpy.checker", "mha_numpy.train", "mha_numpy.optim")
 
 
 class BadCases(BadPath):
@@ -140,6 +144,31 @@ class Grade:
         return "\n".join([*lines, f"{self.points:g} of {self.max_points:g} points"])
 
 
+def library_origin(fn) -> str:
+    """The library function ``fn`` is, however it is dressed (``functools.partial``, a wrapper's ``__wrapped__``, a
+    bound method, ``__module__`` rewritten: its code is read, not its name); "" for a function of the student's."""
+    for _ in range(10):
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif isinstance(fn, types.MethodType):
+            fn = fn.__func__
+        elif getattr(fn, "__wrapped__", None) is not None:
+            fn = fn.__wrapped__
+        else:
+            break
+    code = getattr(fn, "__code__", None)
+    if code is None and callable(fn) and not isinstance(fn, type):
+        code = getattr(vars(type(fn)).get("__call__"), "__code__", None)  # an object of a class with a __call__
+    try:
+        inside = code is not None and Path(code.co_filename).resolve().is_relative_to(LIBRARY_DIR)
+    except (OSError, ValueError):
+        inside = False
+    if not inside:
+        return ""
+    module = Path(code.co_filename).resolve().relative_to(LIBRARY_DIR.parent).with_suffix("")
+    return ".".join(module.parts) + "." + code.co_name
+
+
 def _tests(rows: list[Row], modules: dict[str, str], cases: GradeCases, found: list[str]) -> list[dict]:
     by_name = {r.function: r for r in rows}
     points = cases.points if cases.points is not None else {name: 1.0 for name in plan(found)}
@@ -179,11 +208,36 @@ def library_imports(sources: list[str]) -> list[str]:
     return sorted(set(found))
 
 
-def _warnings(imports: list[str]) -> list[str]:
+def _warnings(imports: list[str], in_child: bool = True) -> list[str]:
     if not imports:
         return []
+    if in_child:
+        return [f"the submission imports {', '.join(imports)}: refused in the checker's process (the library's "
+                "pairs hold the answers), so nothing of it was graded as the student's"]  # fmt: skip
     return [f"the submission imports {', '.join(imports)}: the library's reference pairs are importable there, "
             "check by hand that the graded functions are the student's own"]  # fmt: skip
+
+
+def namespace_imports(namespace: dict) -> list[str]:
+    """The ``mha_numpy`` modules (outside ``ALLOWED``) a notebook's namespace holds or its cells imported: modules
+    bound to a name, the library's functions under any name (``library_origin``), and the import lines of the cells
+    run so far (IPython's ``In``)."""
+    found = []
+    for value in list(namespace.values()):
+        if isinstance(value, types.ModuleType):
+            module = value.__name__
+        elif isinstance(value, type):
+            module = str(getattr(value, "__module__", ""))
+        elif callable(value):
+            module = library_origin(value).rpartition(".")[0]
+        else:
+            continue
+        if module.split(".")[0] == LIBRARY and not module.startswith(ALLOWED):
+            found.append(module)
+    cells = namespace.get("In")
+    if isinstance(cells, list):
+        found += library_imports([c for c in cells if isinstance(c, str)])
+    return sorted(set(found))
 
 
 def grade_file(path, cases: GradeCases | None = None, timeout: float = DEFAULT_TIMEOUT) -> Grade:
@@ -195,8 +249,10 @@ def grade_file(path, cases: GradeCases | None = None, timeout: float = DEFAULT_T
     cases = cases or GradeCases()
     path = check_path(path)
     grade = Grade(str(path), visibility=cases.visibility)
+    imports: list[str] = []
     try:
-        grade.warnings = _warnings(library_imports([source for _, source in code_cells(path)]))
+        imports = library_imports([source for _, source in code_cells(path)])
+        grade.warnings = _warnings(imports)
         child = ChildProcess(path, timeout)
     except CannotRun as e:
         grade.error = str(e)
@@ -208,8 +264,16 @@ def grade_file(path, cases: GradeCases | None = None, timeout: float = DEFAULT_T
         grade.error, rows = str(e), []
     finally:
         child.close()
+    refused = sorted(set(child.refused) - set(imports))  # imports the source does not spell (importlib, __import__)
+    grade.warnings = _warnings(sorted(set(imports) | set(refused)))
     grade.tests = _tests(rows, child.modules, cases, child.names)
     return grade
+
+
+def failed_grade(path, cases: GradeCases | None, error: str) -> Grade:
+    """A Grade with every test at 0 and ``error`` said: what is written when the grading could not finish."""
+    cases = cases or GradeCases()
+    return Grade(str(path), _tests([], {}, cases, []), error=error, visibility=cases.visibility)
 
 
 def grade_namespace(namespace: dict, cases: GradeCases | dict | None = None) -> Grade:
@@ -218,5 +282,10 @@ def grade_namespace(namespace: dict, cases: GradeCases | dict | None = None) -> 
     cases = parse_cases(cases) if isinstance(cases, dict) else (cases or GradeCases())
     student = InProcess(namespace)
     rows = check_student(student, _only(cases), seed=cases.seed)
-    modules = {name: str(getattr(namespace[name], "__module__", "") or "") for name in student.names}
-    return Grade("the notebook", _tests(rows, modules, cases, student.names), visibility=cases.visibility)
+    modules = {}
+    for name in student.names:
+        origin = library_origin(namespace[name]).rpartition(".")[0]  # the library's function, however dressed
+        modules[name] = origin or str(getattr(namespace[name], "__module__", "") or "")
+    grade = Grade("the notebook", _tests(rows, modules, cases, student.names), visibility=cases.visibility)
+    grade.warnings = _warnings(namespace_imports(namespace), in_child=False)
+    return grade

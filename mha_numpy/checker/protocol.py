@@ -5,6 +5,10 @@ reference caches a student's backward may read). The child, which runs code nobo
 format that cannot run anything when read: a JSON tree whose arrays are ``.npy`` blobs read with
 ``allow_pickle=False``. It carries None, bools, numbers, strings, tuples, lists, dicts with string keys,
 NumPy arrays and scalars (not of dtype object), and ``CacheRef`` (a forward's cache, kept in the child).
+Whatever the child writes, the checker reads a reply or a ValueError (a short frame, a bad tree, a bad array):
+never another exception. The child reads the checker's pickles without importing the library: an object of
+``mha_numpy`` in a request (the reference forward's cache, a ``functional.AttentionCache``) comes back as a
+``LibraryObject`` with the same attributes.
 """
 
 from __future__ import annotations
@@ -67,11 +71,24 @@ def _tree(obj, blobs: list, depth: int):
 
 
 def decode(data: bytes):
-    """The object ``encode`` wrote; ValueError if ``data`` is not such a message."""
+    """The object ``encode`` wrote; ValueError if ``data`` is not such a message (whatever is wrong with it)."""
+    try:
+        return _decode(data)
+    except ValueError:
+        raise
+    except Exception as e:  # noqa: BLE001 - struct.error (a short frame), KeyError, TypeError, RecursionError...
+        raise ValueError(f"a malformed reply ({type(e).__name__})") from None
+
+
+def _decode(data: bytes):
     view = memoryview(data)
+    if len(view) < 8:
+        raise ValueError(f"a frame of {len(view)} bytes")
     (n,) = struct.unpack(">Q", view[:8])
     tree, offset, blobs = json.loads(bytes(view[8 : 8 + n])), 8 + n, []
     while offset < len(view):
+        if offset + 8 > len(view):
+            raise ValueError("a truncated array length")
         (m,) = struct.unpack(">Q", view[offset : offset + 8])
         blobs.append(np.lib.format.read_array(io.BytesIO(view[offset + 8 : offset + 8 + m]), allow_pickle=False))
         offset += 8 + m
@@ -141,9 +158,31 @@ def send_request(fd: int, request) -> None:
     write_frame(fd, pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL))
 
 
+class LibraryObject:
+    """An object of the library in the checker's request, rebuilt in the child without importing the library:
+    its attributes (a dataclass's fields) only, under its class's name."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(vars(self))})"
+
+
+_STANDINS: dict[tuple[str, str], type] = {}
+
+
+class _Requests(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if module.split(".")[0] != "mha_numpy":
+            return super().find_class(module, name)
+        if (module, name) == ("mha_numpy.checker.protocol", "CacheRef"):
+            return CacheRef  # this module's, under the name the child loaded it with
+        if (module, name) not in _STANDINS:
+            _STANDINS[module, name] = type(name, (LibraryObject,), {"__module__": "checker", "__qualname__": name})
+        return _STANDINS[module, name]
+
+
 def read_request(fd: int):
-    """The child's side: the checker's next request (the child trusts the checker)."""
-    return pickle.loads(read_frame(fd))  # noqa: S301 - written by the checker that started this process
+    """The child's side: the checker's next request (the child trusts the checker; it imports no mha_numpy)."""
+    return _Requests(io.BytesIO(read_frame(fd))).load()
 
 
 def send_reply(fd: int, reply) -> None:

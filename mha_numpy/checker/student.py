@@ -15,6 +15,12 @@ import dataclasses
 
 import numpy as np
 
+# bound when this module is imported (in the child: before the student's file runs), so that a file that
+# rebinds copy.deepcopy or numpy.array_equal does not switch the mutation check off
+_deepcopy = copy.deepcopy
+_array_equal = np.array_equal
+_asarray = np.asarray
+
 
 class Mutated(Exception):
     """A student's function changed one of its arguments in place; the message is the row's detail."""
@@ -43,7 +49,7 @@ def first_difference(a, b, path: str = "") -> str | None:
             return path
         return _first(first_difference(a[k], b[k], f"{path}[{k!r}]") for k in b)
     if b is None or isinstance(b, bool | int | float | complex | str | bytes | np.generic):
-        return None if type(a) is type(b) and _same_array(np.asarray(a), np.asarray(b)) else path
+        return None if type(a) is type(b) and _same_array(_asarray(a), _asarray(b)) else path
     fields = _fields(b)
     if fields is None:
         return None
@@ -56,9 +62,9 @@ def _same_array(a: np.ndarray, b: np.ndarray) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     try:
-        return bool(np.array_equal(a, b, equal_nan=True))
+        return bool(_array_equal(a, b, equal_nan=True))
     except TypeError:  # a dtype without NaN (bool, int, str, object)
-        return bool(np.array_equal(a, b))
+        return bool(_array_equal(a, b))
 
 
 def _first(differences) -> str | None:
@@ -90,7 +96,7 @@ def call_checked(function: str, fn, args: list[tuple[str, object]]):
     """
     originals = [value for _, value in args]
     try:
-        given = copy.deepcopy(originals)
+        given = _deepcopy(originals)
     except Exception:  # noqa: BLE001 - an argument that cannot be copied (a student's odd cache): no check
         given = None
     try:

@@ -30,7 +30,9 @@ def add_parser(sub) -> None:
         "function as soon as it is checked: PASS, not done yet (NotImplementedError), or FAIL with the worst element "
         "and a diagnosis when the error matches a known bug. A function that changes its arguments or its cache in "
         "place, does not return within the time limit, or ends the process, FAILs. What FILE prints goes to stderr, "
-        "apart from the report. Not a sandbox: run files you do not trust in a container. With --submit FILE: grade it "
+        "apart from the report. FILE cannot use mha_numpy there (what it imports of it raises when called; "
+        "mha_numpy.train's tasks and optimizers excepted). Not a sandbox: run files you do not trust in a container. "
+        "With --submit FILE: grade it "
         "on the teacher's cases (--cases) and write a score file (--score) for Gradescope / otter-grader.",
         epilog=EXIT_CODES,
     )
@@ -93,7 +95,7 @@ def _submit(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from ..checker.grading import BadPath, grade_file, read_cases
+    from ..checker.grading import BadPath, failed_grade, grade_file, read_cases
 
     try:
         cases = read_cases(args.cases) if args.cases is not None else None
@@ -104,6 +106,9 @@ def _submit(args: argparse.Namespace) -> int:
     except BadPath as e:
         print(f"check: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except Exception as e:  # noqa: BLE001 - whatever stopped the grading, a score file is written: every test 0
+        grade = failed_grade(args.submit, cases, f"the grading stopped: {type(e).__name__}: {str(e)[:200]}")
+    # written here, by this process, after the child and everything it started are gone (ChildProcess.close)
     score.write_text(json.dumps(grade.results(), indent=2) + "\n", encoding="utf-8")
     print(grade)
     print(f"score file: {score}")
