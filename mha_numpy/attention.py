@@ -157,6 +157,8 @@ class MultiHeadAttention:
         config = self.__dict__.get("config")
         if config is not None and (name in OPTIONS or name in ("q_dim", "kv_dim", "qk_head_dim", "merged_dim")):
             return getattr(config, name)
+        if name in ("block_size", "num_threads") and hasattr(self.__dict__.get("kernel"), name):
+            return getattr(self.__dict__["kernel"], name)  # the chunked kernel's settings
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __setattr__(self, name: str, value) -> None:
@@ -164,6 +166,10 @@ class MultiHeadAttention:
             self.__dict__["config"] = self.config.replace(**{name: value})
         elif name in ("kernel", "impl"):  # a registered name or a kernel object, resolved and checked now
             self.__dict__["kernel"] = get_kernel(value)
+        elif name in ("block_size", "num_threads"):  # the kernel's settings, checked by it (not a stray attribute)
+            if not hasattr(self.kernel, name):
+                raise ValueError(f"{name} is a setting of the chunked kernel; this module's kernel is {self.impl!r}")
+            setattr(self.kernel, name, value)
         else:
             super().__setattr__(name, value)
 
@@ -189,7 +195,12 @@ class MultiHeadAttention:
         return self._plan()[0]
 
     def describe(self, kv_cache: bool | str = False) -> str:
-        """The data path as text: one line per step, the caches it names and the parameters it owns."""
+        """The data path as text: one line per step, the caches it names and the parameters it owns.
+
+        kv_cache: False, True, or what a cache stores ("keys after RoPE", "keys before RoPE": a StreamingKVCache's
+        plan) -> the plan of a call with such a cache."""
+        if kv_cache not in (False, True, "keys after RoPE", "keys before RoPE"):
+            raise ValueError(f"kv_cache must be True, False, 'keys after RoPE' or 'keys before RoPE', got {kv_cache!r}")
         return describe(self.config, build_steps(self.config, kv_cache))
 
     def new_kv_cache(self):

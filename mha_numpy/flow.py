@@ -18,8 +18,7 @@ are summed. The cache keeps only the inputs and the call's arguments (``Recomput
 each group's forward, then walks that group's steps backwards, writing the group's slices of the parameters'
 gradients (``GroupGrads``) and adding its share to the inputs' gradients. Sampled dropout draws each group's
 keep-mask from a generator seeded by (one seed per call, the group's first head), so the backward replays the
-forward's exactly. Measured (tracemalloc, chunked, forward + backward at B = 1, L = 16384, E = 256, H = 4, float32,
-beyond the output and the gradients): 49 MiB with one head a group, 130 MiB without recompute.
+forward's exactly. The memory it saves is measured in docs/performance.md, "Memory".
 """
 
 from __future__ import annotations
@@ -129,9 +128,6 @@ class GroupParams(Mapping):
             return p if self.hs.start == 0 else None
         return p[_index(spec, p.shape, self.hs, *self.n)]
 
-    def get(self, name, default=None):
-        return self[name] if name in self.params else default
-
     def __iter__(self):
         return iter(self.params)
 
@@ -184,9 +180,10 @@ def kept_bytes(f: Flow) -> int:
     (B, H, Lq, Lk) arrays the call's kernel keeps (``Kernel.score_arrays``: 3 vectorized, 0 chunked).
     ``MultiHeadAttention`` compares it with its memory budget (``AttentionConfig.memory_budget``)."""
     B, H, Lq, Lk = f.args.shape
-    d, itemsize = f.owner.config.head_dim, f.owner.config.dtype.itemsize
-    activations = 2 * B * d * (2 * H * Lq + 2 * f.Hkv * Lk)  # (Q, context) and (K, V), with their gradients
-    return itemsize * (activations + f.kernel.score_arrays * B * H * Lq * Lk)
+    c = f.owner.config
+    d, dv = c.head_dim, c.merged_dim // c.num_heads  # the query/key heads' width, the values' (dv ≠ d in MLA)
+    activations = 2 * B * (d + dv) * (H * Lq + f.Hkv * Lk)  # (Q, context) and (K, V), with their gradients
+    return c.dtype.itemsize * (activations + f.kernel.score_arrays * B * H * Lq * Lk)
 
 
 def recompute_forward(steps, f: Flow, specs: dict):
@@ -264,14 +261,11 @@ class RecomputeCache:
                 group = group_flow(self.flow, hs, self.specs, self.seed)
                 forward(self.plan, group)
                 parts.append(group)
-            a = [p.attention for p in parts]
-            self._joined = dict(
-                Q=np.concatenate([p.Q for p in parts], axis=1),  # (B, H, Lq, d)
-                K=np.concatenate([p.K for p in parts], axis=1),  # (B, Hkv, Lk, d)
-                V=np.concatenate([p.V for p in parts], axis=1),  # (B, Hkv, Lk, d)
-                context=np.concatenate([p.context for p in parts], axis=1),  # (B, H, Lq, d)
-                attention=JoinedAttention(a),
-            )
+            self._joined = {
+                name: np.concatenate([getattr(p, name) for p in parts], axis=1)  # over the heads
+                for name in ("Q", "K", "V", "context")
+            }  # (B, H, Lq, d), (B, Hkv, Lk, d) × 2, (B, H, Lq, d)
+            self._joined["attention"] = JoinedAttention([p.attention for p in parts])
         return self._joined
 
     Q = property(lambda self: self._join()["Q"], doc="(B, H, Lq, d), recomputed")

@@ -103,6 +103,7 @@ class QueryProject(Step):
     options = {"q_lora_rank": Option(None, _q_lora_rank, requires="kv_lora_rank")}  # rq; None: one projection W_q
 
     def params(self):
+        """W_q (H·dqk, E), or W_qa, q_a_norm, W_qb (and b_qa) through the query's latent."""
         c = self.c
         E, Eq, rq = c.embed_dim, c.q_dim, c.q_lora_rank
         if rq is None:
@@ -117,6 +118,7 @@ class QueryProject(Step):
         return out
 
     def forward(self, f, s):
+        """q (B, Lq, H·dqk) from the query, directly or through its normalised latent."""
         P, mm, c = f.P, f.matmul, self.c
         if c.q_lora_rank is None:
             f.q, s["q_proj"] = F.linear_forward(f.query, P["W_q"], None, mm, check=False)  # F0: (B, Lq, H·dqk)
@@ -126,6 +128,7 @@ class QueryProject(Step):
         f.q, s["q_b_proj"] = F.linear_forward(c_q, P["W_qb"], None, mm, check=False)  # F3: (B, Lq, H·dqk)
 
     def backward(self, g, s):
+        """← F3 ... F1: the query's gradient and the projections'."""
         G, mm = g.P, g.matmul
         if "q_proj" in s:
             g.query, G["W_q"], _ = F.linear_backward(g.q, s["q_proj"], mm)  # ← F0: (B, Lq, E)
@@ -157,6 +160,7 @@ class LatentProject(Step):
     }
 
     def params(self):
+        """W_kva (r + dr, kdim), kv_a_norm (r,), and b_kva with bias."""
         c = self.c
         r, n = c.kv_lora_rank, c.kv_lora_rank + c.qk_rope_head_dim  # shared by every head: groups add gradients
         shape = (n, c.kdim)  # the key's features (E unless kdim is given)
@@ -169,6 +173,7 @@ class LatentProject(Step):
         return out
 
     def forward(self, f, s):
+        """The normalised latent c_kv (B, Lk, r) and the one rope key (B, 1, Lk, dr)."""
         P, c = f.P, self.c
         a, s["kv_a_proj"] = F.linear_forward(f.key, P["W_kva"], P.get("b_kva"), f.matmul, check=False)  # F1
         sizes = (c.kv_lora_rank, c.qk_rope_head_dim)  # a: (B, Lk, r + dr)
@@ -177,6 +182,7 @@ class LatentProject(Step):
         f.k_rope = k_rope[:, None]  # F4: (B, 1, Lk, dr), a view: one head, read by every head
 
     def backward(self, g, s):
+        """← F3 ... F1: the key's gradient and W_kva's, kv_a_norm's, b_kva's."""
         d_latent, g.P["kv_a_norm"] = F.rms_norm_backward(g.latent, s["kv_a_norm"])  # ← F3: (B, Lk, r)
         d_a = F.split_features_backward([d_latent, g.k_rope[:, 0]], s["kv_a_split"])  # ← F4, F2: (B, Lk, r + dr)
         g.key, g.P["W_kva"], g.P["b_kva"] = F.linear_backward(d_a, s["kv_a_proj"], g.matmul)  # ← F1: (B, Lk, E)
@@ -191,9 +197,11 @@ class SplitQuery(Step):
     place, family = 20, "latent"
 
     def forward(self, f, s):
+        """Q (B, H, Lq, dqk) from q."""
         f.Q, s["q_split"] = F.split_heads_forward(f.q, f.H, check=False)  # F1: (B, H, Lq, dqk)
 
     def backward(self, g, s):
+        """← F1: q's gradient from Q's."""
         g.q = F.split_heads_backward(g.Q, s["q_split"])  # ← F1: (B, Lq, H·dqk)
 
 
@@ -216,6 +224,7 @@ class DecoupledRope(Rope):
         return F.rope_forward, F.rope_backward
 
     def forward(self, f, s):
+        """The rope part of each query head and the rope key turned at their positions."""
         c, (rope, _) = self.c, self.turn()
         sizes = (c.qk_nope_head_dim, c.qk_rope_head_dim)
         (Q_nope, Q_rope), s["q_rope_split"] = F.split_features_forward(f.Q, sizes, check=False)  # F1: (B, H, Lq, ·)
@@ -224,6 +233,7 @@ class DecoupledRope(Rope):
         f.k_rope, s["k_rope"] = rope(f.k_rope, f.pos_k, c.rope_theta, check=False)  # F4: (B, 1, Lk, dr)
 
     def backward(self, g, s):
+        """← F4 ... F1: the inverse rotations."""
         _, rope_backward = self.turn()
         g.k_rope = rope_backward(g.k_rope, s["k_rope"])  # ← F4: the inverse rotation
         dQ_nope, dQ_rope = F.concat_features_backward(g.Q, s["q_rope_join"])  # ← F3
@@ -243,6 +253,7 @@ class AppendLatent(AppendToCache):
     not_groupwise = "decoding keeps every position's latent for every head, recompute keeps none"
 
     def store(self, f):
+        """c_kv and the rope key into the cache -> the number of positions the queries see."""
         latent, f.k_rope = f.kv_cache.append(f.latent[:, None], f.k_rope)  # (B, 1, cached + Lk, r), (.., dr)
         f.latent = latent[:, 0]  # (B, cached + Lk, r): every position so far
         return f.latent.shape[1]
@@ -257,11 +268,13 @@ class Expand(Step):
     place, family = 48, "latent"
 
     def params(self):
+        """W_kvb (H·(dn + dv), r): every head's nope key and value from the latent."""
         c = self.c
         shape = (c.num_heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank)  # rows: head h's dn + dv
         return {"W_kvb": Param(shape, "q", init=_linear_init(shape), rank=0)}
 
     def forward(self, f, s):
+        """K (B, H, Lk, dqk) = [c_kv W_kvb's nope part | k_rope], V (B, H, Lk, dv)."""
         c = self.c
         kv, s["kv_b_proj"] = F.linear_forward(f.latent, f.P["W_kvb"], None, f.matmul, check=False)  # F1: (B, Lk, ·)
         KV, s["kv_split"] = F.split_heads_forward(kv, f.H, check=False)  # F2: (B, H, Lk, dn + dv)
@@ -271,6 +284,7 @@ class Expand(Step):
         f.K_heads, f.V_heads = f.K, f.V  # every query head has its own key and value head
 
     def backward(self, g, s):
+        """← F4 ... F1: the latent's and the rope key's gradients (the rope key's summed over heads), W_kvb's."""
         dK_nope, g.k_rope = F.concat_features_backward(g.K_heads, s["k_join"])  # ← F4: k_rope's summed over heads
         dKV = F.split_features_backward([dK_nope, g.V_heads], s["kv_b_split"])  # ← F3: (B, H, Lk, dn + dv)
         d_kv = F.split_heads_backward(dKV, s["kv_split"])  # ← F2: (B, Lk, H·(dn + dv))

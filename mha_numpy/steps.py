@@ -351,15 +351,18 @@ class Step:
         self.c = config
 
     def params(self) -> dict[str, Param]:
+        """The parameters it owns, by name (``Param``: shape, initialisation, head layout); none by default."""
         return {}
 
     def check(self, f) -> None:
         """Check the call's arguments this step reads; ValueError naming them, before any arithmetic."""
 
     def forward(self, f, s: dict) -> None:  # pragma: no cover - the protocol
+        """Read and write the tensors of the flow ``f``; keep what ``backward`` needs in ``s`` under ``names``."""
         raise NotImplementedError
 
     def backward(self, g, s: dict) -> None:  # pragma: no cover - the protocol
+        """Turn the gradients of what ``forward`` wrote (in ``g``) into those of what it read, lines reversed."""
         raise NotImplementedError
 
     def recompute(self, f, s: dict) -> None:
@@ -367,6 +370,7 @@ class Step:
         self.forward(f, s)
 
     def describe(self) -> str:
+        """One line for ``describe()``: the first line of its docstring."""
         return (self.__doc__ or type(self).__name__).strip().splitlines()[0]
 
     def __repr__(self) -> str:
@@ -579,11 +583,13 @@ class ScoreTerm(Step):
         return {}
 
     def forward(self, f, s):
+        """Add the term to the call's score mods (F1); the kernel applies it to each block of scores."""
         params, constants = {name: f.P[name] for name in self.params()}, self.constants(f)
         mod = ScoreMod(self.option, partial(self.score, **constants), partial(self.score_vjp, **constants), params)
         f.args = f.args.add_score_mod(mod)  # F1: every kernel applies it to the blocks of scores it holds
 
     def backward(self, g, s):
+        """The parameters' gradients, summed by the kernel over its blocks (``AttentionGrads.score_params``)."""
         grads = g.score_params.get(self.option, {})  # ← F1: the kernel's backward summed them over its blocks
         for name in self.params():
             g.P[name] = grads.get(name)
@@ -620,6 +626,7 @@ class RelativeBias(ScoreTerm):
         return {"rel_bias": Param(shape, "q", init=lambda rng, dtype: rng.normal(0.0, 1.0, size=shape).astype(dtype))}
 
     def constants(self, f):
+        """The sequence's keys: the term skips the keys appended after them."""
         return {"keys": f.K.shape[2]}  # keys appended after these (add_bias_kv, add_zero_attn) get no term
 
 
@@ -633,6 +640,7 @@ class Alibi(ScoreTerm):
     score_vjp = staticmethod(F.alibi_score_vjp)
 
     def constants(self, f):
+        """This flow's heads' slopes, the queries' offset after the cached keys, the sequence's keys."""
         Lq, Lk = f.Q.shape[2], f.K.shape[2]  # query i at position i + Lk - Lq: after the cached keys
         return {"slopes": F.alibi_slopes(self.c.num_heads)[f.heads], "offset": Lk - Lq, "keys": Lk}  # this flow's heads
 
@@ -830,9 +838,11 @@ class Attend(Step):
     }
 
     def forward(self, f, s):
+        """The kernel of the call on Q and the heads' K, V with the call's arguments (mask, score terms, ...)."""
         f.context, f.attention = f.kernel.run(f.Q, f.K_heads, f.V_heads, f.args)  # F1: (B, H, Lq, dv)
 
     def backward(self, g, s):
+        """The kernel's backward: dQ, dK, dV per head, the bias's and the sinks' and the score terms' gradients."""
         grads = g.kernel.backward(g.context, g.attention)  # ← F1: AttentionGrads
         g.Q, g.K_heads, g.V_heads, g.bias, g.sinks = grads
         g.score_params = getattr(grads, "score_params", {})  # the score terms' parameters (``ScoreTerm``)

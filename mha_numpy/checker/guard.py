@@ -74,7 +74,7 @@ def _module(name: str, doc: str, package: bool = False) -> types.ModuleType:
 
 def _exec_source(module: types.ModuleType, path: Path, names: tuple[str, ...] | None = None) -> None:
     """Run the file at ``path`` (or only its top-level definitions of ``names``) in ``module``: a file that
-    imports NumPy only (its ``from .x import`` lines are never run)."""
+    imports NumPy and the standard library only (its ``from .x import`` lines are never run)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     keep = []
     for node in tree.body:
@@ -83,7 +83,8 @@ def _exec_source(module: types.ModuleType, path: Path, names: tuple[str, ...] | 
         }
         if isinstance(node, ast.ImportFrom) and node.module == "__future__":
             keep.append(node)
-        elif isinstance(node, ast.Import) and all(a.name == "numpy" for a in node.names):
+        elif isinstance(node, ast.Import) and all(a.name == "numpy" or a.name in sys.stdlib_module_names
+                                                      for a in node.names):  # fmt: skip
             keep.append(node)
         elif names is None or defined & set(names):
             if isinstance(node, ast.Import | ast.ImportFrom):
@@ -170,6 +171,7 @@ def standin(name: str, listings: dict[str, str]) -> types.ModuleType:
         _exec_source(module, LIBRARY_DIR / "optim.py")
     elif name == "mha_numpy.train":
         module = _module(name, "mha_numpy.train's tasks and the optimizers, in the checker's process.")
+        _exec_source(module, LIBRARY_DIR / "_checks.py")  # the argument checks the tasks call (NumPy only)
         _exec_source(module, LIBRARY_DIR / "train.py", TRAIN_NAMES)
         optim = importlib.import_module("mha_numpy.optim")  # the same classes as ``from mha_numpy.optim import``
         for n in OPTIM_NAMES:

@@ -95,15 +95,20 @@ def _checked_mask(mask, batch_size, num_heads, query_len, key_len, dtype) -> tup
         raise ValueError(
             f"mask with shape {np.shape(mask)} does not broadcast to (batch_size, num_heads, Lq, Lk) = {full}"
         )
-    if dtype is not None and m.dtype != np.bool_:
-        try:
-            dtype = np.dtype(dtype)
-        except TypeError:
-            dtype = None
-        if dtype is None or dtype.kind != "f":  # an int would turn -inf into INT_MIN: torch adds it to the scores
-            raise ValueError(f"dtype must be a floating dtype for a float mask, got {dtype!r}")
-        m = m.astype(dtype)
-    return m, full
+    return _in_dtype(m, dtype), full
+
+
+def _in_dtype(m: np.ndarray, dtype) -> np.ndarray:
+    """A float mask in ``dtype`` (a floating dtype, or ValueError naming it); a bool mask, or dtype None: as it is."""
+    if dtype is None or m.dtype == np.bool_:
+        return m
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.kind != "f":  # an int would turn -inf into INT_MIN: torch adds it to the scores
+        raise ValueError(f"dtype must be a floating dtype for a float mask, got {dtype!r}")
+    return m.astype(dtype)
 
 
 def mask_from_sdpa(attn_mask) -> np.ndarray | None:

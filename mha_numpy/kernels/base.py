@@ -197,6 +197,7 @@ class AttentionArgs:
 
     @property
     def dropout(self) -> bool:
+        """Whether the call drops weights (a given keep-mask, or p > 0)."""
         return self.keep is not None or self.dropout_p > 0.0
 
     def keep_mask(self) -> np.ndarray | None:
@@ -266,6 +267,7 @@ class Kernel:
         return self.run(q, k, v, args)
 
     def run(self, q, k, v, args: AttentionArgs):  # pragma: no cover - the protocol
+        """The attention on checked arguments: q (B, H, Lq, d), k (B, H, Lk, d), v (B, H, Lk, dv) -> context, cache."""
         raise NotImplementedError
 
     def choose(self, shape) -> Kernel:

@@ -532,9 +532,11 @@ class ChunkedKernel(Kernel):
         return f"ChunkedKernel(block_size={self.block_size}, num_threads={self.num_threads})"
 
     def block(self, dtype) -> int:
+        """The tile's side for ``dtype``: ``block_size``, or the measured default."""
         return self.block_size or DEFAULT_BLOCK_SIZE.get(np.dtype(dtype).itemsize, 256)
 
     def threads(self) -> int:
+        """The pool's threads: ``num_threads``, or one per available core."""
         return self.num_threads or DEFAULT_NUM_THREADS
 
     def matmul(self, a, b):
@@ -548,6 +550,7 @@ class ChunkedKernel(Kernel):
         return [(b, slice(h, min(h + g, H))) for b in range(B) for h in range(0, H, g)]
 
     def run(self, q, k, v, args: AttentionArgs):
+        """The blocked forward: each item (b, heads, query block) walks its key blocks, online softmax."""
         B, H, Lq, Lk = args.shape
         bs, dt = self.block(q.dtype), q.dtype
         context = _merged_layout((B, H, Lq, v.shape[3]), dt)  # (B, H, Lq, dv)
@@ -570,6 +573,7 @@ class ChunkedKernel(Kernel):
         return context, cache
 
     def backward(self, d_context, cache: ChunkedCache, d_lse=None):
+        """-> AttentionGrads: tiles recomputed per key range; pivots, sinks and score terms at the end."""
         q, k, v, o = cache.q, cache.k, cache.v, cache.context
         d_context = check_d_context(d_context, o.shape, o.dtype)  # (B, H, Lq, dv)
         d_lse = check_d_lse(d_lse, o.shape[:3], o.dtype)  # (B, H, Lq) or None

@@ -52,6 +52,7 @@ class NaiveKernel(Kernel):
     name = "naive"
 
     def run(self, q, k, v, args: AttentionArgs):
+        """The same composition one (batch item, head) at a time; each head's mods get its (b, h)."""
         B, H, Lq, Lk = args.shape
         keep = args.keep_mask()  # (B, H, Lq, Lk) or None, drawn exactly as the vectorized kernel draws it
         mask = None if args.mask is None else np.asarray(args.mask)  # a StructuredMask's entries, built once
@@ -74,6 +75,7 @@ class NaiveKernel(Kernel):
         )
 
     def backward(self, d_context, cache: NaiveCache, d_lse=None):
+        """-> AttentionGrads: each head's backward; the bias, sinks and score terms summed in order."""
         dt = cache.scores.dtype
         d_context = check_d_context(d_context, cache.shapes[3], dt)  # (B, H, Lq, dv)
         d_lse = check_d_lse(d_lse, cache.scores.shape[:3], dt)  # (B, H, Lq) or None

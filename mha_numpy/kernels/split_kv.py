@@ -82,10 +82,12 @@ class SplitKVCache:
 
     @property
     def scores(self):
+        """(B, H, Lq, Lk) the shards' scores in their key columns."""
         return self._assemble("scores")
 
     @property
     def masked_scores(self):
+        """(B, H, Lq, Lk) the shards' masked scores in their key columns."""
         return self._assemble("masked_scores")
 
     @property
@@ -95,6 +97,7 @@ class SplitKVCache:
 
     @property
     def dropout_mask(self):
+        """(B, H, Lq, Lk) the shards' keep-masks in their key columns, or None."""
         return self._assemble("dropout_mask")
 
 
@@ -119,6 +122,7 @@ class SplitKVKernel(Kernel):
         return f"SplitKVKernel(num_shards={self.num_shards}, inner={self.inner!r}, block={self.block})"
 
     def matmul(self, a, b):
+        """The module's projections on the inner kernel's threads: (N, K) @ (K, M) -> (N, M)."""
         return self.inner.matmul(a, b)  # (N, K) @ (K, M): the module's projections on the inner kernel's threads
 
     def shard_args(self, args: AttentionArgs, keys: np.ndarray, first: bool) -> AttentionArgs:
@@ -136,6 +140,7 @@ class SplitKVKernel(Kernel):
         )
 
     def run(self, q, k, v, args: AttentionArgs):
+        """Each shard of the keys by the inner kernel, then the exact merge by the shards' lse."""
         keys = [j for j in key_shards(args.shape[3], self.num_shards, self.block) if len(j)] or [np.arange(0)]
         if args.keep is None and args.dropout_p > 0.0:  # one draw for all keys, cut below: as the vectorized kernel
             args = replace(args, keep=args.keep_mask(), rng=None)

@@ -35,6 +35,7 @@ class VectorizedKernel(Kernel):
     name = "vectorized"
 
     def run(self, q, k, v, args: AttentionArgs):
+        """``functional.attention_steps_forward`` on the whole (B, H, Lq, Lk) scores."""
         keep = args.keep_mask()
         with _blas_for(args.shape):
             sinks = None if args.sinks is None else args.sinks[:, None]  # (H, 1): each head's logit, every row
@@ -45,6 +46,7 @@ class VectorizedKernel(Kernel):
         return context, cache
 
     def backward(self, d_context, cache: F.AttentionCache, d_lse=None):
+        """-> AttentionGrads: the forward's steps reversed (``functional.attention_steps_backward``)."""
         p, v = cache.steps["context"]  # (B, H, Lq, Lk), (B, H, Lk, dv)
         d_context = check_d_context(d_context, (*p.shape[:-1], v.shape[-1]), v.dtype)  # (B, H, Lq, dv)
         d_lse = check_d_lse(d_lse, p.shape[:-1], v.dtype)  # (B, H, Lq) or None
