@@ -18,6 +18,7 @@ FLOPs for both (``flops.self_attention``; a causal case: the allowed L(L+1)/2 pa
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import statistics
@@ -70,6 +71,14 @@ print(json.dumps(min(times)))
 """
 
 
+def setting_value(text: str):
+    """A setting's value as Python reads it: 256 -> int, 30.0 -> float, True / False / None, else the text."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
 def parse_side(text: str) -> dict:
     """'DIR', 'DIR@k=v,...', 'k=v,...' or 'torch' -> dict(label, path, kwargs, torch)."""
     if text == "torch":
@@ -78,7 +87,7 @@ def parse_side(text: str) -> dict:
     kwargs = {"impl": "chunked"}
     for item in filter(None, setting.split(",")):
         key, _, value = item.partition("=")
-        kwargs[key] = int(value) if value.isdigit() else (None if value == "None" else value)
+        kwargs[key] = setting_value(value)
     path = Path(path).resolve() if path else ROOT
     if not (path / "mha_numpy").is_dir():
         raise SystemExit(f"--compare: {text!r}: {path} is not a checkout of mha_numpy (no mha_numpy/ inside)")

@@ -87,8 +87,9 @@ class MultiHeadAttention:
     ``block_size`` and ``num_threads``, None = measured defaults), "auto", or a kernel object. All give the same
     outputs and gradients.
 
-    ``options`` (``steps.AttentionConfig`` checks them; each turns on one step of the data path, and every
-    combination runs with every kernel or is refused by ``steps.build_steps`` naming both options):
+    ``options`` (each declared once, on its step: ``print(steps.describe_options())`` lists them with their defaults;
+    ``steps.AttentionConfig`` checks them; each turns on one step of the data path, and every combination runs with
+    every kernel or is refused by ``steps.build_steps`` naming both options):
 
     - ``head_dim`` d (None = E / H): heads of another size than E / H, W_q (H·d, E), W_o (E, H·d) (Gemma, Qwen3);
       ``scale`` of the scores (None = 1/√d).
@@ -97,7 +98,9 @@ class MultiHeadAttention:
       vdim), b_k, b_v (Hkv·d,); query head h reads key/value head h // (H / Hkv).
     - ``rope_theta``: rotates Q and K per head (RoPE, Hugging Face Llama convention, positions 0, 1, ... or
       ``forward(..., positions=)``).
-    - ``alibi=True``: ALiBi's distance penalty added to the scores.
+    - ``qk_norm=True``: an RMSNorm of each head of Q and K with learned weights (Qwen3; eps ``qk_norm_eps``).
+    - ``alibi=True``: ALiBi's distance penalty added to the scores. ``softcap`` c: scores c · tanh(s / c) (Gemma 2).
+      ``head_temperature=True``: scores · exp(t_h), a learned temperature per head (``params["head_temperature"]``).
     - ``rel_pos_max_distance`` R: a learned bias per head and clipped distance j - i added to the scores
       (T5-style), ``params["rel_bias"]`` (H, 2R + 1).
     - ``add_bias_kv=True``, ``add_zero_attn=True``: torch MHA's learned key/value ``params["bias_k"]``,
@@ -112,6 +115,9 @@ class MultiHeadAttention:
       the pair's 2d features (eps ``diff_norm_eps``) times 1 − λ_init. ``cache.attn_weights`` are the H maps
       themselves; ``cache.V`` is (B, Hkv, Lk, 2d) and ``cache.context`` (B, H/2, Lq, 2d). Not with dropout > 0 or
       ``recompute=True`` (refused, naming both).
+    - ``kv_lora_rank`` r (with ``qk_rope_head_dim``, ``qk_nope_head_dim``, ``v_head_dim``, ``q_lora_rank``,
+      ``rope_interleave``, ``norm_eps``; ``rope_theta`` needed): multi-head latent attention, DeepSeek's MLA
+      (``MultiHeadLatentAttention`` is this with DeepSeek's defaults); the values come from the key's latent.
     - ``recompute=True``: trades one more forward of the projections and the kernel for memory (activation
       checkpointing, ``mha_numpy/flow.py``): forward and backward run one key/value head and its query heads at a
       time, the cache keeps only the inputs, and the backward recomputes each group's forward. Same outputs and

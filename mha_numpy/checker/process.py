@@ -36,6 +36,7 @@ import threading
 import time
 from pathlib import Path
 
+from . import capstone, capstone_block
 from .load import CannotRun
 from .protocol import read_reply, send_request
 from .student import Abort, Mutated, StudentFault
@@ -165,8 +166,6 @@ def _sweep(rounds: int = 200) -> int:
 
 def _listings() -> dict[str, str]:
     """What the child's stand-ins of the capstone modules give (``checker.guard``): each forward's listing."""
-    from . import capstone, capstone_block
-
     return {"capstone": capstone.forward_listing(), "capstone_block": capstone_block.forward_listing()}
 
 
