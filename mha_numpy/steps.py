@@ -153,7 +153,8 @@ class AttentionConfig:
     def __eq__(self, other):
         return isinstance(other, AttentionConfig) and self._values == other._values
 
-    __hash__ = None
+    def __hash__(self):
+        return hash(tuple(self._values.items()))  # frozen: a key of a dict, as the dataclass of 0.3 was
 
     def __repr__(self) -> str:
         return f"AttentionConfig({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"

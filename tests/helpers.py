@@ -146,3 +146,28 @@ def error_against_exact(grads, exact) -> float:
     theory is judged against the largest one, not against its own rounding noise."""
     scale = max(float(np.abs(e).max()) for e in exact)
     return max(float(np.abs(np.asarray(g, np.float64) - e).max()) for g, e in zip(grads, exact)) / scale
+
+
+def directional_errors(mha, x, call: dict, rng) -> dict[str, float]:
+    """Relative error of <grad, u> against the central difference of <d_out, output> along a random u, per input
+    and parameter (float64, eps 1e-6). A gradient that is zero in theory (the key bias's: softmax ignores a constant
+    added to a row) is judged against the largest directional derivative instead of its own rounding noise.
+    Self-attention on x (B, L, E), the call's keyword arguments ``call`` (mask, training, dropout_mask)."""
+    out, cache = mha.forward(x, x, x, **call)
+    d_out = rng.standard_normal(out.shape)
+    grads = mha.backward(d_out, cache)
+    grads = {"x": grads["query"] + grads["key"] + grads["value"], **{n: grads[n] for n in mha.params}}
+    derivatives = {}
+    for name, g in grads.items():
+        u = rng.standard_normal(g.shape)
+        target = x if name == "x" else mha.params[name]
+        values = []
+        for sign in (1, -1):
+            original = target.copy()
+            target += sign * 1e-6 * u
+            xx = target if name == "x" else x
+            values.append(float(np.sum(d_out * mha.forward(xx, xx, xx, **call)[0])))
+            target[...] = original
+        derivatives[name] = (values[0] - values[1]) / 2e-6, float(np.sum(g * u))  # numeric, analytic
+    floor = 1e-3 * max(abs(a) for _, a in derivatives.values())  # below it, an error is judged against the largest
+    return {name: abs(n - a) / max(abs(n), abs(a), floor) for name, (n, a) in derivatives.items()}

@@ -14,6 +14,7 @@ import itertools
 
 import numpy as np
 import pytest
+from helpers import directional_errors
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -49,31 +50,6 @@ def module(combo, impl, seed=0):
     return mha
 
 
-def directional_check(mha, x, mask, keep, rng) -> dict[str, float]:
-    """Relative error of <grad, u> against the central difference of <d_out, output> along a random u, per input
-    and parameter (float64, eps 1e-6). A gradient that is zero in theory (the key bias's: softmax ignores a constant
-    added to a row) is judged against the largest directional derivative instead of its own rounding noise."""
-    call = dict(mask=mask, training=keep is not None, dropout_mask=keep)
-    out, cache = mha.forward(x, x, x, **call)
-    d_out = rng.standard_normal(out.shape)
-    grads = mha.backward(d_out, cache)
-    grads = {"x": grads["query"] + grads["key"] + grads["value"], **{n: grads[n] for n in mha.params}}
-    derivatives = {}
-    for name, g in grads.items():
-        u = rng.standard_normal(g.shape)
-        target = x if name == "x" else mha.params[name]
-        values = []
-        for sign in (1, -1):
-            original = target.copy()
-            target += sign * 1e-6 * u
-            xx = target if name == "x" else x
-            values.append(float(np.sum(d_out * mha.forward(xx, xx, xx, **call)[0])))
-            target[...] = original
-        derivatives[name] = (values[0] - values[1]) / 2e-6, float(np.sum(g * u))  # numeric, analytic
-    floor = 1e-3 * max(abs(a) for _, a in derivatives.values())  # below it, an error is judged against the largest
-    return {name: abs(n - a) / max(abs(n), abs(a), floor) for name, (n, a) in derivatives.items()}
-
-
 def keep_mask(mha, rng):
     extra = int(mha.add_bias_kv) + int(mha.add_zero_attn)
     return rng.random((B, H, L, L + extra)) >= 0.3
@@ -105,7 +81,7 @@ def test_every_combination_runs_and_is_right_or_is_refused_naming_both(combo, im
             steps.append(out)
         assert np.abs(np.concatenate(steps, axis=1) - full).max() <= 1e-12 * np.abs(full).max()
         return
-    errors = directional_check(mha, x, mask, keep, rng)
+    errors = directional_errors(mha, x, dict(mask=mask, training=keep is not None, dropout_mask=keep), rng)
     assert max(errors.values()) <= 1e-6, errors
     if "recompute" in combo:  # the same numbers as the default path
         default = module(combo - {"recompute"}, impl)

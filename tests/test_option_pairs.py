@@ -15,6 +15,7 @@ import itertools
 
 import numpy as np
 import pytest
+from helpers import directional_errors
 
 from mha_numpy import MultiHeadAttention, kernels, masks, steps
 
@@ -43,29 +44,6 @@ def keep_mask(mha, rng, Lk):
 
 def appended(mha) -> int:
     return sum(step.appended for step in mha.steps)
-
-
-def directional_errors(mha, x, call, rng) -> dict[str, float]:
-    """Relative error of <grad, u> against the central difference along a random u, per input and parameter; an
-    error is judged against the largest directional derivative when its own is below 1e-3 of it."""
-    out, cache = mha.forward(x, x, x, **call)
-    d_out = rng.standard_normal(out.shape)
-    grads = mha.backward(d_out, cache)
-    grads = {"x": grads["query"] + grads["key"] + grads["value"], **{n: grads[n] for n in mha.params}}
-    derivatives = {}
-    for name, g in grads.items():
-        u = rng.standard_normal(g.shape)
-        target = x if name == "x" else mha.params[name]
-        values = []
-        for sign in (1, -1):
-            original = target.copy()
-            target += sign * 1e-6 * u
-            xx = target if name == "x" else x
-            values.append(float(np.sum(d_out * mha.forward(xx, xx, xx, **call)[0])))
-            target[...] = original
-        derivatives[name] = (values[0] - values[1]) / 2e-6, float(np.sum(g * u))
-    floor = 1e-3 * max(abs(a) for _, a in derivatives.values())
-    return {name: abs(n - a) / max(abs(n), abs(a), floor) for name, (n, a) in derivatives.items()}
 
 
 def option_names(factor: str) -> set[str]:
