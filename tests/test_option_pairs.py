@@ -88,3 +88,15 @@ def test_every_pair_of_options_runs_and_is_right_or_is_refused_naming_both(combo
         return
     errors = directional_errors(mha, x, call, rng)
     assert max(errors.values()) <= 1e-6, errors
+
+
+@pytest.mark.parametrize("factor", list(FACTORS))
+def test_each_declared_example_changes_the_call_at_these_sizes(factor):
+    """An example that changed nothing at L = 4 would make its pairs pass whatever its step does: each must change
+    the output of the module without it (the parameters both have, shared), or the kind of call (recompute's)."""
+    on, plain = module((factor,), "vectorized"), module((), "vectorized")
+    plain.params.update({n: p for n, p in on.params.items() if n in plain.params and p.shape == plain.params[n].shape})
+    x = np.random.default_rng(7).standard_normal((B, L, E))
+    (out_on, cache_on), (out_plain, cache_plain) = (m.forward(x, x, x, mask=masks.causal_mask(L)) for m in (on, plain))
+    changed = np.abs(out_on - out_plain).max() > 1e-6 * np.abs(out_plain).max()
+    assert changed or type(cache_on) is not type(cache_plain), factor
