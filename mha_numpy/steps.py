@@ -6,9 +6,10 @@ step list of a call from the options (``build_steps``).
     [QKNorm]    Q, K normalised per head (RMSNorm with learned weights)
     [Rope]      Q, K turned by the angles of their positions
     [AppendToCache]  K, V appended to the KV cache: (B, Hkv, cached + Lk, d), causal within the call
-    [RelativeBias]   a learned (1, H, Lq, Lk) term for the scores, by distance
-    [Alibi]     a fixed (1, H, Lq, Lk) term for the scores, by distance
-    [SoftCap]   the scores capped, cap · tanh(s / cap), inside the kernel
+    [HeadTemperature]  the scores · exp(t_h), a learned temperature per head      } score terms: ``ScoreTerm``s,
+    [RelativeBias]   a learned term for the scores, by head and clipped distance   } applied by every kernel to the
+    [Alibi]     a fixed term for the scores, by head and distance                  } blocks of scores it holds
+    [SoftCap]   the scores capped, cap · tanh(s / cap)                             } (the kernels' one score hook)
     [Sinks]     a learned logit per head in every row's softmax denominator, inside the kernel (gpt-oss)
     [BiasKV]    a learned key and value appended: (B, Hkv, Lk + 1, d)
     [ZeroAttn]  a zero key and value appended
@@ -20,6 +21,8 @@ step list of a call from the options (``build_steps``).
     OutProject  output = merged W_oᵀ + b_o    (B, Lq, E)
 
 E = embed_dim, H = num_heads, Hkv = num_kv_heads, d = E / H, Ekv = Hkv · d; steps in [brackets] are optional.
+Latent attention (``kv_lora_rank``) has its own projection steps in place of Project ... RepeatKV
+(``latent_steps.py``); the rest is the same.
 
 A step is a small class, micrograd's rule applied: its forward travels with its backward.
 
@@ -31,7 +34,10 @@ A step is a small class, micrograd's rule applied: its forward travels with its 
     params()        the parameters it owns (``Param``: shape, initialisation, which axis runs over heads)
     check(f)        the checks of the call's arguments it reads, run before any arithmetic
 
-and declares what it can do: ``groupwise`` (it runs on one group of heads alone, which ``recompute=True`` needs;
+and declares what it is: ``options`` (each option once, an ``Option``: default, check, exports, example), ``place``
+(its place in the data path: ``build_steps`` sorts the registered steps by it), ``family`` ("mha" or "latent"
+projections), ``reads`` and ``writes`` (the flow tensors: ``check_plan`` checks the order by them); and what it can
+do: ``latent`` (it runs in latent attention; why not in ``not_latent``), ``groupwise`` (it runs on one group of heads alone, which ``recompute=True`` needs;
 a step that cannot says why in ``not_groupwise``), ``decodes`` (it runs on a call that appends to a KV cache; why
 not in ``not_decodes``), ``with_dropout`` (it runs with dropout on the weights; why not in ``not_with_dropout``),
 ``differentiable`` (has a backward), ``appended`` (keys it adds after the sequence's).
