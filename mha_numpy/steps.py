@@ -37,10 +37,11 @@ A step is a small class, micrograd's rule applied: its forward travels with its 
 and declares what it is: ``options`` (each option once, an ``Option``: default, check, exports, example), ``place``
 (its place in the data path: ``build_steps`` sorts the registered steps by it), ``family`` ("mha" or "latent"
 projections), ``reads`` and ``writes`` (the flow tensors: ``check_plan`` checks the order by them); and what it can
-do: ``latent`` (it runs in latent attention; why not in ``not_latent``), ``groupwise`` (it runs on one group of heads alone, which ``recompute=True`` needs;
-a step that cannot says why in ``not_groupwise``), ``decodes`` (it runs on a call that appends to a KV cache; why
-not in ``not_decodes``), ``with_dropout`` (it runs with dropout on the weights; why not in ``not_with_dropout``),
-``differentiable`` (has a backward), ``appended`` (keys it adds after the sequence's).
+do: ``latent`` (it runs in latent attention; why not in ``not_latent``), ``groupwise`` (it runs on one group of
+heads alone, which ``recompute=True`` needs; a step that cannot says why in ``not_groupwise``), ``decodes`` (it runs
+on a call that appends to a KV cache; why not in ``not_decodes``), ``with_dropout`` (it runs with dropout on the
+weights; why not in ``not_with_dropout``), ``differentiable`` (has a backward), ``appended`` (keys it adds after the
+sequence's).
 ``build_steps`` refuses a combination by those declarations, naming both options.
 ``MultiHeadAttention`` checks the call, walks the list forwards and, in ``backward``, reversed (``flow.py``).
 """
