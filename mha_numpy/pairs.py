@@ -493,6 +493,43 @@ def mean_pool_sample(s: Sizes, rng):
 
 # --------------------------------------------------------------------------- the registry
 
+
+def score_term_pair(mod: Callable, vjp: Callable, args: tuple[str, ...] = (), params=(), **constants) -> tuple:
+    """A score term's pair (``functional.NAME_score`` / ``NAME_score_vjp``, the kernels' hook) in the pairs' form, on a
+    whole (B, H, Lq, Lk) block: ``forward(scores, *args) -> (out, cache)``, ``backward(d_out, cache) -> (d_scores,
+    *d_params)`` for the learned ``params`` among ``args``; ``constants`` are bound (the queries' offset)."""
+
+    def forward(scores, *values):
+        kw = dict(zip(args, values), **constants)
+        index = F.score_index(scores.shape)  # (b, h, q_idx, kv_idx) of every entry
+        return mod(scores, *index, **kw), (scores, index, kw)  # F1
+
+    def backward(d_out, cache):
+        scores, index, kw = cache
+        d_scores, d_params = vjp(scores, *index, d_out, **kw)  # ← F1
+        return (d_scores, *(d_params[n] for n in params)) if params else d_scores
+
+    return forward, backward
+
+
+def head_temperature_sample(s: Sizes, rng):
+    """check_functional's case of the head temperature: scores (B, H, Lq, Lk), a temperature per head."""
+    scores, t = _randn(rng, s.B, s.H, s.Lq, s.Lk), 0.5 * _randn(rng, s.H)
+    return [Case("head_temperature", [("scores", scores), ("head_temperature", t)])]
+
+
+def relative_position_sample(s: Sizes, rng):
+    """check_functional's case of the relative-position term: a table (H, 2R + 1), R = 2, the last key appended."""
+    scores, table = _randn(rng, s.B, s.H, s.Lq, s.Lk), _randn(rng, s.H, 5)
+    return [Case("relative_position", [("scores", scores), ("rel_bias", table), ("keys", s.Lk - 1)])]
+
+
+def alibi_sample(s: Sizes, rng):
+    """check_functional's case of ALiBi as a term: scores (B, H, Lq, Lk) after one cached key (offset 1)."""
+    scores = _randn(rng, s.B, s.H, s.Lq, s.Lk)
+    return [Case("alibi", [("scores", scores), ("slopes", F.alibi_slopes(s.H)), ("keys", s.Lk)])]
+
+
 PAIRS: list[Pair] = [
     Pair("linear", F.linear_forward, F.linear_backward, ("x", "W", "b"), linear_cases, linear_sample),
     Pair("split_heads", F.split_heads_forward, F.split_heads_backward, ("x",), split_heads_cases, split_heads_sample),
@@ -593,6 +630,26 @@ PAIRS: list[Pair] = [
         ("table",),
         relative_position_bias_cases,
     ),
+    Pair(
+        "head_temperature_score",
+        *score_term_pair(
+            F.head_temperature_score, F.head_temperature_score_vjp, ("head_temperature",), ("head_temperature",)
+        ),
+        ("scores", "head_temperature"),
+        sample=head_temperature_sample,
+    ),  # fmt: skip
+    Pair(
+        "relative_position_score",
+        *score_term_pair(F.relative_position_score, F.relative_position_score_vjp, ("rel_bias", "keys"), ("rel_bias",)),
+        ("scores", "rel_bias"),
+        sample=relative_position_sample,
+    ),  # fmt: skip
+    Pair(
+        "alibi_score",
+        *score_term_pair(F.alibi_score, F.alibi_score_vjp, ("slopes", "keys"), offset=1),
+        ("scores",),
+        sample=alibi_sample,
+    ),  # fmt: skip
     Pair("diff_values", F.diff_values_forward, F.diff_values_backward, ("v",), sample=diff_values_sample),
     Pair(
         "diff_lambda",
