@@ -307,11 +307,11 @@ def flex_attention_forward(
         _probe(mod, query, key, scale, group, params, derive=score_mod_vjp is None and _derive)
         vjp = _complex_step_vjp(mod) if score_mod_vjp is None else _checked_vjp(score_mod_vjp, params)
         mods = (kernels.ScoreMod(_NAME, mod, vjp, params),)
-    k = np.broadcast_to(key, (B, *key.shape[1:]))  # a key of batch 1 serves every batch item
-    v = np.broadcast_to(value, (B, *value.shape[1:]))
-    k = np.repeat(k, group, axis=1) if group > 1 else k  # (B, Hq, Lk, d): query head h reads key head h // group
-    v = np.repeat(v, group, axis=1) if group > 1 else v  # (B, Hq, Lk, dv)
-    out, inner = kern.forward(query, k, v, mask=mask, scale=scale, score_mods=mods)
+    k = np.broadcast_to(key, (B, *key.shape[1:]))  # F0: (B, Hkv, Lk, d), a key of batch 1 serves every batch item
+    v = np.broadcast_to(value, (B, *value.shape[1:]))  # F0: (B, Hkv, Lk, dv)
+    k = np.repeat(k, group, axis=1) if group > 1 else k  # F1: (B, Hq, Lk, d), query head h reads key head h // group
+    v = np.repeat(v, group, axis=1) if group > 1 else v  # F1: (B, Hq, Lk, dv)
+    out, inner = kern.forward(query, k, v, mask=mask, scale=scale, score_mods=mods)  # F2: (B, Hq, Lq, dv)
     return out, FlexCache(kern, inner, group, key.shape[0], params)
 
 
@@ -319,11 +319,11 @@ def flex_attention_backward(d_out, cache: FlexCache, d_lse=None):
     """d_out (B, Hq, Lq, dv), d_lse None or (B, Hq, Lq) the gradient of ``cache.lse`` -> dq (B, Hq, Lq, d),
     dk (Bkv, Hkv, Lk, d), dv (Bkv, Hkv, Lk, dv), d_params {name: gradient, the shape of params[name]}."""
     grads = cache.kernel.backward(d_out, cache.inner, d_lse=d_lse)
-    dq, dk, dv = grads[:3]  # ← the kernel's forward: dk, dv (B, Hq, Lk, ·)
-    if cache.group > 1:  # ← the repeat: each key head's gradient summed over the query heads of its group
+    dq, dk, dv = grads[:3]  # ← F2: dk, dv (B, Hq, Lk, ·)
+    if cache.group > 1:  # ← F1, the repeat: each key head's gradient summed over the query heads of its group
         dk = dk.reshape(dk.shape[0], -1, cache.group, *dk.shape[2:]).sum(axis=2)  # (B, Hkv, Lk, d)
         dv = dv.reshape(dv.shape[0], -1, cache.group, *dv.shape[2:]).sum(axis=2)  # (B, Hkv, Lk, dv)
-    if cache.kv_batch == 1 and dk.shape[0] > 1:  # ← the broadcast over the batch
+    if cache.kv_batch == 1 and dk.shape[0] > 1:  # ← F0, the broadcast over the batch
         dk, dv = dk.sum(axis=0, keepdims=True), dv.sum(axis=0, keepdims=True)  # (1, Hkv, Lk, ·)
     got = grads.score_params.get(_NAME, {})
     d_params = {n: np.asarray(got.get(n, np.zeros_like(p)), dtype=p.dtype) for n, p in cache.params.items()}

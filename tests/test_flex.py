@@ -234,6 +234,19 @@ def test_a_block_mask_gives_its_mask_mod_and_its_lengths_are_checked():
         flex.flex_attention(q, k, v, block_mask=np.ones((LQ, LK), dtype=bool))
 
 
+def test_torchs_own_block_mask_is_taken_when_its_mask_mod_uses_plain_operators():
+    torch = require_torch()
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    q, k, v = inputs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        block = create_block_mask(causal_mask(torch), None, None, LQ, LK, device="cpu")
+    assert np.array_equal(
+        flex.flex_attention(q, k, v, block_mask=block), flex.flex_attention(q, k, v, mask_mod=causal_mask(np))
+    )
+
+
 def soft_cap(score, b, h, m, n, *, cap):
     return cap[h] * np.tanh(score / cap[h])
 
