@@ -77,6 +77,10 @@ def q_multiplier(xp):  # score * multiplier[q_idx]: one of the mods the issue fo
     return lambda score, b, h, m, n, *, multiplier: score * multiplier[m] + xp.tanh(score) * multiplier[n % 3]
 
 
+def clipped(xp):  # not torch's: a piecewise mod (np.clip keeps the complex step's imaginary part where it passes s)
+    return lambda score, b, h, m, n: xp.clip(score, -0.5, 0.5) + 0.5 * score
+
+
 def causal_mask(xp):
     return lambda b, h, m, n: m >= n
 
@@ -98,6 +102,7 @@ MODS = {  # name: (score_mod, mask_mod or None, {param: shape})
     "trig2": (trig2, None, {}),
     "head_offset": (head_offset, None, {"head_offset": (H,)}),
     "q_multiplier": (q_multiplier, causal_mask, {"multiplier": (LQ,)}),
+    "clipped": (clipped, None, {}),
 }
 
 
