@@ -112,6 +112,19 @@ def test_and_or_noop_compose_as_their_entries():
     assert (noop.states[..., 4, :] == PARTIAL).all() and (noop.states[..., :, 4] == PARTIAL).all()  # 70 = 4·16 + 6
 
 
+def test_and_with_padding_and_selecting_heads_keep_a_block_mask():
+    """bm & padding_mask(...), bm & other_bm: a BlockMask of the entries' AND; bm[:, 1:3], bm[1, 2]: the entries of
+    those batch items and heads (the mod sees the original b, h)."""
+    bm = create_block_mask(per_head_case(), 2, 3, 100, 100, BLOCK_SIZE=16)
+    pad = masks.padding_mask(np.array([100, 80]), 100)  # (2, 1, 1, 100)
+    window = create_block_mask(masks.window_mod(30, causal=False), None, None, 100, 100, BLOCK_SIZE=16)
+    for combined, want in ((bm & pad, np.asarray(bm) & pad), (bm & window, np.asarray(bm) & np.asarray(window))):
+        assert isinstance(combined, BlockMask) and combined.shape == (2, 3, 100, 100)
+        np.testing.assert_array_equal(np.asarray(combined), want)
+    np.testing.assert_array_equal(np.asarray(bm[:, 1:3]), np.asarray(bm)[:, 1:3])
+    np.testing.assert_array_equal(np.asarray(bm[1, 2]), np.asarray(bm)[1:2, 2:3])
+
+
 def per_head_case():
     """A BlockMask that differs per batch item and per head, with empty, full and partial blocks and fully masked
     rows: document (per item: shifted) + a causal window as wide as the head allows."""
@@ -175,13 +188,14 @@ def test_the_chunked_kernel_visits_the_listed_blocks_and_calls_the_mod_on_partia
 
 def test_multi_head_attention_takes_a_block_mask_per_head():
     """MultiHeadAttention.forward(mask=block_mask) with a mask per batch item and head: the output and every
-    gradient equal those with the dense entries (chunked, vectorized, naive), float64, 1e-12."""
+    gradient equal those with the dense entries (chunked, also with recompute=True, vectorized, naive), float64,
+    1e-12."""
     rng = np.random.default_rng(3)
     B, H, L, E = 2, 3, 100, 12
     bm = create_block_mask(per_head_case(), B, H, L, L, BLOCK_SIZE=16)
     x, d_out = rng.standard_normal((B, L, E)), rng.standard_normal((B, L, E))
-    for impl in ("chunked", "vectorized", "naive"):
-        mha = MultiHeadAttention(E, H, rng=0, impl=impl)
+    for impl, recompute in (("chunked", False), ("chunked", True), ("vectorized", False), ("naive", False)):
+        mha = MultiHeadAttention(E, H, rng=0, impl=impl, recompute=recompute)  # recompute: head groups, bm[:, hs]
         out, cache = mha.forward(x, x, x, mask=bm)
         grads = mha.backward(d_out, cache)
         ref_out, ref_cache = mha.forward(x, x, x, mask=np.asarray(bm))
