@@ -25,7 +25,7 @@ built, so a document mask at L = 32768 costs its blocks' states (KiB), not its e
 A ``BlockMask`` is a ``masks.StructuredMask``: every kernel takes it as ``mask=``. The vectorized and naive kernels
 build its entries (``np.asarray``); the chunked kernel asks its ``classify`` (the blocks' states: a tile of
 empty blocks skipped, of full ones computed without a mask), its ``tile`` (only the partial blocks' entries, by
-the mask_mod) and its ``key_range`` / ``query_range`` (the span of the listed blocks). It uses BLOCK_SIZE as its
+the mask_mod) and its ``key_tiles`` / ``query_tiles`` (the listed blocks alone). It uses BLOCK_SIZE as its
 tile when Q_BLOCK = KV_BLOCK and no ``block_size`` was set; any other tile is classified correctly all the
 same (a tile over several blocks takes their states together; inside a partial block the mask_mod tells).
 """
@@ -285,6 +285,27 @@ class BlockMask(StructuredMask):
             return 0, 0
         qb = self.BLOCK_SIZE[0]
         return int(listed[0]) * qb, min(int(listed[-1] + 1) * qb, self.Lq)
+
+    def key_tiles(self, b: int, i0: int, i1: int, bk: int) -> list[int]:
+        """The first keys of the tiles of bk keys that hold a listed block of the block rows of queries i0 ... i1 - 1
+        (and the appended keys'): exactly the listed blocks when bk = KV_BLOCK; no tile of unlisted blocks."""
+        kb = self.BLOCK_SIZE[1]
+        cols = np.flatnonzero((self._blocks(b, i0, i1, 0, self.Lk) != EMPTY).any(axis=0))  # listed block columns
+        first, last = cols * kb // bk, (np.minimum((cols + 1) * kb, self.Lk) - 1) // bk  # the tiles each touches
+        tiles = {int(t) for f, la in zip(first, last) for t in range(f, la + 1)}
+        if self.appended:
+            tiles |= set(range(self.Lk // bk, -(-(self.Lk + self.appended) // bk)))
+        return [t * bk for t in sorted(tiles)]
+
+    def query_tiles(self, b: int, j0: int, j1: int, bq: int) -> list[int]:
+        """The first queries of the tiles of bq queries that hold a listed block of the block columns of keys
+        j0 ... j1 - 1 (every query for an appended key)."""
+        if j1 > self.Lk:
+            return list(range(0, self.Lq, bq))
+        qb = self.BLOCK_SIZE[0]
+        rows = np.flatnonzero((self._blocks(b, 0, self.Lq, j0, j1) != EMPTY).any(axis=1))  # listed block rows
+        first, last = rows * qb // bq, (np.minimum((rows + 1) * qb, self.Lq) - 1) // bq
+        return [t * bq for t in sorted({int(t) for f, la in zip(first, last) for t in range(f, la + 1)})]
 
 
 def _block_size(BLOCK_SIZE) -> tuple[int, int]:

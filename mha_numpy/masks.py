@@ -516,6 +516,20 @@ class StructuredMask:
         lo = min(lo, self.Lq)  # keys past every query's band (a negative diagonal): an empty range inside [0, Lq]
         return lo, max(lo, hi)
 
+    def key_tiles(self, b: int, i0: int, i1: int, bk: int) -> list[int]:
+        """The first keys j0 (multiples of bk) of the tiles of bk keys that may hold an allowed key for the queries
+        i0 ... i1 - 1 of batch item b: those of ``key_range``, and of the appended keys (allowed to every query)."""
+        lo, hi = self.key_range(b, i0, i1)
+        seen = range(lo // bk * bk, hi, bk) if lo < hi else ()  # no key of the sequence: no tile of it
+        appended = range(self.Lk // bk * bk, self.Lk + self.appended, bk) if self.appended else ()
+        return sorted(set(seen) | set(appended))
+
+    def query_tiles(self, b: int, j0: int, j1: int, bq: int) -> list[int]:
+        """The first queries i0 (multiples of bq) of the tiles of bq queries that may attend to a key j0 ... j1 - 1
+        (``query_range``): none when no query does."""
+        lo, hi = self.query_range(b, j0, j1)
+        return list(range(lo // bq * bq, hi, bq)) if lo < hi else []
+
     def _state(self, b: int, i0: int, i1: int, j0: int, j1: int) -> int:
         """``classify`` on the sequence's keys (j1 <= Lk)."""
         state = FULL

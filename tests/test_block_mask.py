@@ -162,16 +162,19 @@ def test_the_chunked_kernel_with_a_block_mask_equals_the_vectorized_with_its_ent
 
 
 def test_the_chunked_kernel_visits_the_listed_blocks_and_calls_the_mod_on_partial_ones_only():
-    """With BLOCK_SIZE as its tile, the chunked kernel's forward and backward call the mask_mod only on (16, 16)
-    rectangles of partial blocks, and look up no tile outside the listed blocks' span."""
+    """A local window with global keys (Longformer's pattern: each block row lists block 0 and its diagonal, with
+    unlisted blocks between them): the chunked kernel's forward and backward look up the listed blocks' tiles only,
+    and call the mask_mod only on (16, 16) rectangles of partial blocks."""
     L, calls = 128, []
-    inner = and_masks(masks.document_mod([40, 88]), masks.causal_mod)
+    inner = or_masks(masks.window_mod(10), lambda b, h, q, kv: kv < 4)
 
     def mod(b, h, q, kv):
         calls.append((int(q.min()), int(q.max()) + 1, int(kv.min()), int(kv.max()) + 1))
         return inner(b, h, q, kv)
 
     bm = create_block_mask(mod, None, None, L, L, BLOCK_SIZE=16)
+    listed = {tuple(rc) for rc in np.argwhere(bm.states[0, 0] != EMPTY)}  # (block row, block column)
+    assert (7, 3) not in listed and (7, 0) in listed  # a gap in the span of a block row
     calls.clear()
     rng = np.random.default_rng(2)
     q, k, v = (rng.standard_normal((1, 1, L, 4)) for _ in range(3))
@@ -182,8 +185,7 @@ def test_the_chunked_kernel_visits_the_listed_blocks_and_calls_the_mod_on_partia
     for i0, i1, j0, j1 in calls:
         assert (i1 - i0, j1 - j0) == (16, 16) and bm.states[0, 0, i0 // 16, j0 // 16] == PARTIAL, (i0, j0)
     looked = {(i0 // 16, j0 // 16) for _, _, i0, _, j0, _ in cache.tile_states}
-    spans = [np.flatnonzero(row != EMPTY) for row in bm.states[0, 0]]  # the listed blocks of each block row
-    assert all(s[0] <= c <= s[-1] for r, c in looked for s in [spans[r]])
+    assert looked == listed, sorted(looked ^ listed)
 
 
 def test_multi_head_attention_takes_a_block_mask_per_head():

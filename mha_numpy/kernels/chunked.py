@@ -162,23 +162,19 @@ class _Tiles:
 
     def key_blocks(self, i0: int, i1: int, bk: int) -> list[int]:
         """The first keys j0 (multiples of bk) of the key blocks that may hold an allowed key for the queries
-        i0 ... i1 - 1: all of them for an array mask; a structured one's ``key_range`` (and its appended keys),
-        so a window's query block visits O(window / bk) tiles instead of Lk / bk."""
+        i0 ... i1 - 1: all of them for an array mask; a structured one's ``key_tiles`` (its ``key_range`` and
+        appended keys; a ``BlockMask``'s listed blocks), so a window's query block visits O(window / bk) tiles
+        instead of Lk / bk."""
         if self.rule is None:
             return list(range(0, self.Lk, bk))
-        lo, hi = self.rule.key_range(self.b, i0, i1)
-        seen = range(lo // bk * bk, hi, bk) if lo < hi else ()  # no key of the sequence: no block of it
-        n = self.rule.Lk  # the keys after it (appended) are allowed to every query: their blocks, when there are any
-        appended = range(n // bk * bk, self.Lk, bk) if self.Lk > n else ()
-        return sorted(set(seen) | set(appended))
+        return self.rule.key_tiles(self.b, i0, i1, bk)
 
     def query_blocks(self, j0: int, j1: int, bq: int) -> list[int]:
         """The first queries i0 (multiples of bq) of the query blocks that may attend to a key j0 ... j1 - 1: none
         when no query does (a negative diagonal leaves the last keys unseen; their dK, dV rows stay 0)."""
         if self.rule is None:
             return list(range(0, self.Lq, bq))
-        lo, hi = self.rule.query_range(self.b, j0, j1)
-        return list(range(lo // bq * bq, hi, bq)) if lo < hi else []
+        return self.rule.query_tiles(self.b, j0, j1, bq)
 
     def parts(self, i0: int, i1: int, j0: int, j1: int):
         """The rectangles of the tile [i0, i1) × [j0, j1) that need work: (r0, r1, c0, c1, state, mask tile).
