@@ -199,13 +199,13 @@ class BlockMask(StructuredMask):
         return out
 
     def __and__(self, other) -> BlockMask:
-        """Allowed where both allow: ``other`` a BlockMask of the same sizes or a bool key padding mask (B, 1, 1, Lk)
-        or (Lk,): a new BlockMask of the mask_mods' ``and_masks`` (its blocks evaluated again)."""
-        if isinstance(other, BlockMask):
-            if (other.Lq, other.Lk, other.BLOCK_SIZE) != (self.Lq, self.Lk, self.BLOCK_SIZE):
-                raise ValueError(f"BlockMasks of shapes {self.shape}, {other.shape} and BLOCK_SIZE "
-                                 f"{self.BLOCK_SIZE}, {other.BLOCK_SIZE} do not combine")  # fmt: skip
-            other_mod = other.mask_mod
+        """Allowed where both allow: ``other`` a BlockMask or a StructuredMask of the same lengths, or a bool key
+        padding mask (B, 1, 1, Lk) or (Lk,): a new BlockMask (this one's BLOCK_SIZE) of the mask_mods' ``and_masks``,
+        its blocks evaluated again. ``combine_masks`` keeps it a BlockMask so."""
+        if isinstance(other, StructuredMask):  # a BlockMask, or a rule (its mask_mod: ``as_mask_mod``)
+            if (other.Lq, other.Lk) != (self.Lq, self.Lk):
+                raise ValueError(f"masks of shapes {self.shape} and {other.shape} do not combine")
+            other_mod = other.mask_mod if isinstance(other, BlockMask) else other.as_mask_mod()
         else:
             keys = np.asarray(other)
             if keys.dtype != np.bool_ or not (
@@ -220,8 +220,8 @@ class BlockMask(StructuredMask):
 
         if self.appended or getattr(other, "appended", 0):
             raise ValueError("a BlockMask with appended keys does not combine")
-        B = max(self.batch, other.batch if isinstance(other, BlockMask) else keys.shape[0])
-        H = max(self.heads, other.heads if isinstance(other, BlockMask) else 1)
+        B = max(self.batch, other.batch if isinstance(other, StructuredMask) else keys.shape[0])
+        H = max(self.heads, other.shape[1] if isinstance(other, StructuredMask) else 1)
         return create_block_mask(
             and_masks(self.mask_mod, other_mod), B, H, self.Lq, self.Lk, BLOCK_SIZE=self.BLOCK_SIZE
         )

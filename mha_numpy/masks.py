@@ -358,7 +358,7 @@ class StructuredMask:
     def _prefix(self, prefix, docs, sizes) -> np.ndarray | None:
         """(b, Lk) bool: the keys among the first ``prefix`` of their document (None: no prefix)."""
         j = np.arange(self.Lk)
-        if np.ndim(prefix) == 0:
+        if not isinstance(prefix, (list, tuple)) and np.ndim(prefix) == 0:  # np.ndim of a ragged list raises
             P = as_int(prefix, "prefix", minimum=0)
             if P == 0:
                 return None
@@ -439,6 +439,26 @@ class StructuredMask:
         return out
 
     __rand__ = __and__
+
+    def as_mask_mod(self):
+        """This rule as a FlexAttention mask_mod (``block_mask``): ``mod(b, h, q_idx, kv_idx)`` -> bool, the index
+        arrays broadcasting together; built from the ``tile`` of the rectangle the indices span (a tile's own
+        indices: that tile), so a long sequence costs what the rectangles asked for, not Lq × Lk."""
+
+        def structured(b, h, q_idx, kv_idx):
+            q, kv = np.asarray(q_idx), np.asarray(kv_idx)
+            b = np.asarray(b) if self.batch > 1 else np.zeros((), np.int64)  # a rule shared by the batch: item 0's
+            shape = np.broadcast_shapes(b.shape, np.shape(h), q.shape, kv.shape)
+            if q.size == 0 or kv.size == 0:
+                return np.zeros(shape, dtype=bool)
+            q0, k0 = int(q.min()), int(kv.min())
+            out = np.empty(shape, dtype=bool)
+            for item in np.unique(b):  # one rectangle per batch item asked for
+                t = self.tile(int(item), q0, int(q.max()) + 1, k0, int(kv.max()) + 1)  # (n, m)
+                np.copyto(out, np.broadcast_to(t[q - q0, kv - k0], shape), where=np.broadcast_to(b == item, shape))
+            return out
+
+        return structured
 
     # ------------------------------------------------------------------ what the tiles ask
 

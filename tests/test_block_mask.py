@@ -96,6 +96,20 @@ def test_the_mods_of_todays_masks_give_their_entries():
         np.testing.assert_array_equal(np.asarray(bm), want, err_msg=str(n))
 
 
+def test_a_structured_mask_as_a_mask_mod_gives_its_entries():
+    """StructuredMask.as_mask_mod(): documents per batch item with a prefix each, a window and key padding; its block
+    mask holds the rule's entries, and the mod called on scattered indices (not a rectangle) gives them too."""
+    keys = masks.padding_mask(np.array([90, 70]), 90)
+    documents, prefix = [np.array([50, 40]), np.array([20, 0, 60])], [np.array([3, 4]), np.array([2, 0, 9])]
+    rule = masks.StructuredMask(80, 90, causal=True, window=30, align="bottom-right", keys=keys, documents=documents,
+                                prefix=prefix)  # fmt: skip
+    want = np.asarray(rule)  # (2, 1, 80, 90)
+    np.testing.assert_array_equal(np.asarray(create_block_mask(rule.as_mask_mod(), 2, None, 80, 90, BLOCK_SIZE=16)),
+                                  want)  # fmt: skip
+    b, q, kv = np.array([1, 0, 1])[:, None], np.array([[79], [3], [40]]), np.array([[89, 0, 41, 61]])
+    np.testing.assert_array_equal(rule.as_mask_mod()(b, 0, q, kv), want[b, 0, q, kv])
+
+
 def test_and_or_noop_compose_as_their_entries():
     """and_masks / or_masks: the entries' AND / OR; noop_mask: every entry, every whole block full (an edge block
     padded by torch's rule: partial); and of one mod is itself."""
@@ -113,13 +127,19 @@ def test_and_or_noop_compose_as_their_entries():
 
 
 def test_and_with_padding_and_selecting_heads_keep_a_block_mask():
-    """bm & padding_mask(...), bm & other_bm: a BlockMask of the entries' AND; bm[:, 1:3], bm[1, 2]: the entries of
-    those batch items and heads (the mod sees the original b, h)."""
+    """bm & padding_mask(...), bm & other_bm, rule & bm, combine_masks(bm, rule, padding): a BlockMask of the
+    entries' AND; bm[:, 1:3], bm[1, 2]: the entries of those batch items and heads (the mod sees the original b, h)."""
     bm = create_block_mask(per_head_case(), 2, 3, 100, 100, BLOCK_SIZE=16)
     pad = masks.padding_mask(np.array([100, 80]), 100)  # (2, 1, 1, 100)
     window = create_block_mask(masks.window_mod(30, causal=False), None, None, 100, 100, BLOCK_SIZE=16)
     for combined, want in ((bm & pad, np.asarray(bm) & pad), (bm & window, np.asarray(bm) & np.asarray(window))):
         assert isinstance(combined, BlockMask) and combined.shape == (2, 3, 100, 100)
+        np.testing.assert_array_equal(np.asarray(combined), want)
+    rule = masks.StructuredMask(100, causal=True, documents=np.array([60, 40]), prefix=np.array([5, 8]))
+    both = np.asarray(bm) & np.asarray(rule)  # (2, 3, 100, 100)
+    for combined, want in ((rule & bm, both), (masks.combine_masks(rule, pad, bm), both & pad)):  # rule first: the
+        # subclass's __rand__ is asked first (Python's rule for a subclass), so the BlockMask combines, per head
+        assert isinstance(combined, BlockMask) and combined.shape == (2, 3, 100, 100)  # per head, not head 0's alone
         np.testing.assert_array_equal(np.asarray(combined), want)
     np.testing.assert_array_equal(np.asarray(bm[:, 1:3]), np.asarray(bm)[:, 1:3])
     np.testing.assert_array_equal(np.asarray(bm[1, 2]), np.asarray(bm)[1:2, 2:3])
