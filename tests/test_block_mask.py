@@ -210,19 +210,20 @@ def test_the_chunked_kernel_visits_the_listed_blocks_and_calls_the_mod_on_partia
 
 def test_multi_head_attention_takes_a_block_mask_per_head():
     """MultiHeadAttention.forward(mask=block_mask) with a mask per batch item and head: the output and every
-    gradient equal those with the dense entries (chunked, also with recompute=True, vectorized, naive), float64,
-    1e-12."""
+    gradient equal those with the dense entries (chunked, also with recompute=True or appended keys, vectorized,
+    naive), float64, 1e-12."""
     rng = np.random.default_rng(3)
     B, H, L, E = 2, 3, 100, 12
     bm = create_block_mask(per_head_case(), B, H, L, L, BLOCK_SIZE=16)
     x, d_out = rng.standard_normal((B, L, E)), rng.standard_normal((B, L, E))
-    for impl, recompute in (("chunked", False), ("chunked", True), ("vectorized", False), ("naive", False)):
-        mha = MultiHeadAttention(E, H, rng=0, impl=impl, recompute=recompute)  # recompute: head groups, bm[:, hs]
+    options = {"recompute": True}, {"add_bias_kv": True, "add_zero_attn": True}, {}  # head groups (bm[:, hs]); keys
+    for impl, kw in [("chunked", o) for o in options] + [("vectorized", {}), ("naive", {})]:  # appended to the mask
+        mha = MultiHeadAttention(E, H, rng=0, impl=impl, **kw)
         out, cache = mha.forward(x, x, x, mask=bm)
         grads = mha.backward(d_out, cache)
         ref_out, ref_cache = mha.forward(x, x, x, mask=np.asarray(bm))
         ref = mha.backward(d_out, ref_cache)
-        np.testing.assert_allclose(out, ref_out, rtol=0, atol=1e-12 * np.abs(ref_out).max(), err_msg=impl)
+        np.testing.assert_allclose(out, ref_out, rtol=0, atol=1e-12 * np.abs(ref_out).max(), err_msg=f"{impl} {kw}")
         scale = max(np.abs(np.asarray(g)).max() for g in ref.values())  # a gradient zero in theory (the key
         for name in ref:  # projection's bias) is judged against the largest one
             np.testing.assert_allclose(grads[name], ref[name], rtol=0, atol=1e-12 * scale, err_msg=name)
