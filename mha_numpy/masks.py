@@ -155,6 +155,67 @@ def _dense_2d(m: StructuredMask) -> np.ndarray:
     return dense[0, 0] if dense.shape[0] == 1 else dense
 
 
+# --------------------------------------------------------------------------- mask_mods
+
+# FlexAttention's form of a mask: a function ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (True = may attend, as
+# ours), here vectorised: b, h, q_idx, kv_idx are integer arrays that broadcast together (e.g. q_idx (n, 1) and
+# kv_idx (1, m) for one tile) and the result is a bool array of their broadcast shape. ``block_mask.
+# create_block_mask`` turns one into a ``BlockMask``. Those written with operators alone (causal_mod, window_mod,
+# prefix_lm_mod with an int prefix) run unchanged on torch tensors.
+
+
+def causal_mod(b, h, q_idx, kv_idx):
+    """The mask_mod of ``causal_mask(Lq, Lk)`` (top-left: query i at position i): key j <= i."""
+    return kv_idx <= q_idx
+
+
+def window_mod(window: int | None = None, causal: bool = True, offset: int = 0):
+    """The mask_mod of ``sliding_window_mask(Lq, Lk, window, causal, offset)``: query i at position p = i + offset,
+    p - window < j <= p (causal) or |p - j| < window. window=None: no window, so causal=True is ``causal_mask(Lq, Lk,
+    diagonal=offset)``. The bottom-right alignment (the last query at the last key) is offset = Lk - Lq."""
+    window = None if window is None else as_int(window, "window", minimum=1)
+    causal, offset = as_bool(causal, "causal"), as_int(offset, "offset")
+
+    def window_mask(b, h, q_idx, kv_idx):
+        d = q_idx + offset - kv_idx  # p_i - j
+        if window is None:
+            return d >= 0 if causal else d == d  # d == d: every entry, in the indices' broadcast shape
+        return ((d >= 0) & (d < window)) if causal else ((d < window) & (-d < window))
+
+    return window_mask
+
+
+def document_mod(lengths):
+    """The mask_mod of ``document_mask(lengths)``: query i and key j lie in the same document (documents of
+    ``lengths`` tokens (1-D, shared by the batch) packed from position 0); a position past them belongs to none.
+    Causal within the documents: ``block_mask.and_masks(document_mod(lengths), causal_mod)``."""
+    items, shared = _per_item(lengths, "lengths")
+    if not shared:
+        raise ValueError(f"lengths must be 1-D (one list shared by the batch), got shape {np.shape(lengths)}")
+    ends = np.cumsum(items[0])  # (n_docs,) one past each document's last position
+    total = int(ends[-1]) if ends.size else 0
+
+    def document(b, h, q_idx, kv_idx):
+        q_doc = np.where(np.asarray(q_idx) < total, np.searchsorted(ends, q_idx, side="right"), -1)  # -1: none
+        return q_doc == np.searchsorted(ends, kv_idx, side="right")  # the same document (a key past them: n_docs)
+
+    return document
+
+
+def prefix_lm_mod(prefix):
+    """The mask_mod of ``prefix_lm_mask(L, prefix)``: key j is one of the first ``prefix`` keys, or j <= i.
+    prefix: an int, or one per batch item (B,) (then indexed by b)."""
+    if np.ndim(prefix) == 0:
+        P = as_int(prefix, "prefix", minimum=0)
+    else:
+        P = _per_item(prefix, "prefix")[0][0]  # (B,) non-negative ints
+
+    def prefix_lm(b, h, q_idx, kv_idx):
+        return (kv_idx < (P if isinstance(P, int) else P[b])) | (kv_idx <= q_idx)
+
+    return prefix_lm
+
+
 # --------------------------------------------------------------------------- structured masks
 
 # The state of a rectangle of a mask: nothing allowed / everything allowed / perhaps both (its entries tell) /
@@ -297,7 +358,7 @@ class StructuredMask:
     def _prefix(self, prefix, docs, sizes) -> np.ndarray | None:
         """(b, Lk) bool: the keys among the first ``prefix`` of their document (None: no prefix)."""
         j = np.arange(self.Lk)
-        if np.ndim(prefix) == 0:
+        if not isinstance(prefix, (list, tuple)) and np.ndim(prefix) == 0:  # np.ndim of a ragged list raises
             P = as_int(prefix, "prefix", minimum=0)
             if P == 0:
                 return None
@@ -379,7 +440,32 @@ class StructuredMask:
 
     __rand__ = __and__
 
+    def as_mask_mod(self):
+        """This rule as a FlexAttention mask_mod (``block_mask``): ``mod(b, h, q_idx, kv_idx)`` -> bool, the index
+        arrays broadcasting together; built from the ``tile`` of the rectangle the indices span (a tile's own
+        indices: that tile), so a long sequence costs what the rectangles asked for, not Lq × Lk."""
+
+        def structured(b, h, q_idx, kv_idx):
+            q, kv = np.asarray(q_idx), np.asarray(kv_idx)
+            b = np.asarray(b) if self.batch > 1 else np.zeros((), np.int64)  # a rule shared by the batch: item 0's
+            shape = np.broadcast_shapes(b.shape, np.shape(h), q.shape, kv.shape)
+            if q.size == 0 or kv.size == 0:
+                return np.zeros(shape, dtype=bool)
+            q0, k0 = int(q.min()), int(kv.min())
+            out = np.empty(shape, dtype=bool)
+            for item in np.unique(b):  # one rectangle per batch item asked for
+                t = self.tile(int(item), q0, int(q.max()) + 1, k0, int(kv.max()) + 1)  # (n, m)
+                np.copyto(out, np.broadcast_to(t[q - q0, kv - k0], shape), where=np.broadcast_to(b == item, shape))
+            return out
+
+        return structured
+
     # ------------------------------------------------------------------ what the tiles ask
+
+    def head(self, h: int) -> StructuredMask:
+        """The mask of head h, whose tiles a kernel asks about: this one (its heads share it). A mask that differs
+        per head (``block_mask.BlockMask``) returns its head's."""
+        return self
 
     def classify(self, b: int, i0: int, i1: int, j0: int, j1: int) -> int:
         """The state of the rectangle of queries i0 ... i1 - 1 and keys j0 ... j1 - 1 (both non-empty) of batch
@@ -449,6 +535,20 @@ class StructuredMask:
             lo, hi = max(lo, m_lo), min(hi, m_hi)
         lo = min(lo, self.Lq)  # keys past every query's band (a negative diagonal): an empty range inside [0, Lq]
         return lo, max(lo, hi)
+
+    def key_tiles(self, b: int, i0: int, i1: int, bk: int) -> list[int]:
+        """The first keys j0 (multiples of bk) of the tiles of bk keys that may hold an allowed key for the queries
+        i0 ... i1 - 1 of batch item b: those of ``key_range``, and of the appended keys (allowed to every query)."""
+        lo, hi = self.key_range(b, i0, i1)
+        seen = range(lo // bk * bk, hi, bk) if lo < hi else ()  # no key of the sequence: no tile of it
+        appended = range(self.Lk // bk * bk, self.Lk + self.appended, bk) if self.appended else ()
+        return sorted(set(seen) | set(appended))
+
+    def query_tiles(self, b: int, j0: int, j1: int, bq: int) -> list[int]:
+        """The first queries i0 (multiples of bq) of the tiles of bq queries that may attend to a key j0 ... j1 - 1
+        (``query_range``): none when no query does."""
+        lo, hi = self.query_range(b, j0, j1)
+        return list(range(lo // bq * bq, hi, bq)) if lo < hi else []
 
     def _state(self, b: int, i0: int, i1: int, j0: int, j1: int) -> int:
         """``classify`` on the sequence's keys (j1 <= Lk)."""

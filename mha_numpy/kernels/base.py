@@ -227,9 +227,9 @@ def check_args(
     shape = tuple(int(n) for n in shape)
     mask_shape = shape if mask_keys is None else (*shape[:3], int(mask_keys))
     if isinstance(mask, StructuredMask):  # its rule is kept: its entries are never checked, nor built here
-        if mask.shape[2:] != mask_shape[2:] or mask.batch not in (1, shape[0]):
+        if mask.shape[2:] != mask_shape[2:] or mask.batch not in (1, shape[0]) or mask.shape[1] not in (1, shape[1]):
             raise ValueError(f"mask is a StructuredMask of shape {mask.shape}; the scores' (B, H, Lq, Lk) = "
-                             f"{mask_shape} need (1 or B, 1, Lq, Lk) exactly")  # fmt: skip
+                             f"{mask_shape} need (1 or B, 1, Lq, Lk) exactly (a BlockMask: 1 or H heads)")  # fmt: skip
     else:
         mask = check_mask(mask, mask_shape)
     bias = check_mask(bias, shape, name="bias", allow_bool=False, dtype=dtype)

@@ -114,7 +114,8 @@ class _Tiles:
         def view(a):
             return None if a is None else np.broadcast_to(a, args.shape)[b, hs]  # (g, Lq, Lk) view
 
-        self.rule = args.mask if isinstance(args.mask, StructuredMask) else None
+        rule = isinstance(args.mask, StructuredMask)  # hs: one head when the heads do not share it
+        self.rule = args.mask.head(hs.start) if rule else None
         self.mask = self.rule if self.rule is not None else view(args.mask)
         self.bias, self.keep = view(args.bias), view(args.keep)
         self.Lq, self.Lk = args.shape[2:]
@@ -161,23 +162,19 @@ class _Tiles:
 
     def key_blocks(self, i0: int, i1: int, bk: int) -> list[int]:
         """The first keys j0 (multiples of bk) of the key blocks that may hold an allowed key for the queries
-        i0 ... i1 - 1: all of them for an array mask; a structured one's ``key_range`` (and its appended keys),
-        so a window's query block visits O(window / bk) tiles instead of Lk / bk."""
+        i0 ... i1 - 1: all of them for an array mask; a structured one's ``key_tiles`` (its ``key_range`` and
+        appended keys; a ``BlockMask``'s listed blocks), so a window's query block visits O(window / bk) tiles
+        instead of Lk / bk."""
         if self.rule is None:
             return list(range(0, self.Lk, bk))
-        lo, hi = self.rule.key_range(self.b, i0, i1)
-        seen = range(lo // bk * bk, hi, bk) if lo < hi else ()  # no key of the sequence: no block of it
-        n = self.rule.Lk  # the keys after it (appended) are allowed to every query: their blocks, when there are any
-        appended = range(n // bk * bk, self.Lk, bk) if self.Lk > n else ()
-        return sorted(set(seen) | set(appended))
+        return self.rule.key_tiles(self.b, i0, i1, bk)
 
     def query_blocks(self, j0: int, j1: int, bq: int) -> list[int]:
         """The first queries i0 (multiples of bq) of the query blocks that may attend to a key j0 ... j1 - 1: none
         when no query does (a negative diagonal leaves the last keys unseen; their dK, dV rows stay 0)."""
         if self.rule is None:
             return list(range(0, self.Lq, bq))
-        lo, hi = self.rule.query_range(self.b, j0, j1)
-        return list(range(lo // bq * bq, hi, bq)) if lo < hi else []
+        return self.rule.query_tiles(self.b, j0, j1, bq)
 
     def parts(self, i0: int, i1: int, j0: int, j1: int):
         """The rectangles of the tile [i0, i1) × [j0, j1) that need work: (r0, r1, c0, c1, state, mask tile).
@@ -478,7 +475,7 @@ class ChunkedCache:
         if self.args.keep is not None or self.seed is None:
             return self.args.keep
         B, H, Lq, Lk = self.args.shape
-        bs = self.kernel.block(self.q.dtype)
+        bs = self.kernel.block(self.q.dtype, self.args.mask)
         out = np.empty((B, H, Lq, Lk), dtype=bool)
         for b in range(B):
             for h in range(H):
@@ -531,9 +528,12 @@ class ChunkedKernel(Kernel):
     def __repr__(self) -> str:
         return f"ChunkedKernel(block_size={self.block_size}, num_threads={self.num_threads})"
 
-    def block(self, dtype) -> int:
-        """The tile's side for ``dtype``: ``block_size``, or the measured default."""
-        return self.block_size or DEFAULT_BLOCK_SIZE.get(np.dtype(dtype).itemsize, 256)
+    def block(self, dtype, mask=None) -> int:
+        """The tile's side for ``dtype``: ``block_size``, or a ``BlockMask``'s square BLOCK_SIZE (its blocks are the
+        tiles), or the measured default. Any other side is correct too: a tile's state is taken over its blocks."""
+        square = getattr(mask, "BLOCK_SIZE", None)
+        square = square[0] if isinstance(square, tuple) and len(set(square)) == 1 else None
+        return self.block_size or square or DEFAULT_BLOCK_SIZE.get(np.dtype(dtype).itemsize, 256)
 
     def threads(self) -> int:
         """The pool's threads: ``num_threads``, or one per available core."""
@@ -546,13 +546,13 @@ class ChunkedKernel(Kernel):
     def groups(self, args: AttentionArgs, dtype) -> list[tuple[int, slice]]:
         """The work items' (b, heads): one head each, or several when a head's scores are smaller than a tile."""
         B, H = args.shape[:2]
-        g = _group_size(args, self.block(dtype), self.threads())
+        g = _group_size(args, self.block(dtype, args.mask), self.threads())
         return [(b, slice(h, min(h + g, H))) for b in range(B) for h in range(0, H, g)]
 
     def run(self, q, k, v, args: AttentionArgs):
         """The blocked forward: each item (b, heads, query block) walks its key blocks, online softmax."""
         B, H, Lq, Lk = args.shape
-        bs, dt = self.block(q.dtype), q.dtype
+        bs, dt = self.block(q.dtype, args.mask), q.dtype
         context = _merged_layout((B, H, Lq, v.shape[3]), dt)  # (B, H, Lq, dv)
         m, inv_ell = np.empty((B, H, Lq), dtype=dt), np.empty((B, H, Lq), dtype=dt)
         jstar, lse = np.empty((B, H, Lq), dtype=np.intp), np.empty((B, H, Lq), dtype=np.float64)
@@ -586,7 +586,7 @@ class ChunkedKernel(Kernel):
         if d_lse is not None:
             D -= d_lse  # the lse's gradient joins the row term: dS = P ∘ (dP - (D - d_lse))
         pivot = np.where(cache.inv_ell >= 0.5, cache.jstar, -1)  # (B, H, Lq) j* where P_ij* = 1 / ℓ ≥ 1/2, else -1
-        bs, threads = cache.kernel.block(q.dtype), cache.kernel.threads()
+        bs, threads = cache.kernel.block(q.dtype, cache.args.mask), cache.kernel.threads()
         groups = cache.kernel.groups(cache.args, q.dtype)
         n_split = -(-threads // len(groups)) if 0 < len(groups) < threads else 1  # key ranges per group
         row_sums = np.zeros((n_split, B, H, Lq), dtype=q.dtype)  # per key range n: its Σ_{j≠j*} dS_ij
