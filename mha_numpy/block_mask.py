@@ -37,68 +37,9 @@ import copy
 import numpy as np
 
 from ._checks import as_int
-from .masks import EMPTY, FULL, MIXED, PARTIAL, StructuredMask
+from .masks import EMPTY, FULL, MIXED, PARTIAL, StructuredMask, and_masks, evaluate_mask_mod, noop_mask, or_masks
 
 __all__ = ["BlockMask", "create_block_mask", "and_masks", "or_masks", "noop_mask"]
-
-
-# --------------------------------------------------------------------------- composing mask_mods
-
-
-def noop_mask(b, h, q_idx, kv_idx):
-    """The mask_mod that allows everything (torch's ``noop_mask``)."""
-    return np.ones(np.broadcast_shapes(*(np.shape(x) for x in (b, h, q_idx, kv_idx))), dtype=bool)
-
-
-def _callables(mask_mods, name: str):
-    if not mask_mods or not all(callable(m) for m in mask_mods):
-        raise ValueError(f"{name} takes one or more callable mask_mods, got {mask_mods!r:.80}")
-
-
-def and_masks(*mask_mods):
-    """The mask_mod allowing what every one of ``mask_mods`` allows (torch's ``and_masks``)."""
-    _callables(mask_mods, "and_masks")
-
-    def and_mask(b, h, q_idx, kv_idx):
-        out = mask_mods[0](b, h, q_idx, kv_idx)
-        for mod in mask_mods[1:]:
-            out = out & mod(b, h, q_idx, kv_idx)
-        return out
-
-    return and_mask
-
-
-def or_masks(*mask_mods):
-    """The mask_mod allowing what any one of ``mask_mods`` allows (torch's ``or_masks``)."""
-    _callables(mask_mods, "or_masks")
-
-    def or_mask(b, h, q_idx, kv_idx):
-        out = mask_mods[0](b, h, q_idx, kv_idx)
-        for mod in mask_mods[1:]:
-            out = out | mod(b, h, q_idx, kv_idx)
-        return out
-
-    return or_mask
-
-
-def _evaluate(mask_mod, b, h, q_idx, kv_idx) -> np.ndarray:
-    """mask_mod on one rectangle: b, h 0-d int arrays, q_idx (n, 1), kv_idx (1, m) -> (n, m) bool, or ValueError
-    naming ``mask_mod`` (it raised, returned no bool, or a shape that does not broadcast to the rectangle)."""
-    shape = (q_idx.shape[0], kv_idx.shape[1])
-    try:
-        out = mask_mod(b, h, q_idx, kv_idx)
-    except Exception as e:  # the user's function: its own error, named
-        raise ValueError(f"mask_mod raised {type(e).__name__}: {e}") from e
-    dtype = getattr(out, "dtype", None)
-    if not isinstance(out, (bool, np.bool_)) and dtype != np.bool_:
-        raise ValueError(
-            f"mask_mod must return a bool array (True = may attend), got {type(out).__name__} with dtype {dtype} "
-            f"and shape {np.shape(out)}"
-        )
-    try:
-        return np.broadcast_to(out, shape)
-    except ValueError:
-        raise ValueError(f"mask_mod returned shape {np.shape(out)}, which does not broadcast to {shape}") from None
 
 
 # --------------------------------------------------------------------------- the block mask
@@ -264,7 +205,7 @@ class BlockMask(StructuredMask):
         if (st == PARTIAL).any():
             b = b if self.batch > 1 else 0  # a mask shared by the batch is item 0's (torch calls it with b = 0)
             index = np.int64(b), np.int64(self._h), rows[:, None], cols[None, :]  # 0-d, 0-d, (n, 1), (1, m)
-            out |= (at == PARTIAL) & _evaluate(self.mask_mod, *index)
+            out |= (at == PARTIAL) & evaluate_mask_mod(self.mask_mod, *index)
         return out
 
     def key_range(self, b: int, i0: int, i1: int) -> tuple[int, int]:
@@ -339,7 +280,7 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None, BLOCK_SIZE=128
         for h in range(H):
             for r in range(nq):
                 q_idx = np.arange(r * qb, min((r + 1) * qb, Q_LEN))[:, None]  # (n, 1) the block row's queries
-                allowed = _evaluate(mask_mod, np.int64(b), np.int64(h), q_idx, kv_idx)  # (n, KV_LEN)
+                allowed = evaluate_mask_mod(mask_mod, np.int64(b), np.int64(h), q_idx, kv_idx)  # (n, KV_LEN)
                 per_key[:KV_LEN] = allowed.view(np.uint8).sum(axis=0, dtype=np.int64)  # (KV_LEN,); padding rows: none
                 count = per_key.reshape(nk, kb).sum(axis=1)  # (nk,) allowed entries per block
                 states[b, h, r] = np.where(count == 0, EMPTY, np.where(count == qb * kb, FULL, PARTIAL))

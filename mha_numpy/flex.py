@@ -37,6 +37,7 @@ import numpy as np
 
 from . import kernels
 from ._checks import default_scale
+from .block_mask import BlockMask
 from .flex_derive import complex_step_vjp, probe
 
 MAX_DERIVED_PARAM = 4096  # a parameter with more elements needs score_mod_vjp
@@ -167,7 +168,8 @@ def _checked_vjp(score_mod_vjp, params):
 
 
 def _mask(mask_mod, block_mask, shape):
-    """The bool mask (broadcastable to (B, H, Lq, Lk)) that mask_mod (or block_mask's) gives, or None."""
+    """The mask of the call: our ``BlockMask`` itself, else the bool mask (broadcastable to (B, H, Lq, Lk)) that
+    mask_mod (or another block mask's) gives, or None."""
     if block_mask is not None:
         given = getattr(block_mask, "mask_mod", None)
         if not callable(given):
@@ -177,7 +179,9 @@ def _mask(mask_mod, block_mask, shape):
             raise ValueError(f"block_mask is for (Q_LEN, KV_LEN) = {tuple(lengths)}, the call's is {shape[2:]}")
         if mask_mod is not None and mask_mod is not given:
             raise ValueError("give mask_mod or block_mask, not both")
-        mask_mod = given
+        if isinstance(block_mask, BlockMask):  # ours: the kernels take it as it is (the chunked one visits only
+            return block_mask  # its listed blocks and evaluates the mask_mod on the partial ones: no (L, L) array)
+        mask_mod = given  # another's (torch's own BlockMask): its mask_mod, evaluated here
     if mask_mod is None:
         return None
     index = np.ix_(*(np.arange(n) for n in shape))  # (B,1,1,1), (1,H,1,1), (1,1,Lq,1), (1,1,1,Lk)

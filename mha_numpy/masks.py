@@ -830,3 +830,62 @@ def from_hf_extended_mask(extended_mask) -> np.ndarray:
             f"extended_mask with shape {m.shape} holds values other than 0 and finfo.min; pass it as a float mask"
         )
     return ~blocked
+
+
+# --------------------------------------------------------------------------- composing and calling mask_mods
+
+
+def noop_mask(b, h, q_idx, kv_idx):
+    """The mask_mod that allows everything (torch's ``noop_mask``)."""
+    return np.ones(np.broadcast_shapes(*(np.shape(x) for x in (b, h, q_idx, kv_idx))), dtype=bool)
+
+
+def _callables(mask_mods, name: str):
+    if not mask_mods or not all(callable(m) for m in mask_mods):
+        raise ValueError(f"{name} takes one or more callable mask_mods, got {mask_mods!r:.80}")
+
+
+def and_masks(*mask_mods):
+    """The mask_mod allowing what every one of ``mask_mods`` allows (torch's ``and_masks``)."""
+    _callables(mask_mods, "and_masks")
+
+    def and_mask(b, h, q_idx, kv_idx):
+        out = mask_mods[0](b, h, q_idx, kv_idx)
+        for mod in mask_mods[1:]:
+            out = out & mod(b, h, q_idx, kv_idx)
+        return out
+
+    return and_mask
+
+
+def or_masks(*mask_mods):
+    """The mask_mod allowing what any one of ``mask_mods`` allows (torch's ``or_masks``)."""
+    _callables(mask_mods, "or_masks")
+
+    def or_mask(b, h, q_idx, kv_idx):
+        out = mask_mods[0](b, h, q_idx, kv_idx)
+        for mod in mask_mods[1:]:
+            out = out | mod(b, h, q_idx, kv_idx)
+        return out
+
+    return or_mask
+
+
+def evaluate_mask_mod(mask_mod, b, h, q_idx, kv_idx) -> np.ndarray:
+    """mask_mod on one rectangle: b, h 0-d int arrays, q_idx (n, 1), kv_idx (1, m) -> (n, m) bool, or ValueError
+    naming ``mask_mod`` (it raised, returned no bool, or a shape that does not broadcast to the rectangle)."""
+    shape = (q_idx.shape[0], kv_idx.shape[1])
+    try:
+        out = mask_mod(b, h, q_idx, kv_idx)
+    except Exception as e:  # the user's function: its own error, named
+        raise ValueError(f"mask_mod raised {type(e).__name__}: {e}") from e
+    dtype = getattr(out, "dtype", None)
+    if not isinstance(out, (bool, np.bool_)) and dtype != np.bool_:
+        raise ValueError(
+            f"mask_mod must return a bool array (True = may attend), got {type(out).__name__} with dtype {dtype} "
+            f"and shape {np.shape(out)}"
+        )
+    try:
+        return np.broadcast_to(out, shape)
+    except ValueError:
+        raise ValueError(f"mask_mod returned shape {np.shape(out)}, which does not broadcast to {shape}") from None

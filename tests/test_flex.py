@@ -403,3 +403,22 @@ def test_bad_input_is_a_value_error_naming_the_argument_and_nothing_is_mutated(w
     for n, a in args.items():
         if isinstance(a, np.ndarray):
             assert np.array_equal(a, copies[n]), n
+
+
+def test_our_block_mask_reaches_the_chunked_kernel_as_its_blocks_not_a_dense_mask():
+    """Given our BlockMask, flex hands it to the kernel as it is: the chunked kernel visits its listed blocks (the
+    cache keeps the BlockMask, no (L, L) array), with the numbers of the dense mask_mod."""
+    from mha_numpy import masks
+    from mha_numpy.block_mask import BlockMask, and_masks, create_block_mask
+
+    rng = np.random.default_rng(3)
+    L = 96
+    q, k, v = (rng.normal(size=(1, 2, L, 4)) for _ in range(3))
+    bm = create_block_mask(and_masks(masks.causal_mod, masks.document_mod([40, 56])), None, None, L, L, BLOCK_SIZE=16)
+    out, cache = flex.flex_attention_forward(q, k, v, block_mask=bm, kernel="chunked")
+    assert isinstance(cache.inner.args.mask, BlockMask)
+    dense, dense_cache = flex.flex_attention_forward(q, k, v, mask_mod=bm.mask_mod)
+    assert np.abs(out - dense).max() <= 1e-13
+    d = rng.normal(size=out.shape)
+    for a, b in zip(flex.flex_attention_backward(d, cache)[:3], flex.flex_attention_backward(d, dense_cache)[:3]):
+        assert np.abs(a - b).max() <= 1e-12 * np.abs(b).max()
