@@ -505,6 +505,37 @@ def rope_backward(d_out: np.ndarray, cache):
     return d_out * cos - rotate_half(d_out) * sin  # ← F1
 
 
+def partial_rope_forward(x: np.ndarray, positions=None, theta: float = 10000.0, rotary_dim=None, check: bool = True):
+    """RoPE on the first ``rotary_dim`` features of each head, the rest passed through (Hugging Face's
+    ``partial_rotary_factor``: Phi, StableLM, GPT-NeoX's rotary_pct, Qwen3-Next; ``apply_rotary_pos_emb`` with cos
+    and sin ``rotary_dim`` wide). Within the turned part the pairs are (i, i + rotary_dim/2), as ``rope_forward``.
+
+    x: (B, H, L, d)   rotary_dim: even, 2 ... d (None: d, all of it)   ->   out: (B, H, L, d)
+    """
+    if check:
+        x = as_float_array(x, "x", ndim=4)
+        r = x.shape[-1] if rotary_dim is None else as_int(rotary_dim, "rotary_dim", minimum=2)
+        if r % 2 or r > x.shape[-1]:
+            raise ValueError(f"rotary_dim={r} must be even and at most the head dim {x.shape[-1]} (x {x.shape})")
+        _check_rope(x[..., :r], positions, theta)
+    r = x.shape[-1] if rotary_dim is None else rotary_dim
+    if r == x.shape[-1]:  # all of it: RoPE itself, no copy
+        out, (cos, sin) = rope_forward(x, positions, theta, check=check)  # F1: (B, H, L, d)
+        return out, (cos, sin, r)
+    turned, (cos, sin) = rope_forward(x[..., :r], positions, theta, check=False)  # F1: (B, H, L, r)
+    out = np.concatenate([turned, x[..., r:]], axis=-1)  # F2: (B, H, L, r) + (B, H, L, d - r) -> (B, H, L, d)
+    return out, (cos, sin, r)
+
+
+def partial_rope_backward(d_out: np.ndarray, cache):
+    """d_out: (B, H, L, d) -> dx: (B, H, L, d): the turned part turned back, the rest passed through."""
+    cos, sin, r = cache
+    if r == d_out.shape[-1]:
+        return rope_backward(d_out, (cos, sin))  # ← F1
+    d_turned = rope_backward(d_out[..., :r], (cos, sin))  # ← F2, ← F1: (B, H, L, r)
+    return np.concatenate([d_turned, d_out[..., r:]], axis=-1)  # (B, H, L, d)
+
+
 def rope_interleaved_forward(x: np.ndarray, positions=None, theta: float = 10000.0, check: bool = True):
     """RoPE on features paired as (0, 1), (2, 3), ... (DeepSeek's layout; HF's ``apply_rotary_pos_emb_interleave``).
 

@@ -475,6 +475,12 @@ def diff_combine_sample(s: Sizes, rng):
     return [Case("diff_combine", [("context", context), ("lam", lam), ("lambda_init", 0.47), ("eps", 1e-5)])]
 
 
+def partial_rope_sample(s: Sizes, rng):
+    """check_functional's case of ``partial_rope``: x (B, H, Lq, 2d + 1), its first 2 features turned, theta 100."""
+    x = _randn(rng, s.B, s.H, s.Lq, 2 * s.d + 1)
+    return [Case("partial_rope", [("x", x), ("positions", None), ("theta", 100.0), ("rotary_dim", 2)])]
+
+
 def merge_attention_sample(s: Sizes, rng):
     """Three partials over disjoint key sets, one of them empty for a row (lse -inf, context 0): stacked arrays
     (S, B, H, Lq, ·), so that each entry can be perturbed. No row is empty for all (its lse -inf has no
@@ -608,6 +614,7 @@ PAIRS: list[Pair] = [
         ("context", "lam"),
         sample=diff_combine_sample,
     ),
+    Pair("partial_rope", F.partial_rope_forward, F.partial_rope_backward, ("x",), sample=partial_rope_sample),
     Pair(
         "merge_attention",
         F.merge_attention_forward,

@@ -4,7 +4,7 @@ step list of a call from the options (``build_steps``).
     Project     q, k, v = query W_qᵀ + b_q, key W_kᵀ + b_k, value W_vᵀ + b_v    (B, Lq, E), (B, Lk, Ekv) × 2
     Split       Q (B, H, Lq, d), K, V (B, Hkv, Lk, d)
     [QKNorm]    Q, K normalised per head (RMSNorm with learned weights)
-    [Rope]      Q, K turned by the angles of their positions
+    [Rope]      Q, K turned by the angles of their positions (the first int(d · partial_rotary_factor) features)
     [AppendToCache]  K, V appended to the KV cache: (B, Hkv, cached + Lk, d), causal within the call
     [HeadTemperature]  the scores · exp(t_h), a learned temperature per head      } score terms: ``ScoreTerm``s,
     [RelativeBias]   a learned term for the scores, by head and clipped distance   } applied by every kernel to the
@@ -313,6 +313,20 @@ def _diff_attention(value, name, o):
     return bool(value)
 
 
+def _partial_rotary_factor(value, name, o):
+    factor = _positive(value, name, o)
+    if factor > 1:
+        raise ValueError(f"{name} must be in (0, 1], the fraction of each head RoPE turns, got {value!r}")
+    if factor != 1 and o["kv_lora_rank"] is not None:
+        raise ValueError(f"{name}={value!r} with kv_lora_rank: latent attention turns its qk_rope_head_dim part; "
+                         "give that")  # fmt: skip
+    turned = int(o["head_dim"] * factor)  # as Hugging Face: int(head_dim * partial_rotary_factor)
+    if factor != 1 and o["rope_theta"] is not None and (turned < 2 or turned % 2):  # 1: all d, rope_theta's check
+        raise ValueError(f"{name}={value!r} turns int({o['head_dim']} · {value!r}) = {turned} features of each "
+                         "head: RoPE turns pairs, so it must be even and at least 2")  # fmt: skip
+    return factor
+
+
 class Step:
     """Base of every step: what a step declares, and the defaults (no parameters, nothing to check)."""
 
@@ -491,6 +505,9 @@ class QKNorm(Step):
         g.Q, g.P["q_norm"] = F.rms_norm_backward(g.Q, s["q_norm"])  # ← F1
 
 
+_PARTIAL = {"rope_theta": 50.0, "partial_rotary_factor": 0.5, "head_dim": 4}  # d = 4: 2 of 4 turned (d = 2: none)
+
+
 class Rope(Step):
     """Q, K turned pair by pair by the angles of their positions (RoPE, Hugging Face Llama's convention)."""
 
@@ -500,8 +517,10 @@ class Rope(Step):
     names = ("q_rope", "k_rope")
     place, family = 40, "mha"
     options = {
-        "rope_theta": Option(None, _rope_theta, example={"rope_theta": 50.0})
-    }  # RoPE's base (latent attention: its rope part's)
+        "rope_theta": Option(None, _rope_theta, example={"rope_theta": 50.0}),  # RoPE's base (MLA: its rope part's)
+        # the fraction of each head turned, its first int(d · factor) features (Hugging Face's name and rule)
+        "partial_rotary_factor": Option(1.0, _partial_rotary_factor, requires="rope_theta", example=_PARTIAL),
+    }
 
     def check(self, f):
         if f.positions is not None:
@@ -510,12 +529,14 @@ class Rope(Step):
             F.check_positions(f.positions, f.B, f.Lq)
 
     def forward(self, f, s):
-        f.Q, s["q_rope"] = F.rope_forward(f.Q, f.pos_q, self.c.rope_theta, check=False)  # F1: (B, H, Lq, d)
-        f.K, s["k_rope"] = F.rope_forward(f.K, f.pos_k, self.c.rope_theta, check=False)  # F2: (B, Hkv, Lk, d)
+        c = self.c
+        turned = int(c.head_dim * c.partial_rotary_factor)  # the first features of each head RoPE turns (all: d)
+        f.Q, s["q_rope"] = F.partial_rope_forward(f.Q, f.pos_q, c.rope_theta, turned, check=False)  # F1: (B, H, Lq, d)
+        f.K, s["k_rope"] = F.partial_rope_forward(f.K, f.pos_k, c.rope_theta, turned, check=False)  # F2
 
     def backward(self, g, s):
-        g.Q = F.rope_backward(g.Q, s["q_rope"])  # ← F1: the inverse rotation
-        g.K = F.rope_backward(g.K, s["k_rope"])  # ← F2
+        g.Q = F.partial_rope_backward(g.Q, s["q_rope"])  # ← F1: the inverse rotation
+        g.K = F.partial_rope_backward(g.K, s["k_rope"])  # ← F2
 
 
 class AppendToCache(Step):

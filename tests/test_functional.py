@@ -211,6 +211,7 @@ def test_check_functional_covers_every_pair():
         "diff_lambda",
         "diff_combine",
         "merge_attention",
+        "partial_rope",
     }
     block = {"add", "embedding", "bert_embeddings", "layer_norm", "gelu", "gelu_tanh", "feed_forward", "mean_pool",
              "rms_norm", "silu", "swiglu"}  # fmt: skip

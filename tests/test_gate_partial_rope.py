@@ -1,0 +1,107 @@
+"""Two options of issue 38, each a step (or two) and a pair of the one module:
+
+- partial_rotary_factor: RoPE turns the first int(d · factor) features of each head (Hugging Face's name: Phi,
+  StableLM, Qwen3-Next's 0.25). Against transformers' ``apply_rotary_pos_emb`` with cos, sin that wide.
+
+Each also gradient-checked by central differences, on every kernel, with recompute=True and decoding with a KV cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import directional_errors, grad_check_self_attention
+
+from mha_numpy import KVCache, MultiHeadAttention, kernels, masks, steps
+from mha_numpy import functional as F
+
+torch = pytest.importorskip("torch")
+qwen3_next = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+Qwen3NextConfig = pytest.importorskip("transformers").Qwen3NextConfig
+
+KERNELS = {"vectorized": {}, "naive": {}, "chunked": dict(block_size=2, num_threads=2)}
+STEPS = {"partial": dict(partial_rotary_factor=0.5), "both": dict(partial_rotary_factor=0.5, qk_norm=True)}
+B, H, HKV, D, L, THETA = 2, 4, 2, 4, 5, 30.0
+E = H * D
+
+
+def make(step, impl, **kw):
+    mha = MultiHeadAttention(E, H, num_kv_heads=HKV, rope_theta=THETA, rng=0,
+                             impl=kernels.get_kernel(impl, **KERNELS[impl]), **{**STEPS[step], **kw})  # fmt: skip
+    rng = np.random.default_rng(1)
+    for name, p in mha.params.items():  # nonzero biases, norm weights away from 1
+        p[...] = rng.normal(1.0 if name.endswith("_norm") else 0.0, 0.5, p.shape) if p.ndim == 1 else p
+    return mha
+
+
+def cos_sin(positions, rotary_dim):
+    """Hugging Face's default RoPE (``compute_default_rope_parameters`` and the rotary embedding's forward) in
+    float64: inv_freq = 1 / theta^(arange(0, r, 2) / r), emb = [freqs, freqs]. -> cos, sin (1, L, r)."""
+    inv_freq = 1.0 / THETA ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    freqs = torch.as_tensor(positions, dtype=torch.float64)[None, :, None] * inv_freq  # (1, L, r/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (1, L, r)
+    return emb.cos(), emb.sin()
+
+
+# --------------------------------------------------------------------------- partial rotary, against transformers
+
+
+def test_partial_rope_matches_transformers_apply_rotary_pos_emb(rng):
+    """Qwen3-Next's factor 0.25 of d = 16 (4 features turned), at given positions, on queries and keys."""
+    d, r = 16, 4
+    q, k = rng.standard_normal((B, H, L, d)), rng.standard_normal((B, HKV, L, d))
+    positions = np.array([3, 0, 7, 2, 9])
+    cos, sin = cos_sin(positions, r)
+    q_ref, k_ref = qwen3_next.apply_rotary_pos_emb(torch.tensor(q), torch.tensor(k), cos, sin)
+    q_ours, k_ours = (F.partial_rope_forward(a, positions, THETA, r)[0] for a in (q, k))
+    assert np.abs(q_ours - q_ref.numpy()).max() <= 1e-14 and np.abs(k_ours - k_ref.numpy()).max() <= 1e-14
+    assert np.array_equal(q_ours[..., r:], q[..., r:])  # the rest of each head passes through
+    full = F.partial_rope_forward(q, positions, THETA, d)[0]  # all of it: RoPE itself
+    assert np.array_equal(full, F.rope_forward(q, positions, THETA)[0])
+
+
+# --------------------------------------------------------------------------- both, on every kernel
+
+
+@pytest.mark.parametrize("impl", list(KERNELS))
+@pytest.mark.parametrize("step", ["partial"])
+def test_central_differences(step, impl, rng):
+    """Entry by entry on the vectorized kernel; along a random direction per input and parameter on the others."""
+    mha, x = make(step, impl), rng.standard_normal((B, L, E))
+    if impl == "vectorized":
+        grad_check_self_attention(mha, x, masks.causal_mask(L))
+    else:
+        errors = directional_errors(mha, x, dict(mask=masks.causal_mask(L)), rng)
+        assert max(errors.values()) <= 1e-7, errors
+
+
+@pytest.mark.parametrize("impl", list(KERNELS))
+@pytest.mark.parametrize("step", list(STEPS))
+def test_recompute_and_decoding(step, impl, rng):
+    default, lean = make(step, impl), make(step, impl, recompute=True)
+    x = rng.standard_normal((B, L, E))
+    out, cache = default.forward(x, x, x, mask=masks.causal_mask(L))
+    out_r, cache_r = lean.forward(x, x, x, mask=masks.causal_mask(L))
+    d_out = rng.standard_normal(out.shape)
+    grads, grads_r = default.backward(d_out, cache), lean.backward(d_out, cache_r)
+    largest = max(np.abs(g).max() for g in grads.values())
+    assert np.abs(out_r - out).max() <= 1e-13 * np.abs(out).max()
+    assert all(np.abs(grads[n] - grads_r[n]).max() <= 1e-13 * largest for n in grads)
+    kv = KVCache()
+    steps = [default.forward(x[:, t : t + 1], x[:, t : t + 1], x[:, t : t + 1], kv_cache=kv)[0] for t in range(L)]
+    assert np.abs(np.concatenate(steps, axis=1) - out).max() <= 1e-12 * np.abs(out).max()
+
+
+def test_the_options_change_the_output_and_bad_values_are_refused():
+    x = np.random.default_rng(3).standard_normal((B, L, E))
+    full, half = make("partial", "vectorized", partial_rotary_factor=1.0), make("partial", "vectorized")
+    assert np.abs(full.forward(x, x, x)[0] - half.forward(x, x, x)[0]).max() > 1e-3
+    single = MultiHeadAttention(E, H, rope_theta=THETA, partial_rotary_factor=0.5, dtype=np.float32)
+    out, cache = single.forward(*[x.astype(np.float32)] * 3)
+    assert out.dtype == np.float32 and all(g.dtype == np.float32 for g in single.backward(out, cache).values())
+    for factor, match in ((0.0, "positive"), (1.5, r"\(0, 1\]"), (0.25, "even"), (True, "positive")):
+        with pytest.raises(ValueError, match=f"partial_rotary_factor.*{match}"):
+            MultiHeadAttention(E, H, rope_theta=THETA, partial_rotary_factor=factor)  # d = 4: 0.25 turns 1
+    latent = steps.OPTIONS["kv_lora_rank"].example
+    with pytest.raises(ValueError, match="partial_rotary_factor=0.5 with kv_lora_rank"):
+        MultiHeadAttention(E, H, partial_rotary_factor=0.5, **latent)
