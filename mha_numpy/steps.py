@@ -3,6 +3,7 @@ step list of a call from the options (``build_steps``).
 
     Project     q, k, v = query W_qᵀ + b_q, key W_kᵀ + b_k, value W_vᵀ + b_v    (B, Lq, E), (B, Lk, Ekv) × 2
     Split       Q (B, H, Lq, d), K, V (B, Hkv, Lk, d)
+    [GateQuery] Q (B, H, Lq, d): each head's first half of q's 2d features, the second its gate (Qwen3-Next)
     [QKNorm]    Q, K normalised per head (RMSNorm with learned weights)
     [Rope]      Q, K turned by the angles of their positions (the first int(d · partial_rotary_factor) features)
     [AppendToCache]  K, V appended to the KV cache: (B, Hkv, cached + Lk, d), causal within the call
@@ -17,6 +18,7 @@ step list of a call from the options (``build_steps``).
     RepeatKV    K, V shared by the query heads: (B, H, Lk, d)
     Attend      context = softmax(Q Kᵀ · scale + score terms + mask) V, by the kernel    (B, H, Lq, d)
     [DiffCombine]    heads p and p + H/2: (1 − λ_init) · RMSNorm(C_p − λ C_{p+H/2}), (B, H/2, Lq, 2d)
+    [OutputGate]     context · sigmoid(gate), the gate each head's second half of q (Qwen3-Next)
     Merge       merged (B, Lq, E)
     OutProject  output = merged W_oᵀ + b_o    (B, Lq, E)
 
@@ -173,8 +175,9 @@ class AttentionConfig:
 
     @property
     def q_dim(self) -> int:
-        """H · d, the width of the query projection (E unless head_dim is given; H · dqk in MLA)."""
-        return self.num_heads * self.head_dim
+        """H · d, the width of the query projection (E unless head_dim is given; H · dqk in MLA; 2 · H · d with
+        output_gate: each head's [query | gate], Qwen3-Next's q_proj)."""
+        return self.num_heads * self.head_dim * (2 if self.output_gate else 1)
 
     @property
     def qk_head_dim(self) -> int:
@@ -310,6 +313,13 @@ def _diff_attention(value, name, o):
             f"diff_attention needs an even num_kv_heads (key/value heads j and j + Hkv/2 make a pair's keys and "
             f"values, as in Hugging Face DiffLlama), got num_kv_heads={o['num_kv_heads']}"
         )
+    return bool(value)
+
+
+def _output_gate(value, name, o):
+    if as_bool(value, name) and o["diff_attention"]:
+        raise ValueError("output_gate with diff_attention is not supported: the gate has one half-head per query "
+                         "head, and differential attention joins heads p and p + H/2 into one")  # fmt: skip
     return bool(value)
 
 
@@ -472,9 +482,29 @@ class Split(Step):
         f.V, s["v_split"] = F.split_heads_forward(f.v, f.Hkv, check=False)  # F3: (B, Hkv, Lk, d)
 
     def backward(self, g, s):
-        g.q = F.split_heads_backward(g.Q, s["q_split"])  # ← F1: (B, Lq, E)
+        dq = F.split_heads_backward(g.Q, s["q_split"])  # ← F1: (B, Lq, E)
+        g.q = dq if g.q is None else dq + g.q  # q read by OutputGate too (its gate): the gradients add
         g.k = F.split_heads_backward(g.K, s["k_split"])  # ← F2: (B, Lk, Ekv)
         g.v = F.split_heads_backward(g.V, s["v_split"])  # ← F3: (B, Lk, Ekv)
+
+
+class GateQuery(Step):
+    """Each head's query: the first d of its 2d features, the rest its output gate (Qwen3-Next; see OutputGate)."""
+
+    reads, writes = ("Q",), ("Q",)
+
+    option = "output_gate"
+    names = ("gate_query",)
+    place = 25
+    options = {"output_gate": Option(False, _output_gate, example={"output_gate": True})}
+    latent = False
+    not_latent = "latent attention's queries come from their own projections, with no gate half"
+
+    def forward(self, f, s):
+        f.Q, s["gate_query"] = F.gate_query_forward(f.Q, check=False)  # F1: (B, H, Lq, 2d) -> (B, H, Lq, d)
+
+    def backward(self, g, s):
+        g.Q = F.gate_query_backward(g.Q, s["gate_query"])  # ← F1: (B, H, Lq, 2d), 0 on the gate's half
 
 
 class QKNorm(Step):
@@ -827,6 +857,24 @@ class DiffCombine(Step):
         g.context, d_lam = F.diff_combine_backward(g.context, s["diff_combine"])  # ← F2: (B, H, Lq, 2d), ()
         d_q1, d_k1, d_q2, d_k2 = F.diff_lambda_backward(d_lam, s["diff_lambda"])  # ← F1: (d,) each
         g.P["lambda_q1"], g.P["lambda_k1"], g.P["lambda_q2"], g.P["lambda_k2"] = d_q1, d_k1, d_q2, d_k2
+
+
+class OutputGate(Step):
+    """The heads' contexts gated, context · sigmoid(gate), gate: each head's second half of q (Qwen3-Next)."""
+
+    reads, writes = ("context", "q"), ("context",)
+
+    option = "output_gate"
+    names = ("output_gate",)
+    place = 87
+    latent = False
+    not_latent = GateQuery.not_latent
+
+    def forward(self, f, s):
+        f.context, s["output_gate"] = F.output_gate_forward(f.context, f.q, check=False)  # F1: (B, H, Lq, d)
+
+    def backward(self, g, s):
+        g.context, g.q = F.output_gate_backward(g.context, s["output_gate"])  # ← F1: (B, H, Lq, d), (B, Lq, 2·H·d)
 
 
 class RepeatKV(Step):

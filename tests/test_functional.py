@@ -212,6 +212,8 @@ def test_check_functional_covers_every_pair():
         "diff_combine",
         "merge_attention",
         "partial_rope",
+        "gate_query",
+        "output_gate",
     }
     block = {"add", "embedding", "bert_embeddings", "layer_norm", "gelu", "gelu_tanh", "feed_forward", "mean_pool",
              "rms_norm", "silu", "swiglu"}  # fmt: skip

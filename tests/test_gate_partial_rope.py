@@ -1,5 +1,8 @@
 """Two options of issue 38, each a step (or two) and a pair of the one module:
 
+- output_gate=True: Qwen3-Next's sigmoid gate on the attention output. q_proj is 2·H·d wide, each head's features
+  [query | gate]; output = o_proj(context · sigmoid(gate)). Against transformers' ``Qwen3NextAttention`` in float64
+  (sdpa: its eager path takes the softmax in float32).
 - partial_rotary_factor: RoPE turns the first int(d · factor) features of each head (Hugging Face's name: Phi,
   StableLM, Qwen3-Next's 0.25). Against transformers' ``apply_rotary_pos_emb`` with cos, sin that wide.
 
@@ -20,7 +23,11 @@ qwen3_next = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_
 Qwen3NextConfig = pytest.importorskip("transformers").Qwen3NextConfig
 
 KERNELS = {"vectorized": {}, "naive": {}, "chunked": dict(block_size=2, num_threads=2)}
-STEPS = {"partial": dict(partial_rotary_factor=0.5), "both": dict(partial_rotary_factor=0.5, qk_norm=True)}
+STEPS = {
+    "gate": dict(output_gate=True),
+    "partial": dict(partial_rotary_factor=0.5),
+    "both": dict(output_gate=True, partial_rotary_factor=0.5, qk_norm=True),
+}
 B, H, HKV, D, L, THETA = 2, 4, 2, 4, 5, 30.0
 E = H * D
 
@@ -41,6 +48,54 @@ def cos_sin(positions, rotary_dim):
     freqs = torch.as_tensor(positions, dtype=torch.float64)[None, :, None] * inv_freq  # (1, L, r/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (1, L, r)
     return emb.cos(), emb.sin()
+
+
+# --------------------------------------------------------------------------- the output gate, against Qwen3-Next
+
+
+def qwen3_next_attention(mha):
+    """transformers' Qwen3NextAttention (eager, float64) with the module's weights."""
+    config = Qwen3NextConfig(hidden_size=E, num_attention_heads=H, num_key_value_heads=HKV, head_dim=D,
+                             attention_bias=True, rms_norm_eps=mha.qk_norm_eps, attention_dropout=0.0,
+                             rope_parameters={"rope_type": "default", "rope_theta": THETA,
+                                              "partial_rotary_factor": mha.partial_rotary_factor})  # fmt: skip
+    config._attn_implementation = "sdpa"  # eager takes its softmax in float32; sdpa keeps float64
+    ref = qwen3_next.Qwen3NextAttention(config, layer_idx=0).double()
+    P = {n: torch.tensor(p) for n, p in mha.params.items()}
+    with torch.no_grad():
+        for ours, theirs in (("q", ref.q_proj), ("k", ref.k_proj), ("v", ref.v_proj), ("o", ref.o_proj)):
+            theirs.weight.copy_(P[f"W_{ours}"])  # W_q (2·H·d, E): head h's rows [query_h | gate_h], as q_proj's
+            theirs.bias.copy_(P[f"b_{ours}"])
+        for norm in (ref.q_norm, ref.k_norm):
+            norm.weight.copy_(P[norm is ref.q_norm and "q_norm" or "k_norm"] - 1.0)  # theirs scales by 1 + weight
+            # Qwen3NextRMSNorm computes in float32 (x.float()); its own formula, in the tensor's float64:
+            norm.forward = lambda x, n=norm: n._norm(x) * (1.0 + n.weight)
+    return ref
+
+
+@pytest.mark.parametrize("impl", list(KERNELS))
+def test_output_gate_matches_qwen3_next_attention_with_every_gradient(impl, rng):
+    """Output and every gradient (input, the four projections' weights and biases, the two norms) of the module with
+    output_gate, qk_norm and partial_rotary_factor=0.5 against Qwen3NextAttention's under torch autograd."""
+    mha = make("both", impl)
+    ref = qwen3_next_attention(mha)
+    x, d_out = rng.standard_normal((B, L, E)), rng.standard_normal((B, L, E))
+    out, cache = mha.forward(x, x, x, mask=masks.causal_mask(L))
+    grads = mha.backward(d_out, cache)
+    xt = torch.tensor(x, requires_grad=True)
+    causal = torch.triu(torch.full((L, L), -torch.inf, dtype=torch.float64), 1)[None, None]  # (1, 1, L, L)
+    out_ref, _ = ref(xt, position_embeddings=cos_sin(np.arange(L), D // 2), attention_mask=causal)
+    out_ref.backward(torch.tensor(d_out))
+    assert np.abs(out - out_ref.detach().numpy()).max() <= 1e-10
+    theirs = {f"W_{n}": getattr(ref, f"{n}_proj").weight.grad for n in "qkvo"}
+    theirs.update({f"b_{n}": getattr(ref, f"{n}_proj").bias.grad for n in "qkvo"})
+    theirs.update(q_norm=ref.q_norm.weight.grad, k_norm=ref.k_norm.weight.grad, x=xt.grad)
+    ours = {**grads, "x": grads["query"] + grads["key"] + grads["value"]}
+    assert set(theirs) == set(mha.params) | {"x"}
+    for name, g in theirs.items():
+        assert np.abs(ours[name] - g.numpy()).max() <= 1e-10, name
+    gate_rows = (np.arange(2 * H * D) // D) % 2 == 1  # head h's rows 2hd + d ... 2hd + 2d - 1: its gate
+    assert np.abs(grads["W_q"][gate_rows]).max() > 1e-3  # the gate's half learns (its gradient reaches q)
 
 
 # --------------------------------------------------------------------------- partial rotary, against transformers
@@ -64,7 +119,7 @@ def test_partial_rope_matches_transformers_apply_rotary_pos_emb(rng):
 
 
 @pytest.mark.parametrize("impl", list(KERNELS))
-@pytest.mark.parametrize("step", ["partial"])
+@pytest.mark.parametrize("step", ["gate", "partial"])
 def test_central_differences(step, impl, rng):
     """Entry by entry on the vectorized kernel; along a random direction per input and parameter on the others."""
     mha, x = make(step, impl), rng.standard_normal((B, L, E))
@@ -96,12 +151,17 @@ def test_the_options_change_the_output_and_bad_values_are_refused():
     x = np.random.default_rng(3).standard_normal((B, L, E))
     full, half = make("partial", "vectorized", partial_rotary_factor=1.0), make("partial", "vectorized")
     assert np.abs(full.forward(x, x, x)[0] - half.forward(x, x, x)[0]).max() > 1e-3
-    single = MultiHeadAttention(E, H, rope_theta=THETA, partial_rotary_factor=0.5, dtype=np.float32)
+    assert MultiHeadAttention(E, H, output_gate=True).params["W_q"].shape == (2 * E, E)
+    single = MultiHeadAttention(E, H, output_gate=True, rope_theta=THETA, partial_rotary_factor=0.5, dtype=np.float32)
     out, cache = single.forward(*[x.astype(np.float32)] * 3)
     assert out.dtype == np.float32 and all(g.dtype == np.float32 for g in single.backward(out, cache).values())
     for factor, match in ((0.0, "positive"), (1.5, r"\(0, 1\]"), (0.25, "even"), (True, "positive")):
         with pytest.raises(ValueError, match=f"partial_rotary_factor.*{match}"):
             MultiHeadAttention(E, H, rope_theta=THETA, partial_rotary_factor=factor)  # d = 4: 0.25 turns 1
+    with pytest.raises(ValueError, match="output_gate with diff_attention"):
+        MultiHeadAttention(E, H, num_kv_heads=2, output_gate=True, diff_attention=True)
     latent = steps.OPTIONS["kv_lora_rank"].example
+    with pytest.raises(ValueError, match="output_gate with kv_lora_rank"):
+        MultiHeadAttention(E, H, output_gate=True, **latent)._plan(kv_cache=False)
     with pytest.raises(ValueError, match="partial_rotary_factor=0.5 with kv_lora_rank"):
         MultiHeadAttention(E, H, partial_rotary_factor=0.5, **latent)
