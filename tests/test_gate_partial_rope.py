@@ -53,14 +53,18 @@ def cos_sin(positions, rotary_dim):
 # --------------------------------------------------------------------------- the output gate, against Qwen3-Next
 
 
-def qwen3_next_attention(mha):
-    """transformers' Qwen3NextAttention (eager, float64) with the module's weights."""
+def qwen3_next_attention(mha, lifted=True):
+    """transformers' Qwen3NextAttention with the module's weights, in the module's dtype. lifted: its float32 casts
+    lifted (sdpa, whose softmax stays in the dtype, and its RMSNorm's formula without x.float()); else as shipped
+    (eager, softmax and norms in float32)."""
     config = Qwen3NextConfig(hidden_size=E, num_attention_heads=H, num_key_value_heads=HKV, head_dim=D,
                              attention_bias=True, rms_norm_eps=mha.qk_norm_eps, attention_dropout=0.0,
                              rope_parameters={"rope_type": "default", "rope_theta": THETA,
                                               "partial_rotary_factor": mha.partial_rotary_factor})  # fmt: skip
-    config._attn_implementation = "sdpa"  # eager takes its softmax in float32; sdpa keeps float64
-    ref = qwen3_next.Qwen3NextAttention(config, layer_idx=0).double()
+    config._attn_implementation = "sdpa" if lifted else "eager"  # eager takes its softmax in float32
+    ref = qwen3_next.Qwen3NextAttention(config, layer_idx=0).to(
+        torch.float64 if mha.dtype == np.float64 else torch.float32
+    )
     P = {n: torch.tensor(p) for n, p in mha.params.items()}
     with torch.no_grad():
         for ours, theirs in (("q", ref.q_proj), ("k", ref.k_proj), ("v", ref.v_proj), ("o", ref.o_proj)):
@@ -68,8 +72,8 @@ def qwen3_next_attention(mha):
             theirs.bias.copy_(P[f"b_{ours}"])
         for norm in (ref.q_norm, ref.k_norm):
             norm.weight.copy_(P[norm is ref.q_norm and "q_norm" or "k_norm"] - 1.0)  # theirs scales by 1 + weight
-            # Qwen3NextRMSNorm computes in float32 (x.float()); its own formula, in the tensor's float64:
-            norm.forward = lambda x, n=norm: n._norm(x) * (1.0 + n.weight)
+            if lifted:  # Qwen3NextRMSNorm computes in float32 (x.float()); its own formula, in the tensor's dtype:
+                norm.forward = lambda x, n=norm: n._norm(x) * (1.0 + n.weight)
     return ref
 
 
@@ -80,11 +84,14 @@ def test_output_gate_matches_qwen3_next_attention_with_every_gradient(impl, rng)
     mha = make("both", impl)
     ref = qwen3_next_attention(mha)
     x, d_out = rng.standard_normal((B, L, E)), rng.standard_normal((B, L, E))
-    out, cache = mha.forward(x, x, x, mask=masks.causal_mask(L))
+    allowed = np.broadcast_to(masks.causal_mask(L), (B, 1, L, L)).copy()
+    allowed[1, ..., 0] = False  # batch element 1's first key is padding (every row keeps its own key)
+    allowed[1, 0, 0, 0] = True
+    out, cache = mha.forward(x, x, x, mask=allowed)
     grads = mha.backward(d_out, cache)
     xt = torch.tensor(x, requires_grad=True)
-    causal = torch.triu(torch.full((L, L), -torch.inf, dtype=torch.float64), 1)[None, None]  # (1, 1, L, L)
-    out_ref, _ = ref(xt, position_embeddings=cos_sin(np.arange(L), D // 2), attention_mask=causal)
+    additive = torch.tensor(np.where(allowed, 0.0, -np.inf))  # (B, 1, L, L)
+    out_ref, _ = ref(xt, position_embeddings=cos_sin(np.arange(L), D // 2), attention_mask=additive)
     out_ref.backward(torch.tensor(d_out))
     assert np.abs(out - out_ref.detach().numpy()).max() <= 1e-10
     theirs = {f"W_{n}": getattr(ref, f"{n}_proj").weight.grad for n in "qkvo"}
@@ -96,6 +103,24 @@ def test_output_gate_matches_qwen3_next_attention_with_every_gradient(impl, rng)
         assert np.abs(ours[name] - g.numpy()).max() <= 1e-10, name
     gate_rows = (np.arange(2 * H * D) // D) % 2 == 1  # head h's rows 2hd + d ... 2hd + 2d - 1: its gate
     assert np.abs(grads["W_q"][gate_rows]).max() > 1e-3  # the gate's half learns (its gradient reaches q)
+
+
+def test_output_gate_against_qwen3_next_as_shipped_and_in_float32(rng):
+    """As shipped (eager, softmax and RMSNorm in float32 inside a float64 module) the gap is that of float32, ~1e-8
+    at these sizes; in float32 both agree to 1e-5."""
+    x = rng.standard_normal((B, L, E))
+    causal = torch.triu(torch.full((L, L), -torch.inf, dtype=torch.float64), 1)[None, None]  # (1, 1, L, L)
+    cos, sin = cos_sin(np.arange(L), D // 2)
+    mha = make("both", "vectorized")
+    shipped = qwen3_next_attention(mha, lifted=False)(torch.tensor(x), (cos, sin), causal)[0].detach().numpy()
+    gap = np.abs(mha.forward(x, x, x, mask=masks.causal_mask(L))[0] - shipped).max()
+    assert 1e-12 < gap <= 1e-6, gap  # the float32 casts show, and only they
+    single = make("both", "vectorized", dtype=np.float32)
+    single.params.update({n: p.astype(np.float32) for n, p in mha.params.items()})
+    ref = qwen3_next_attention(single, lifted=False)
+    out_ref = ref(torch.tensor(x, dtype=torch.float32), (cos.float(), sin.float()), causal.float())[0]
+    out = single.forward(*[x.astype(np.float32)] * 3, mask=masks.causal_mask(L))[0]
+    assert out.dtype == np.float32 and np.abs(out - out_ref.detach().numpy()).max() <= 1e-5
 
 
 # --------------------------------------------------------------------------- partial rotary, against transformers
