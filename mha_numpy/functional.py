@@ -505,6 +505,37 @@ def rope_backward(d_out: np.ndarray, cache):
     return d_out * cos - rotate_half(d_out) * sin  # ← F1
 
 
+def partial_rope_forward(x: np.ndarray, positions=None, theta: float = 10000.0, rotary_dim=None, check: bool = True):
+    """RoPE on the first ``rotary_dim`` features of each head, the rest passed through (Hugging Face's
+    ``partial_rotary_factor``: Phi, StableLM, GPT-NeoX's rotary_pct, Qwen3-Next; ``apply_rotary_pos_emb`` with cos
+    and sin ``rotary_dim`` wide). Within the turned part the pairs are (i, i + rotary_dim/2), as ``rope_forward``.
+
+    x: (B, H, L, d)   rotary_dim: even, 2 ... d (None: d, all of it)   ->   out: (B, H, L, d)
+    """
+    if check:
+        x = as_float_array(x, "x", ndim=4)
+        r = x.shape[-1] if rotary_dim is None else as_int(rotary_dim, "rotary_dim", minimum=2)
+        if r % 2 or r > x.shape[-1]:
+            raise ValueError(f"rotary_dim={r} must be even and at most the head dim {x.shape[-1]} (x {x.shape})")
+        _check_rope(x[..., :r], positions, theta)
+    r = x.shape[-1] if rotary_dim is None else rotary_dim
+    if r == x.shape[-1]:  # all of it: RoPE itself, no copy
+        out, (cos, sin) = rope_forward(x, positions, theta, check=check)  # F1: (B, H, L, d)
+        return out, (cos, sin, r)
+    turned, (cos, sin) = rope_forward(x[..., :r], positions, theta, check=False)  # F1: (B, H, L, r)
+    out = np.concatenate([turned, x[..., r:]], axis=-1)  # F2: (B, H, L, r) + (B, H, L, d - r) -> (B, H, L, d)
+    return out, (cos, sin, r)
+
+
+def partial_rope_backward(d_out: np.ndarray, cache):
+    """d_out: (B, H, L, d) -> dx: (B, H, L, d): the turned part turned back, the rest passed through."""
+    cos, sin, r = cache
+    if r == d_out.shape[-1]:
+        return rope_backward(d_out, (cos, sin))  # ← F1
+    d_turned = rope_backward(d_out[..., :r], (cos, sin))  # ← F2, ← F1: (B, H, L, r)
+    return np.concatenate([d_turned, d_out[..., r:]], axis=-1)  # (B, H, L, d)
+
+
 def rope_interleaved_forward(x: np.ndarray, positions=None, theta: float = 10000.0, check: bool = True):
     """RoPE on features paired as (0, 1), (2, 3), ... (DeepSeek's layout; HF's ``apply_rotary_pos_emb_interleave``).
 
@@ -1110,3 +1141,57 @@ def merge_attention_backward(d_context: np.ndarray, cache, d_lse: np.ndarray | N
         row_dot -= d_lse  # ← F2: ∂ lse / ∂ lse_s = w_s, folded into the row term
     d_lses = w * (dp - row_dot)  # ← F3, F1: (S, B, H, Lq) w_s (dp_s - (Σ w dp - d_lse))
     return d_contexts, list(d_lses)
+
+
+# --------------------------------------------------------------------------- the output gate (Qwen3-Next)
+
+
+def gate_query_forward(x: np.ndarray, check: bool = True):
+    """Each head's query: the first half of its 2d features, the second half being its gate (Qwen3-Next's q_proj,
+    viewed (B, L, H, 2d) and chunked in two on the last axis).
+
+    x: (B, H, L, 2d)   ->   out: (B, H, L, d), a view.
+    """
+    if check:
+        x = as_float_array(x, "x", ndim=4)
+        if x.shape[-1] % 2:
+            raise ValueError(f"x with shape {x.shape}: each head's features are [query | gate], an even number")
+    d = x.shape[-1] // 2
+    return x[..., :d], x.shape  # F1: (B, H, L, d)
+
+
+def gate_query_backward(d_out: np.ndarray, cache):
+    """d_out: (B, H, L, d) -> dx: (B, H, L, 2d), zero on the gate's half (its gradient comes by ``output_gate``)."""
+    dx = np.zeros(cache, dtype=d_out.dtype)  # (B, H, L, 2d)
+    dx[..., : d_out.shape[-1]] = d_out  # ← F1
+    return dx
+
+
+def output_gate_forward(x: np.ndarray, q: np.ndarray, check: bool = True):
+    """The heads' contexts gated by the second half of each head's query projection: x · sigmoid(gate) (Qwen3-Next).
+
+    x: (B, H, L, d) the contexts   q: (B, L, H·2d) the query projection, head h's features [query_h | gate_h]
+    ->   out: (B, H, L, d). sigmoid(g) = (1 + tanh(g / 2)) / 2, which overflows nowhere.
+    """
+    if check:
+        x = as_float_array(x, "x", ndim=4)
+        q = as_float_array(q, "q", ndim=3)
+        B, H, L, d = x.shape
+        if q.shape != (B, L, 2 * H * d):
+            raise ValueError(f"q with shape {q.shape} must be (B, L, 2·H·d) = {(B, L, 2 * H * d)} for x {x.shape}")
+    B, H, L, d = x.shape
+    gate = q.reshape(B, L, H, 2 * d)[..., d:]  # F1: (B, L, H, d), each head's second half
+    gate = gate.transpose(0, 2, 1, 3)  # F2: (B, H, L, d)
+    s = 0.5 * (1.0 + np.tanh(0.5 * gate))  # F3: sigmoid(gate), (B, H, L, d)
+    return x * s, (x, s)  # F4: (B, H, L, d)
+
+
+def output_gate_backward(d_out: np.ndarray, cache):
+    """d_out: (B, H, L, d) -> (dx (B, H, L, d), dq (B, L, H·2d), zero on the queries' halves)."""
+    x, s = cache
+    B, H, L, d = x.shape
+    dx = d_out * s  # ← F4
+    d_gate = d_out * x * s * (1.0 - s)  # ← F4, ← F3: sigmoid' = s (1 − s)
+    dq = np.zeros((B, L, H, 2 * d), dtype=d_out.dtype)  # (B, L, H, 2d)
+    dq[..., d:] = d_gate.transpose(0, 2, 1, 3)  # ← F2, ← F1: (B, L, H, d) into each head's second half
+    return dx, dq.reshape(B, L, 2 * H * d)

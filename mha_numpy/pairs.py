@@ -475,6 +475,22 @@ def diff_combine_sample(s: Sizes, rng):
     return [Case("diff_combine", [("context", context), ("lam", lam), ("lambda_init", 0.47), ("eps", 1e-5)])]
 
 
+def partial_rope_sample(s: Sizes, rng):
+    """check_functional's case of ``partial_rope``: x (B, H, Lq, 2d + 1), its first 2 features turned, theta 100."""
+    x = _randn(rng, s.B, s.H, s.Lq, 2 * s.d + 1)
+    return [Case("partial_rope", [("x", x), ("positions", None), ("theta", 100.0), ("rotary_dim", 2)])]
+
+
+def gate_query_sample(s: Sizes, rng):
+    """check_functional's case of ``gate_query``: x (B, H, Lq, 2d)."""
+    return [Case("gate_query", [("x", _randn(rng, s.B, s.H, s.Lq, 2 * s.d))])]
+
+
+def output_gate_sample(s: Sizes, rng):
+    """check_functional's case of ``output_gate``: x (B, H, Lq, d), q (B, Lq, 2·H·d) with gates of both signs."""
+    return [Case("output_gate", [("x", _randn(rng, s.B, s.H, s.Lq, s.d)), ("q", 2 * _randn(rng, s.B, s.Lq, 2 * s.E))])]
+
+
 def merge_attention_sample(s: Sizes, rng):
     """Three partials over disjoint key sets, one of them empty for a row (lse -inf, context 0): stacked arrays
     (S, B, H, Lq, ·), so that each entry can be perturbed. No row is empty for all (its lse -inf has no
@@ -665,6 +681,9 @@ PAIRS: list[Pair] = [
         ("context", "lam"),
         sample=diff_combine_sample,
     ),
+    Pair("partial_rope", F.partial_rope_forward, F.partial_rope_backward, ("x",), sample=partial_rope_sample),
+    Pair("gate_query", F.gate_query_forward, F.gate_query_backward, ("x",), sample=gate_query_sample),
+    Pair("output_gate", F.output_gate_forward, F.output_gate_backward, ("x", "q"), sample=output_gate_sample),
     Pair(
         "merge_attention",
         F.merge_attention_forward,

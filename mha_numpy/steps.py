@@ -3,8 +3,9 @@ step list of a call from the options (``build_steps``).
 
     Project     q, k, v = query W_qᵀ + b_q, key W_kᵀ + b_k, value W_vᵀ + b_v    (B, Lq, E), (B, Lk, Ekv) × 2
     Split       Q (B, H, Lq, d), K, V (B, Hkv, Lk, d)
+    [GateQuery] Q (B, H, Lq, d): each head's first half of q's 2d features, the second its gate (Qwen3-Next)
     [QKNorm]    Q, K normalised per head (RMSNorm with learned weights)
-    [Rope]      Q, K turned by the angles of their positions
+    [Rope]      Q, K turned by the angles of their positions (the first int(d · partial_rotary_factor) features)
     [AppendToCache]  K, V appended to the KV cache: (B, Hkv, cached + Lk, d), causal within the call
     [HeadTemperature]  the scores · exp(t_h), a learned temperature per head      } score terms: ``ScoreTerm``s,
     [RelativeBias]   a learned term for the scores, by head and clipped distance   } applied by every kernel to the
@@ -17,6 +18,7 @@ step list of a call from the options (``build_steps``).
     RepeatKV    K, V shared by the query heads: (B, H, Lk, d)
     Attend      context = softmax(Q Kᵀ · scale + score terms + mask) V, by the kernel    (B, H, Lq, d)
     [DiffCombine]    heads p and p + H/2: (1 − λ_init) · RMSNorm(C_p − λ C_{p+H/2}), (B, H/2, Lq, 2d)
+    [OutputGate]     context · sigmoid(gate), the gate each head's second half of q (Qwen3-Next)
     Merge       merged (B, Lq, E)
     OutProject  output = merged W_oᵀ + b_o    (B, Lq, E)
 
@@ -173,8 +175,9 @@ class AttentionConfig:
 
     @property
     def q_dim(self) -> int:
-        """H · d, the width of the query projection (E unless head_dim is given; H · dqk in MLA)."""
-        return self.num_heads * self.head_dim
+        """H · d, the width of the query projection (E unless head_dim is given; H · dqk in MLA; 2 · H · d with
+        output_gate: each head's [query | gate], Qwen3-Next's q_proj)."""
+        return self.num_heads * self.head_dim * (2 if self.output_gate else 1)
 
     @property
     def qk_head_dim(self) -> int:
@@ -311,6 +314,27 @@ def _diff_attention(value, name, o):
             f"values, as in Hugging Face DiffLlama), got num_kv_heads={o['num_kv_heads']}"
         )
     return bool(value)
+
+
+def _output_gate(value, name, o):
+    if as_bool(value, name) and o["diff_attention"]:
+        raise ValueError("output_gate with diff_attention is not supported: the gate has one half-head per query "
+                         "head, and differential attention joins heads p and p + H/2 into one")  # fmt: skip
+    return bool(value)
+
+
+def _partial_rotary_factor(value, name, o):
+    factor = _positive(value, name, o)
+    if factor > 1:
+        raise ValueError(f"{name} must be in (0, 1], the fraction of each head RoPE turns, got {value!r}")
+    if factor != 1 and o["kv_lora_rank"] is not None:
+        raise ValueError(f"{name}={value!r} with kv_lora_rank: latent attention turns its qk_rope_head_dim part; "
+                         "give that")  # fmt: skip
+    turned = int(o["head_dim"] * factor)  # as Hugging Face: int(head_dim * partial_rotary_factor)
+    if factor != 1 and o["rope_theta"] is not None and (turned < 2 or turned % 2):  # 1: all d, rope_theta's check
+        raise ValueError(f"{name}={value!r} turns int({o['head_dim']} · {value!r}) = {turned} features of each "
+                         "head: RoPE turns pairs, so it must be even and at least 2")  # fmt: skip
+    return factor
 
 
 class Step:
@@ -458,9 +482,29 @@ class Split(Step):
         f.V, s["v_split"] = F.split_heads_forward(f.v, f.Hkv, check=False)  # F3: (B, Hkv, Lk, d)
 
     def backward(self, g, s):
-        g.q = F.split_heads_backward(g.Q, s["q_split"])  # ← F1: (B, Lq, E)
+        dq = F.split_heads_backward(g.Q, s["q_split"])  # ← F1: (B, Lq, E)
+        g.q = dq if g.q is None else dq + g.q  # q read by OutputGate too (its gate): the gradients add
         g.k = F.split_heads_backward(g.K, s["k_split"])  # ← F2: (B, Lk, Ekv)
         g.v = F.split_heads_backward(g.V, s["v_split"])  # ← F3: (B, Lk, Ekv)
+
+
+class GateQuery(Step):
+    """Each head's query: the first d of its 2d features, the rest its output gate (Qwen3-Next; see OutputGate)."""
+
+    reads, writes = ("Q",), ("Q",)
+
+    option = "output_gate"
+    names = ("gate_query",)
+    place = 25
+    options = {"output_gate": Option(False, _output_gate, example={"output_gate": True})}
+    latent = False
+    not_latent = "latent attention's queries come from their own projections, with no gate half"
+
+    def forward(self, f, s):
+        f.Q, s["gate_query"] = F.gate_query_forward(f.Q, check=False)  # F1: (B, H, Lq, 2d) -> (B, H, Lq, d)
+
+    def backward(self, g, s):
+        g.Q = F.gate_query_backward(g.Q, s["gate_query"])  # ← F1: (B, H, Lq, 2d), 0 on the gate's half
 
 
 class QKNorm(Step):
@@ -491,6 +535,9 @@ class QKNorm(Step):
         g.Q, g.P["q_norm"] = F.rms_norm_backward(g.Q, s["q_norm"])  # ← F1
 
 
+_PARTIAL = {"rope_theta": 50.0, "partial_rotary_factor": 0.5, "head_dim": 4}  # d = 4: 2 of 4 turned (d = 2: none)
+
+
 class Rope(Step):
     """Q, K turned pair by pair by the angles of their positions (RoPE, Hugging Face Llama's convention)."""
 
@@ -500,8 +547,10 @@ class Rope(Step):
     names = ("q_rope", "k_rope")
     place, family = 40, "mha"
     options = {
-        "rope_theta": Option(None, _rope_theta, example={"rope_theta": 50.0})
-    }  # RoPE's base (latent attention: its rope part's)
+        "rope_theta": Option(None, _rope_theta, example={"rope_theta": 50.0}),  # RoPE's base (MLA: its rope part's)
+        # the fraction of each head turned, its first int(d · factor) features (Hugging Face's name and rule)
+        "partial_rotary_factor": Option(1.0, _partial_rotary_factor, requires="rope_theta", example=_PARTIAL),
+    }
 
     def check(self, f):
         if f.positions is not None:
@@ -510,12 +559,14 @@ class Rope(Step):
             F.check_positions(f.positions, f.B, f.Lq)
 
     def forward(self, f, s):
-        f.Q, s["q_rope"] = F.rope_forward(f.Q, f.pos_q, self.c.rope_theta, check=False)  # F1: (B, H, Lq, d)
-        f.K, s["k_rope"] = F.rope_forward(f.K, f.pos_k, self.c.rope_theta, check=False)  # F2: (B, Hkv, Lk, d)
+        c = self.c
+        turned = int(c.head_dim * c.partial_rotary_factor)  # the first features of each head RoPE turns (all: d)
+        f.Q, s["q_rope"] = F.partial_rope_forward(f.Q, f.pos_q, c.rope_theta, turned, check=False)  # F1: (B, H, Lq, d)
+        f.K, s["k_rope"] = F.partial_rope_forward(f.K, f.pos_k, c.rope_theta, turned, check=False)  # F2
 
     def backward(self, g, s):
-        g.Q = F.rope_backward(g.Q, s["q_rope"])  # ← F1: the inverse rotation
-        g.K = F.rope_backward(g.K, s["k_rope"])  # ← F2
+        g.Q = F.partial_rope_backward(g.Q, s["q_rope"])  # ← F1: the inverse rotation
+        g.K = F.partial_rope_backward(g.K, s["k_rope"])  # ← F2
 
 
 class AppendToCache(Step):
@@ -806,6 +857,24 @@ class DiffCombine(Step):
         g.context, d_lam = F.diff_combine_backward(g.context, s["diff_combine"])  # ← F2: (B, H, Lq, 2d), ()
         d_q1, d_k1, d_q2, d_k2 = F.diff_lambda_backward(d_lam, s["diff_lambda"])  # ← F1: (d,) each
         g.P["lambda_q1"], g.P["lambda_k1"], g.P["lambda_q2"], g.P["lambda_k2"] = d_q1, d_k1, d_q2, d_k2
+
+
+class OutputGate(Step):
+    """The heads' contexts gated, context · sigmoid(gate), gate: each head's second half of q (Qwen3-Next)."""
+
+    reads, writes = ("context", "q"), ("context",)
+
+    option = "output_gate"
+    names = ("output_gate",)
+    place = 87
+    latent = False
+    not_latent = GateQuery.not_latent
+
+    def forward(self, f, s):
+        f.context, s["output_gate"] = F.output_gate_forward(f.context, f.q, check=False)  # F1: (B, H, Lq, d)
+
+    def backward(self, g, s):
+        g.context, g.q = F.output_gate_backward(g.context, s["output_gate"])  # ← F1: (B, H, Lq, d), (B, Lq, 2·H·d)
 
 
 class RepeatKV(Step):
