@@ -37,7 +37,8 @@ class MHACache:
         "q_proj", "k_proj", "v_proj"; "q_split", "k_split", "v_split"; "q_rope", "k_rope" (rope_theta);
         "kv_cache" (the number of positions cached before the call); "rel_bias" (rel_pos_max_distance);
         "bias_k", "bias_v" (add_bias_kv); "zero_k", "zero_v" (add_zero_attn); "diff_values" (diff_attention);
-        "k_repeat", "v_repeat" (grouped-query); "diff_lambda", "diff_combine" (diff_attention); "merge";
+        "k_repeat", "v_repeat" (grouped-query); "diff_lambda", "diff_combine" (diff_attention); "gate_query",
+        "output_gate" (output_gate); MLA's "q_a_proj" ... "k_join" (kv_lora_rank); "merge";
         "out_proj". Each is the cache of the ``functional`` pair of that name's kind.
     owner: the module that made the cache; ``backward`` refuses a cache of another module.
     plan: the steps of the call, which ``backward`` walks in reverse.
