@@ -212,7 +212,8 @@ def flex_attention_forward(
     """query (B, Hq, Lq, d), key (B or 1, Hkv, Lk, d), value (B or 1, Hkv, Lk, dv) -> out (B, Hq, Lq, dv), cache.
 
     score_mod: None or ``score_mod(score, b, h, q_idx, kv_idx, **params)``, vectorised (module docstring).
-    block_mask: None or a BlockMask (anything with its ``mask_mod``; evaluated densely for now).
+    block_mask: None or a BlockMask: ours (``block_mask.create_block_mask``) goes to the kernel as it is (the
+    chunked kernel visits its listed blocks); another's (torch's own) by its ``mask_mod``, evaluated densely.
     mask_mod: None or ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (instead of block_mask).
     scale: the scores' factor, default 1/√d.   enable_gqa: Hq a multiple of Hkv.
     params: {name: float array} the score_mod's learned arrays, by keyword.   score_mod_vjp: its VJP, or None
