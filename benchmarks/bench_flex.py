@@ -3,7 +3,8 @@ forward + backward through the chunked kernel, against the same cap as the kerne
 never a test).
 
     python benchmarks/bench_flex.py --quick            # L = 1024, one round: seconds, into out/bench/
-    python benchmarks/bench_flex.py --write-results    # L = 4096, 5 interleaved rounds: ~4 minutes idle
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \\
+        python benchmarks/bench_flex.py --write-results  # L = 4096, 5 interleaved rounds: ~4 minutes idle
 
 Three sides, each ``ChunkedKernel`` forward + backward of self-attention's core at B = 1, H = 8, d = 64, no mask
 (every score passes through the mod: the mod's share of the work is the largest it can be):
