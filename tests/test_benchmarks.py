@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_bert  # noqa: E402
 import bench_compare  # noqa: E402
 import bench_decode  # noqa: E402
+import bench_flex  # noqa: E402
 import bench_masks  # noqa: E402
 import bench_peers  # noqa: E402
 import bench_report  # noqa: E402
@@ -270,3 +271,13 @@ def test_bench_ring_writes_the_share_per_rank(tmp_path, monkeypatch):
     lines = (tmp_path / "ring_results.md").read_text().splitlines()
     assert_share_column(lines)
     assert lines[-1].endswith("| 50% |")
+
+
+def test_bench_flex_table_has_the_three_shares():
+    fl = flops.attention_core(1, 8, 64, 4096 * 4096, True)
+    row = {"dtype": "float32", "B": 1, "H": 8, "L": 4096, "d": 64, "flops": fl, "built-in": at_half(fl),
+           "flex+vjp": 2 * at_half(fl), "flex+cs": 4 * at_half(fl), "flex+vjp ratio": (2.0, 1.9, 2.1),
+           "flex+cs ratio": (4.0, 3.9, 4.1)}  # fmt: skip
+    lines = bench_flex.table([row], {"float32": PEAK})
+    assert_share_column(lines, 3)
+    assert lines[-1].endswith("| 2.00× (1.90..2.10) | 4.00× (3.90..4.10) | 50% | 25% | 12% |")
