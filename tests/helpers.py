@@ -171,3 +171,23 @@ def directional_errors(mha, x, call: dict, rng) -> dict[str, float]:
         derivatives[name] = (values[0] - values[1]) / 2e-6, float(np.sum(g * u))  # numeric, analytic
     floor = 1e-3 * max(abs(a) for _, a in derivatives.values())  # below it, an error is judged against the largest
     return {name: abs(n - a) / max(abs(n), abs(a), floor) for name, (n, a) in derivatives.items()}
+
+
+def check_recompute_and_decoding(default, lean, x, rng):
+    """Under a causal mask, ``lean`` (the same module with recompute=True) gives ``default``'s output to 1e-13 and
+    its gradients to 1e-13 of the largest (a random upstream gradient), and decoding x (B, L, E) token by token
+    through a KV cache gives the full causal forward to 1e-12."""
+    from mha_numpy import KVCache, masks
+
+    L = x.shape[1]
+    mask = masks.causal_mask(L)
+    out, cache = default.forward(x, x, x, mask=mask)
+    out_r, cache_r = lean.forward(x, x, x, mask=mask)
+    d_out = rng.standard_normal(out.shape)
+    grads, grads_r = default.backward(d_out, cache), lean.backward(d_out, cache_r)
+    largest = max(np.abs(g).max() for g in grads.values())
+    assert np.abs(out_r - out).max() <= 1e-13 * np.abs(out).max()
+    assert all(np.abs(grads[n] - grads_r[n]).max() <= 1e-13 * largest for n in grads)
+    kv = KVCache()
+    steps = [default.forward(x[:, t : t + 1], x[:, t : t + 1], x[:, t : t + 1], kv_cache=kv)[0] for t in range(L)]
+    assert np.abs(np.concatenate(steps, axis=1) - out).max() <= 1e-12 * np.abs(out).max()

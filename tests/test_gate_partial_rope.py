@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import directional_errors, grad_check_self_attention
+from helpers import check_recompute_and_decoding, directional_errors, grad_check_self_attention
 
-from mha_numpy import KVCache, MultiHeadAttention, kernels, masks, steps
+from mha_numpy import MultiHeadAttention, kernels, masks, steps
 from mha_numpy import functional as F
 
 torch = pytest.importorskip("torch")
@@ -160,16 +160,7 @@ def test_central_differences(step, impl, rng):
 def test_recompute_and_decoding(step, impl, rng):
     default, lean = make(step, impl), make(step, impl, recompute=True)
     x = rng.standard_normal((B, L, E))
-    out, cache = default.forward(x, x, x, mask=masks.causal_mask(L))
-    out_r, cache_r = lean.forward(x, x, x, mask=masks.causal_mask(L))
-    d_out = rng.standard_normal(out.shape)
-    grads, grads_r = default.backward(d_out, cache), lean.backward(d_out, cache_r)
-    largest = max(np.abs(g).max() for g in grads.values())
-    assert np.abs(out_r - out).max() <= 1e-13 * np.abs(out).max()
-    assert all(np.abs(grads[n] - grads_r[n]).max() <= 1e-13 * largest for n in grads)
-    kv = KVCache()
-    steps = [default.forward(x[:, t : t + 1], x[:, t : t + 1], x[:, t : t + 1], kv_cache=kv)[0] for t in range(L)]
-    assert np.abs(np.concatenate(steps, axis=1) - out).max() <= 1e-12 * np.abs(out).max()
+    check_recompute_and_decoding(default, lean, x, rng)
 
 
 def test_the_options_change_the_output_and_bad_values_are_refused():

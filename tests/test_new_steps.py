@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import grad_check, grad_check_self_attention
+from helpers import check_recompute_and_decoding, grad_check, grad_check_self_attention
 
-from mha_numpy import KVCache, MultiHeadAttention, kernels, masks
+from mha_numpy import MultiHeadAttention, kernels, masks
 from mha_numpy import functional as F
 
 KERNELS = {"vectorized": {}, "naive": {}, "chunked": dict(block_size=2, num_threads=2), "auto": {}}
@@ -71,17 +71,7 @@ def test_forward_matches_the_reference_and_every_gradient_checks(step, impl, rng
 def test_recompute_and_decoding_need_no_line_of_their_own(step, impl, rng):
     default, lean = make(step, impl), make(step, impl, recompute=True)
     x = 3 * rng.standard_normal((B, L, E))
-    mask = masks.causal_mask(L)
-    out, cache = default.forward(x, x, x, mask=mask)
-    out_r, cache_r = lean.forward(x, x, x, mask=mask)
-    d_out = rng.standard_normal(out.shape)
-    grads, grads_r = default.backward(d_out, cache), lean.backward(d_out, cache_r)
-    largest = max(np.abs(g).max() for g in grads.values())
-    assert np.abs(out_r - out).max() <= 1e-13 * np.abs(out).max()
-    assert all(np.abs(grads[n] - grads_r[n]).max() <= 1e-13 * largest for n in grads)
-    kv = KVCache()
-    steps = [default.forward(x[:, t : t + 1], x[:, t : t + 1], x[:, t : t + 1], kv_cache=kv)[0] for t in range(L)]
-    assert np.abs(np.concatenate(steps, axis=1) - out).max() <= 1e-12 * np.abs(out).max()
+    check_recompute_and_decoding(default, lean, x, rng)
 
 
 def test_the_pairs_on_their_own(rng):
