@@ -1,0 +1,8 @@
+"""DeepSeek Sparse Attention (DSA, DeepSeek-V3.2) by hand: the lightning indexer, top-k selection, attention over the
+selected keys only, and the indexer's training loss, each a forward/backward pair (docs/derivation.md, § 26).
+
+    indexer.py           the indexer's queries, keys, weights and scores I = Σ_h w_h · relu(q_h · k · scale)
+    topk.py              topk_select (ties by index, masked keys never) and TopKSelection, the selection as a mask
+    sparse_attention.py  attention over the selected keys (gathered, O(L · k)) and SparseKernel
+    dsa.py               DeepSeekSparseAttention: MLA with the indexer's selection, as DeepseekV32Attention wires it
+"""

@@ -1,0 +1,237 @@
+"""DeepSeek Sparse Attention (``mha_numpy.sparse``, issue 39): the lightning indexer, top-k selection, attention over
+the selected keys only, the indexer's KL loss, decoding, and the refusals.
+
+- the indexer's scores against transformers' ``DeepseekV32Indexer`` (its float32 casts lifted, float64; its
+  half-split RoPE), its gradients against torch autograd of the same lines and by central differences;
+- top-k's rules (k >= Lk, ties by lower index, masked keys never) against a brute-force sort;
+- the gathered attention against torch autograd of dense attention with the selection as a mask, every gradient, and
+  by central differences; a query with no key; its memory (never Lq x Lk); float32 stays float32;
+- ``DeepSeekSparseAttention`` against ``DeepseekV32Attention``: output, selection, the input's and every MLA
+  parameter's gradient to 1e-10; the same selection on the dense kernels (``TopKSelection`` is a mask);
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+from helpers import grad_check, rel_err, require_torch
+
+from mha_numpy import kernels
+from mha_numpy import masks as M
+from mha_numpy.sparse.indexer import IndexerConfig, indexer_backward, indexer_forward
+from mha_numpy.sparse.sparse_attention import SparseKernel, sparse_attention_backward, sparse_attention_forward
+from mha_numpy.sparse.topk import TopKSelection, topk_select
+
+INDEXER = IndexerConfig(num_heads=3, head_dim=6, rope_dim=4, rope_theta=50.0)
+E, RQ, B, L = 10, 5, 2, 7
+INDEXER_PARAMS = ("W_iq", "W_ik", "ik_norm", "ik_norm_b", "W_iw")
+
+
+def indexer_case(seed=0, dtype=np.float64):
+    """x (B, L, E), q_resid (B, L, rq) and indexer parameters with a nonzero norm bias and non-unit weights."""
+    rng = np.random.default_rng(seed)
+    p = INDEXER.init_params(E, RQ, rng, dtype)
+    p["ik_norm"] = (1.0 + 0.2 * rng.standard_normal(p["ik_norm"].shape)).astype(dtype)
+    p["ik_norm_b"] = (0.3 * rng.standard_normal(p["ik_norm_b"].shape)).astype(dtype)
+    x, q_resid = rng.standard_normal((B, L, E)).astype(dtype), rng.standard_normal((B, L, RQ)).astype(dtype)
+    return x, q_resid, p
+
+
+def hf_indexer_as_ours(torch, p, c=INDEXER, embed_dim=E, rq=RQ):
+    """A transformers DeepseekV32Indexer (float64) holding the parameters ``p`` of the indexer ``c``."""
+    from transformers import DeepseekV32Config
+    from transformers.models.deepseek_v32.modeling_deepseek_v32 import DeepseekV32Indexer
+
+    cfg = DeepseekV32Config(hidden_size=embed_dim, q_lora_rank=rq, index_n_heads=c.num_heads,
+                            qk_rope_head_dim=c.rope_dim, index_head_dim=c.head_dim, num_hidden_layers=1, vocab_size=8,
+                            n_group=1,
+                            topk_group=1, n_routed_experts=2, num_experts_per_tok=1)  # fmt: skip
+    module = DeepseekV32Indexer(cfg, 0).to(torch.float64)
+    names = {"W_iq": "wq_b.weight", "W_ik": "wk.weight", "ik_norm": "k_norm.weight", "ik_norm_b": "k_norm.bias",
+             "W_iw": "weights_proj.weight"}  # fmt: skip
+    with torch.no_grad():
+        for ours, theirs in names.items():
+            module.get_parameter(theirs).copy_(torch.from_numpy(p[ours]))
+    return module, names
+
+
+def torch_cos_sin(torch, L, dr=4, theta=50.0):
+    from mha_numpy.interop.llama import torch_cos_sin as cos_sin
+
+    return cos_sin(torch, np.broadcast_to(np.arange(L), (B, L)), dr, theta, np.float64)
+
+
+# --------------------------------------------------------------------------- 1. the indexer
+
+
+def test_indexer_scores_and_gradients_match_deepseek_v32_indexer_and_torch_autograd():
+    """Our I = Σ_h w_h relu(q_h·k/√dI) (half-split RoPE on the first dr features, LayerNorm'd key, weights · nI^-1/2)
+    against DeepseekV32Indexer's lines (casts lifted), and every gradient against torch autograd of those lines."""
+    torch = require_torch()
+    pytest.importorskip("transformers")
+    from mha_numpy.interop.deepseek_v32 import indexer_scores_lifted
+
+    x, q_resid, p = indexer_case()
+    module, names = hf_indexer_as_ours(torch, p)
+    I, cache = indexer_forward(x, q_resid, p, INDEXER)  # noqa: E741
+    tx, tq = torch.from_numpy(x).requires_grad_(), torch.from_numpy(q_resid).requires_grad_()
+    zero = torch.zeros((B, L, L), dtype=torch.float64)  # no mask: every score compared
+    theirs = indexer_scores_lifted(module, tx, tq, torch_cos_sin(torch, L), zero)
+    assert rel_err(I, theirs.detach().numpy()) < 1e-13
+    G = np.random.default_rng(1).standard_normal(I.shape)
+    grads = indexer_backward(G, cache)
+    leaves = [tx, tq, *(module.get_parameter(names[n]) for n in INDEXER_PARAMS)]
+    t_grads = torch.autograd.grad(theirs, leaves, torch.from_numpy(G))
+    for name, tg in zip(("x", "q_resid", *INDEXER_PARAMS), t_grads):
+        assert rel_err(grads[name], tg.numpy()) < 1e-12, name
+
+
+def test_indexer_gradients_by_central_differences():
+    x, q_resid, p = indexer_case(seed=2)
+
+    def forward(x, q_resid, **params):
+        return indexer_forward(x, q_resid, params, INDEXER)
+
+    def backward(d, cache):
+        g = indexer_backward(d, cache)
+        return tuple(g[n] for n in ("x", "q_resid", *INDEXER_PARAMS))
+
+    grad_check(forward, backward, dict(x=x, q_resid=q_resid, **p), ["x", "q_resid", *INDEXER_PARAMS])
+
+
+# --------------------------------------------------------------------------- 2. top-k and the sparse attention
+
+
+def brute_topk(scores, k, allowed):
+    """Each row's allowed keys sorted by (-score, index), the first k, ascending; -1 padded."""
+    B_, Lq, Lk = scores.shape
+    k = min(k, Lk)
+    out = np.full((B_, Lq, k), -1)
+    for b in range(B_):
+        for i in range(Lq):
+            keys = sorted((j for j in range(Lk) if allowed[b, i, j]), key=lambda j: (-scores[b, i, j], j))[:k]
+            out[b, i, : len(keys)] = sorted(keys)
+    return out
+
+
+@pytest.mark.parametrize("k", [1, 3, 6, 9, 50])
+def test_topk_rules_against_a_brute_force_sort(k):
+    """Scores with many exact ties (small integers), a causal mask and a random one, several block sizes: ties go to
+    the lower key index, masked keys never, k >= Lk keeps every allowed key."""
+    rng = np.random.default_rng(k)
+    scores = rng.integers(-2, 3, size=(2, 9, 9)).astype(np.float64)
+    for mask in (M.causal_mask(9), rng.random((2, 9, 9)) < 0.5, None):
+        allowed = np.broadcast_to(np.ones((9, 9), bool) if mask is None else mask, scores.shape)
+        expected = brute_topk(scores, k, allowed)
+        for block in (1, 4, 256):
+            assert np.array_equal(topk_select(scores, k, mask, block_size=block), expected)
+    high = np.where(M.causal_mask(9), 0.0, 100.0)[None]  # the masked keys score highest: still never chosen
+    assert np.array_equal(topk_select(high, 2, M.causal_mask(9)), brute_topk(high, 2, M.causal_mask(9)[None]))
+    structured = topk_select(scores, k, M.causal_mask(9, structured=True))
+    assert np.array_equal(structured, brute_topk(scores, k, np.broadcast_to(M.causal_mask(9), scores.shape)))
+
+
+def sparse_case(seed=0, dtype=np.float64, H=4, Hk=2, Lq=7, Lk=9, k=4, d=5, dv=3):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, H, Lq, d)).astype(dtype)
+    kk = rng.standard_normal((B, Hk, Lk, d)).astype(dtype)
+    v = rng.standard_normal((B, Hk, Lk, dv)).astype(dtype)
+    mask = M.causal_mask(Lq, Lk, diagonal=Lk - Lq)
+    index = topk_select(rng.standard_normal((B, Lq, Lk)), k, mask)  # (B, Lq, k), -1 in the first rows
+    return q, kk, v, index
+
+
+def test_sparse_attention_matches_torch_autograd_of_dense_attention_with_the_selection_as_mask():
+    torch = require_torch()
+    q, k, v, index = sparse_case()
+    H, Hk = q.shape[1], k.shape[1]
+    context, cache = sparse_attention_forward(q, k, v, index, scale=0.7, block_size=3)
+    d_ctx = np.random.default_rng(3).standard_normal(context.shape)
+    dq, dk, dv = sparse_attention_backward(d_ctx, cache)
+    allowed = np.asarray(TopKSelection(index, k.shape[2]))  # (B, 1, Lq, Lk)
+    tq, tk, tv = (torch.from_numpy(a).requires_grad_() for a in (q, k, v))
+    rep = lambda t: t.repeat_interleave(H // Hk, dim=1)  # noqa: E731  key head j serves query heads j·g ...
+    s = (tq @ rep(tk).transpose(-1, -2) * 0.7).masked_fill(~torch.from_numpy(allowed), float("-inf"))
+    out = torch.softmax(s, dim=-1) @ rep(tv)
+    t_grads = torch.autograd.grad(out, (tq, tk, tv), torch.from_numpy(d_ctx))
+    assert rel_err(context, out.detach().numpy()) < 1e-13
+    for ours, theirs in zip((dq, dk, dv), t_grads):
+        assert rel_err(ours, theirs.numpy()) < 1e-12
+    assert rel_err(cache.lse, torch.logsumexp(s, dim=-1).detach().numpy()) < 1e-13
+    unchosen = ~np.asarray(TopKSelection(index, k.shape[2]))[:, 0].any(axis=1)  # (B, Lk) keys no query chose
+    assert unchosen.any() and np.all(dk.transpose(0, 2, 1, 3)[unchosen] == 0)  # exactly 0: never touched
+
+
+def test_sparse_attention_by_central_differences_and_a_query_with_no_key():
+    q, k, v, index = sparse_case(seed=4, Lq=4, Lk=5, k=2, d=3, dv=2, H=2, Hk=1)
+    index = index.copy()
+    index[1, 2] = -1  # query 2 of item 1 selects nothing: zero context, zero gradients, no NaN
+    grad_check(lambda q, k, v: sparse_attention_forward(q, k, v, index, block_size=2), sparse_attention_backward,
+               dict(q=q, k=k, v=v), ["q", "k", "v"])  # fmt: skip
+    context, cache = sparse_attention_forward(q, k, v, index)
+    dq, _, _ = sparse_attention_backward(np.ones_like(context), cache)
+    assert np.all(context[1, :, 2] == 0) and np.all(dq[1, :, 2] == 0) and np.isneginf(cache.lse[1, :, 2]).all()
+
+
+def test_sparse_attention_memory_is_o_of_l_times_k_not_l_squared():
+    """L = 2048, k = 16: the forward and backward peak far below one (L, L) float64 array (32 MiB)."""
+    L_, k_, d = 2048, 16, 8
+    rng = np.random.default_rng(0)
+    q, kk, v = (rng.standard_normal((1, 1, L_, d)) for _ in range(3))
+    index = np.sort(rng.integers(0, L_, (1, L_, 4 * k_)), axis=-1)[..., ::4]  # distinct, k_ per row
+    index = np.where(np.diff(index, axis=-1, prepend=-1) > 0, index, -1)
+    tracemalloc.start()
+    context, cache = sparse_attention_forward(q, kk, v, index, block_size=128)
+    sparse_attention_backward(np.ones_like(context), cache)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < L_ * L_ * 8 / 16, peak  # < 2 MiB; the dense scores alone take 32 MiB
+
+
+def test_float32_stays_float32():
+    q, k, v, index = sparse_case(dtype=np.float32)
+    context, cache = sparse_attention_forward(q, k, v, index)
+    grads = sparse_attention_backward(np.ones_like(context), cache)
+    assert context.dtype == np.float32 and all(g.dtype == np.float32 for g in grads) and cache.lse.dtype == np.float64
+    ref, _ = sparse_attention_forward(*(a.astype(np.float64) for a in (q, k, v)), index)
+    assert rel_err(context, ref) < 1e-5
+
+
+@pytest.mark.parametrize("impl", ["vectorized", "naive", "chunked"])
+def test_a_selection_is_a_mask_every_kernel_takes(impl):
+    """``TopKSelection`` as the mask of a dense kernel (its entries, or the chunked kernel's tiles) gives the sparse
+    kernel's output and gradients: one design for "visit only these keys"."""
+    q, k, v, index = sparse_case(H=2, Hk=2)
+    sel = TopKSelection(index, k.shape[2])
+    dense = kernels.get_kernel(impl, **({"block_size": 2} if impl == "chunked" else {}))
+    ref, rc = dense.forward(q, k, v, mask=sel)
+    out, c = SparseKernel(block_size=3).forward(q, k, v, mask=sel)
+    d = np.random.default_rng(0).standard_normal(out.shape)
+    assert rel_err(out, ref) < 1e-13
+    for ours, theirs in zip(SparseKernel().backward(d, c)[:3], dense.backward(d, rc)[:3]):
+        assert rel_err(ours, theirs) < 1e-12
+    assert rel_err(c.attn_weights, rc.attn_weights) < 1e-13
+
+
+def test_deepseek_sparse_attention_matches_deepseek_v32_attention():
+    """Output, the indexer's scores, the selection, dL/dx and every MLA parameter's gradient against
+    DeepseekV32Attention under torch autograd, float64, to 1e-10; the inputs have no tie at the k-th score."""
+    require_torch()
+    pytest.importorskip("transformers")
+    from mha_numpy.interop.deepseek_v32 import (
+        crosscheck_hf_deepseek_v32_attention,
+        from_hf_deepseek_v32_attention,
+        hf_deepseek_v32_attention,
+        selection_margin,
+    )
+
+    module = hf_deepseek_v32_attention(index_topk=4)
+    x = np.random.default_rng(0).standard_normal((2, 10, 16))
+    report = crosscheck_hf_deepseek_v32_attention(module, x)
+    assert report.passed, str(report)
+    dsa = from_hf_deepseek_v32_attention(module)
+    scores, _ = indexer_forward(x, dsa.query_latent(x), dsa.indexer_params, dsa.indexer)
+    assert selection_margin(scores, M.causal_mask(10), 4) > 1e-3  # no tie at the k-th score: one right selection
+    assert sum(1 for r in report.rows if r.name.startswith("dL/d")) == 11  # dx and the 10 MLA parameters
