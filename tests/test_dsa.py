@@ -8,6 +8,7 @@ the selected keys only, the indexer's KL loss, decoding, and the refusals.
   by central differences; a query with no key; its memory (never Lq x Lk); float32 stays float32;
 - ``DeepSeekSparseAttention`` against ``DeepseekV32Attention``: output, selection, the input's and every MLA
   parameter's gradient to 1e-10; the same selection on the dense kernels (``TopKSelection`` is a mask);
+- the indexer's loss (dense warm-up and sparse stage) against torch autograd and central differences;
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from helpers import grad_check, rel_err, require_torch
 
 from mha_numpy import kernels
 from mha_numpy import masks as M
+from mha_numpy.sparse.dsa import DeepSeekSparseAttention
 from mha_numpy.sparse.indexer import IndexerConfig, indexer_backward, indexer_forward
+from mha_numpy.sparse.indexer_loss import indexer_loss_backward, indexer_loss_forward, indexer_target
 from mha_numpy.sparse.sparse_attention import SparseKernel, sparse_attention_backward, sparse_attention_forward
 from mha_numpy.sparse.topk import TopKSelection, topk_select
 
@@ -235,3 +238,95 @@ def test_deepseek_sparse_attention_matches_deepseek_v32_attention():
     scores, _ = indexer_forward(x, dsa.query_latent(x), dsa.indexer_params, dsa.indexer)
     assert selection_margin(scores, M.causal_mask(10), 4) > 1e-3  # no tie at the k-th score: one right selection
     assert sum(1 for r in report.rows if r.name.startswith("dL/d")) == 11  # dx and the 10 MLA parameters
+
+
+# --------------------------------------------------------------------------- 3. the indexer's loss
+
+
+def small_dsa(seed=0, k=3):
+    return DeepSeekSparseAttention(12, 2, 6, 4, 3, 4, 5, index_n_heads=3, index_head_dim=6, index_topk=k, rng=seed,
+                                   bias=True)  # fmt: skip
+
+
+def loss_cases(dsa, x):
+    """(stage, target, mask): the dense warm-up (the dense causal MLA's weights, causal) and the sparse stage (the
+    sparse attention's weights, the selection)."""
+    _, call = dsa.forward(x)
+    sparse_w = call.mla.attention.attn_weights  # (B, H, L, L), 0 off the selection
+    dense_kernel = dsa.mla.kernel
+    dsa.mla.kernel = "vectorized"
+    _, dense = dsa.mla.forward(x, mask=M.causal_mask(x.shape[1]))
+    dsa.mla.kernel = dense_kernel
+    causal = M.causal_mask(x.shape[1])
+    return [("dense", indexer_target(dense.attn_weights, causal), causal),
+            ("sparse", indexer_target(sparse_w, call.selection), call.selection)]  # fmt: skip
+
+
+def test_indexer_loss_against_torch_autograd_dense_and_sparse():
+    """The whole chain (indexer lines of transformers, casts lifted -> KL) under torch autograd: the loss and the
+    gradients of the indexer's parameters to 1e-12 in both stages."""
+    torch = require_torch()
+    pytest.importorskip("transformers")
+    from mha_numpy.interop.deepseek_v32 import indexer_scores_lifted
+
+    dsa = small_dsa()
+    x = np.random.default_rng(5).standard_normal((2, 8, 12))
+    L_ = x.shape[1]
+    q_resid = dsa.query_latent(x)
+    module, names = hf_indexer_as_ours(torch, dsa.indexer_params, dsa.indexer, 12, 5)
+    cos_sin = torch_cos_sin(torch, L_, 4, 10000.0)
+    for stage, target, mask in loss_cases(dsa, x):
+        allowed = np.broadcast_to(np.asarray(mask)[:, 0] if mask.ndim == 4 else mask, (2, L_, L_))
+        scores, s_cache = indexer_forward(x, q_resid, dsa.indexer_params, dsa.indexer)
+        loss, l_cache = indexer_loss_forward(scores, target, mask)
+        grads = indexer_backward(indexer_loss_backward(1.0, l_cache), s_cache)
+        t_allowed = torch.from_numpy(np.array(allowed))
+        tx, tq = torch.from_numpy(x), torch.from_numpy(q_resid)
+        t_scores = indexer_scores_lifted(module, tx, tq, cos_sin, t_allowed)  # -inf where blocked
+        log_q = torch.log_softmax(t_scores, dim=-1)
+        p = torch.from_numpy(target)
+        t_loss = torch.where(t_allowed, torch.special.xlogy(p, p) - p * log_q, 0.0).sum()
+        leaves = [module.get_parameter(names[n]) for n in INDEXER_PARAMS]
+        t_grads = torch.autograd.grad(t_loss, leaves)
+        assert abs(loss - t_loss.item()) < 1e-12 * abs(t_loss.item()), stage
+        for name, tg in zip(INDEXER_PARAMS, t_grads):
+            assert rel_err(grads[name], tg.numpy()) < 1e-12, (stage, name)
+
+
+def test_indexer_loss_by_central_differences():
+    dsa = small_dsa(seed=1)
+    x = np.random.default_rng(6).standard_normal((2, 6, 12))
+    q_resid = dsa.query_latent(x)
+    for _, target, mask in loss_cases(dsa, x):
+
+        def forward(target=target, mask=mask, **params):
+            scores, s_cache = indexer_forward(x, q_resid, params, dsa.indexer)
+            loss, l_cache = indexer_loss_forward(scores, target, mask)
+            return np.asarray(loss), (s_cache, l_cache)
+
+        def backward(d, caches):
+            g = indexer_backward(indexer_loss_backward(d, caches[1]), caches[0])
+            return tuple(g[n] for n in INDEXER_PARAMS)
+
+        grad_check(forward, backward, dict(dsa.indexer_params), list(INDEXER_PARAMS))
+
+
+def test_indexer_target_sums_heads_and_normalises_over_the_allowed_keys():
+    w = np.random.default_rng(0).random((1, 3, 4, 4))
+    sel = TopKSelection(np.array([[[0, -1], [0, 1], [1, 2], [0, 3]]]), 4)
+    p = indexer_target(w, sel)
+    expected = w.sum(axis=1) * np.asarray(sel)[:, 0]
+    np.testing.assert_allclose(p, expected / expected.sum(axis=-1, keepdims=True), rtol=1e-15)
+    loss, _ = indexer_loss_forward(np.log(p + (p == 0)), p, sel)  # the indexer already matches the target: KL = 0
+    assert abs(loss) < 1e-15
+
+
+def test_indexer_loss_gradient_of_the_scores_with_a_row_without_mass():
+    """∂L/∂I = softmax(I) · Σp - p: a query whose target has no mass (all its weights 0) adds 0 and gets 0."""
+    rng = np.random.default_rng(8)
+    scores, p = rng.standard_normal((2, 4, 5)), rng.random((2, 4, 5))
+    p[1, 2] = 0.0
+    p /= np.where(p.sum(-1, keepdims=True) > 0, p.sum(-1, keepdims=True), 1.0)
+    grad_check(lambda scores: (np.asarray(indexer_loss_forward(scores, p)[0]), indexer_loss_forward(scores, p)[1]),
+               indexer_loss_backward, dict(scores=scores), ["scores"])  # fmt: skip
+    assert np.all(indexer_loss_backward(1.0, indexer_loss_forward(scores, p)[1])[1, 2] == 0)

@@ -4,5 +4,6 @@ selected keys only, and the indexer's training loss, each a forward/backward pai
     indexer.py           the indexer's queries, keys, weights and scores I = Σ_h w_h · relu(q_h · k · scale)
     topk.py              topk_select (ties by index, masked keys never) and TopKSelection, the selection as a mask
     sparse_attention.py  attention over the selected keys (gathered, O(L · k)) and SparseKernel
+    indexer_loss.py      KL(main attention's distribution ‖ softmax(I)), dense warm-up or over the selected keys
     dsa.py               DeepSeekSparseAttention: MLA with the indexer's selection, as DeepseekV32Attention wires it
 """
