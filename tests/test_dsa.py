@@ -9,6 +9,8 @@ the selected keys only, the indexer's KL loss, decoding, and the refusals.
 - ``DeepSeekSparseAttention`` against ``DeepseekV32Attention``: output, selection, the input's and every MLA
   parameter's gradient to 1e-10; the same selection on the dense kernels (``TopKSelection`` is a mask);
 - the indexer's loss (dense warm-up and sparse stage) against torch autograd and central differences;
+- decoding with the indexer's keys beside MLA's latent cache == the full forward to 1e-12;
+- bad input: k <= 0, an indexer of the wrong width, a selection with a masked key; nothing mutated.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from helpers import grad_check, rel_err, require_torch
 
 from mha_numpy import kernels
 from mha_numpy import masks as M
-from mha_numpy.sparse.dsa import DeepSeekSparseAttention
+from mha_numpy.sparse.dsa import DeepSeekSparseAttention, DSACache
 from mha_numpy.sparse.indexer import IndexerConfig, indexer_backward, indexer_forward
 from mha_numpy.sparse.indexer_loss import indexer_loss_backward, indexer_loss_forward, indexer_target
 from mha_numpy.sparse.sparse_attention import SparseKernel, sparse_attention_backward, sparse_attention_forward
@@ -319,6 +321,73 @@ def test_indexer_target_sums_heads_and_normalises_over_the_allowed_keys():
     np.testing.assert_allclose(p, expected / expected.sum(axis=-1, keepdims=True), rtol=1e-15)
     loss, _ = indexer_loss_forward(np.log(p + (p == 0)), p, sel)  # the indexer already matches the target: KL = 0
     assert abs(loss) < 1e-15
+
+
+# --------------------------------------------------------------------------- 4. decoding
+
+
+@pytest.mark.parametrize("prefill, chunk", [(3, 1), (1, 2)])
+def test_decoding_with_the_indexer_keys_beside_the_latent_cache_equals_the_full_forward(prefill, chunk):
+    dsa = small_dsa(k=3)
+    x = np.random.default_rng(7).standard_normal((2, 8, 12))
+    full, call = dsa.forward(x)
+    cache = DSACache()
+    outs, index = [], []
+    for a in [0, *range(prefill, 8, chunk)]:
+        b = prefill if a == 0 else min(a + chunk, 8)
+        out, c = dsa.forward(x[:, a:b], cache=cache)
+        outs.append(out)
+        index.append(np.pad(c.selection.index, ((0, 0), (0, 0), (0, 3 - c.selection.k)), constant_values=-1))
+    assert np.abs(np.concatenate(outs, axis=1) - full).max() <= 1e-12 * np.abs(full).max()
+    assert np.array_equal(np.concatenate(index, axis=1), call.selection.index)
+    assert cache.index_keys.shape == (2, 8, 6) and len(cache) == 8
+    assert cache.nbytes == 2 * 8 * (6 + 4 + 6) * 8  # r + dr + dI numbers a token
+
+
+# --------------------------------------------------------------------------- 5. bad input
+
+
+def test_k_must_be_positive():
+    with pytest.raises(ValueError, match=r"^k must be"):
+        topk_select(np.zeros((1, 2, 2)), 0)
+    with pytest.raises(ValueError, match="index_topk"):
+        small_dsa(k=0)
+    with pytest.raises(ValueError, match="index_topk"):
+        small_dsa(k=-3)
+
+
+def test_an_indexer_of_the_wrong_width_is_refused_naming_the_parameter():
+    x, q_resid, p = indexer_case()
+    wide = dict(p, W_iq=np.zeros((3 * 7, RQ)))  # heads 7 wide, the config says 6
+    with pytest.raises(ValueError, match=r"indexer param W_iq has shape \(21, 5\)"):
+        indexer_forward(x, q_resid, wide, INDEXER)
+    dsa = small_dsa()
+    dsa.indexer_params["W_ik"] = np.zeros((5, 12))
+    with pytest.raises(ValueError, match="indexer param W_ik"):
+        dsa.forward(np.zeros((1, 3, 12)))
+    with pytest.raises(ValueError, match="q_resid"):
+        indexer_forward(x, q_resid[..., :-1], p, INDEXER)
+
+
+def test_a_selection_with_a_masked_key_is_refused_and_nothing_is_mutated():
+    q, k, v, index = sparse_case(Lq=5, Lk=5, H=2, Hk=2)
+    bad = index.copy()
+    bad[0, 1, 0] = 3  # query 1 selects the future key 3
+    before = [a.copy() for a in (q, k, v, bad)]
+    with pytest.raises(ValueError, match=r"^index selects key 3 for query 1 of batch item 0, which the mask blocks"):
+        sparse_attention_forward(q, k, v, bad, mask=M.causal_mask(5))
+    sel = TopKSelection(bad, 5)
+    for combined in (sel & M.causal_mask(5, structured=True), M.causal_mask(5, structured=True) & sel):
+        assert isinstance(combined, TopKSelection)
+        with pytest.raises(ValueError, match=r"^mask selects key 3 for query 1"):
+            SparseKernel().forward(q, k, v, mask=combined)
+    with pytest.raises(ValueError, match="twice"):
+        TopKSelection(np.array([[[1, 1]]]), 3)
+    with pytest.raises(ValueError, match="outside"):
+        TopKSelection(np.array([[[0, 3]]]), 3)
+    with pytest.raises(ValueError, match="mask: the sparse kernel attends"):
+        SparseKernel().forward(q, k, v, mask=M.causal_mask(5))
+    assert all(np.array_equal(a, b) for a, b in zip(before, (q, k, v, bad)))
 
 
 def test_indexer_loss_gradient_of_the_scores_with_a_row_without_mass():
