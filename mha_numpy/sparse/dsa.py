@@ -68,7 +68,7 @@ class DeepSeekSparseAttention:
         self, embed_dim: int, num_heads: int, kv_lora_rank: int, qk_rope_head_dim: int, qk_nope_head_dim: int,
         v_head_dim: int, q_lora_rank: int, index_n_heads: int, index_head_dim: int, index_topk: int,
         bias: bool = False, dtype=np.float64, rng=None, rope_theta: float = 10000.0, norm_eps: float = 1e-6,
-        block_size: int = QUERY_BLOCK,
+        block_size: int | None = None,
     ) -> None:  # fmt: skip
         self.index_topk = as_int(index_topk, "index_topk", minimum=1)
         q_lora_rank = as_int(q_lora_rank, "q_lora_rank", minimum=1)  # the indexer's queries come from its latent
@@ -80,7 +80,7 @@ class DeepSeekSparseAttention:
         )  # fmt: skip
         self.indexer = IndexerConfig(index_n_heads, index_head_dim, qk_rope_head_dim, rope_theta)
         self.indexer_params = self.indexer.init_params(embed_dim, q_lora_rank, rng, dtype)
-        self.block_size = as_int(block_size, "block_size", minimum=1)
+        self.block_size = QUERY_BLOCK if block_size is None else as_int(block_size, "block_size", minimum=1)
 
     @property
     def dtype(self) -> np.dtype:
