@@ -19,7 +19,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from helpers import grad_check, rel_err, require_torch
+from helpers import grad_check, grad_check_self_attention, rel_err, require_torch
 
 from mha_numpy import kernels
 from mha_numpy import masks as M
@@ -242,6 +242,14 @@ def test_deepseek_sparse_attention_matches_deepseek_v32_attention():
     scores, _ = indexer_forward(x, dsa.query_latent(x), dsa.indexer_params, dsa.indexer)
     assert selection_margin(scores, M.causal_mask(10), 4) > 1e-3  # no tie at the k-th score: one right selection
     assert sum(1 for r in report.rows if r.name.startswith("dL/d")) == 11  # dx and the 10 MLA parameters
+
+
+def test_deepseek_sparse_attention_gradients_by_central_differences():
+    """MLA on the sparse kernel with the indexer's selection fixed: dL/dx and every MLA parameter's gradient."""
+    dsa = small_dsa(seed=3)
+    x = np.random.default_rng(9).standard_normal((2, 6, 12))
+    _, call = dsa.forward(x)
+    grad_check_self_attention(dsa.mla, x, mask=call.selection)
 
 
 # --------------------------------------------------------------------------- 3. the indexer's loss

@@ -61,7 +61,9 @@ class DeepSeekSparseAttention:
     Sizes as ``MultiHeadLatentAttention``'s, q_lora_rank required (the indexer reads the query latent);
     index_n_heads nI, index_head_dim dI (>= qk_rope_head_dim), index_topk k. Self-attention only, causal by
     default. ``forward(x, mask=None, positions=None, cache=None) -> (output, DSACall)``; ``backward(d_output,
-    call) -> {"x", and every entry of mla.params}`` (the indexer's: none, see the module docstring).
+    call) -> {"x", and every entry of mla.params}`` (the indexer's: none, see the module docstring). block_size:
+    queries a block, for the selection (None: 256) and for ``SparseKernel`` (None: its own choice by what a block
+    gathers).
     """
 
     def __init__(
