@@ -177,7 +177,7 @@ class TopKSelection(StructuredMask):
         rows = np.nonzero(np.any((idx >= j0) & (idx < j1), axis=-1))[0]
         return (int(rows[0]), int(rows[-1]) + 1) if rows.size else (0, 0)
 
-    def checked_index(self, block_size: int = QUERY_BLOCK) -> np.ndarray:
+    def checked_index(self) -> np.ndarray:
         """The index, after checking that no mask ANDed with the selection blocks a selected key (ValueError naming
         ``mask``): a kernel that reads only the index must not drop what the other masks say."""
         for m in self._also:
