@@ -409,3 +409,16 @@ def test_indexer_loss_gradient_of_the_scores_with_a_row_without_mass():
     grad_check(lambda scores: (np.asarray(indexer_loss_forward(scores, p)[0]), indexer_loss_forward(scores, p)[1]),
                indexer_loss_backward, dict(scores=scores), ["scores"])  # fmt: skip
     assert np.all(indexer_loss_backward(1.0, indexer_loss_forward(scores, p)[1])[1, 2] == 0)
+
+
+def test_dsa_refuses_a_bad_mask_or_cache_before_any_arithmetic_and_keeps_its_cache():
+    dsa = small_dsa()
+    x = np.random.default_rng(0).standard_normal((2, 4, 12))
+    cache = DSACache()
+    dsa.forward(x[:, :3], cache=cache)
+    kept = cache.index_keys.copy()
+    with pytest.raises(ValueError, match=r"^mask with shape \(3, 3\)"):
+        dsa.forward(x[:, 3:], mask=np.ones((3, 3), bool), cache=cache)  # the call has 1 query and 4 keys
+    with pytest.raises(ValueError, match="^cache holds indexer keys"):
+        dsa.forward(x[:1, 3:], cache=cache)  # one batch item, the cache two
+    assert len(cache) == 3 and np.array_equal(cache.index_keys, kept)

@@ -27,7 +27,7 @@ from ..kv_cache import LatentCache
 from ..latent import MultiHeadLatentAttention
 from .indexer import IndexerConfig, indexer_keys_forward, indexer_queries_forward, indexer_topk
 from .sparse_attention import SparseKernel
-from .topk import QUERY_BLOCK, TopKSelection
+from .topk import QUERY_BLOCK, TopKSelection, check_selection_mask
 
 
 class DSACache:
@@ -106,34 +106,42 @@ class DeepSeekSparseAttention:
 
     def select(self, x, mask=None, positions=None, cache: DSACache | None = None) -> TopKSelection:
         """The indexer's selection for the queries x (B, Lq, E) among every key (the cached ones first) ->
-        ``TopKSelection`` (b, 1, Lq, Lk). mask: the keys allowed (default causal, bottom-right after a cache).
-        With ``cache``, the call's indexer keys are appended to it."""
+        ``TopKSelection`` (b, 1, Lq, Lk). mask: the keys allowed (default causal, bottom-right after a cache's
+        keys). ``cache`` is read, not changed (``forward`` appends)."""
+        return self._select(x, mask, positions, cache)[0]
+
+    def _select(self, x, mask, positions, cache):
+        """-> (the selection, the indexer's keys of every position (B, Lk, dI)); every argument checked first."""
         x = self._check(x, positions)
-        Lq, cached = x.shape[1], 0 if cache is None else len(cache)
-        pos = np.arange(cached, cached + Lq) if positions is None else positions
+        (B, Lq, _), cached = x.shape, 0 if cache is None else len(cache)
+        kept = None if cache is None else cache.index_keys
+        if kept is not None and (kept.shape[0] != B or kept.dtype != x.dtype):
+            raise ValueError(f"cache holds indexer keys {kept.shape} {kept.dtype}, x is {x.shape} {x.dtype}")
+        Lk = cached + Lq
+        if mask is None:
+            mask = M.causal_mask(Lq, Lk, diagonal=Lk - Lq, structured=True)  # bottom-right: after the cache
+        mask = check_selection_mask(mask, (B, Lq, Lk))
+        pos = np.arange(cached, Lk) if positions is None else positions
         q_resid = self.query_latent(x)  # (B, Lq, rq)
         p = self.indexer_params
         (Q, w), _ = indexer_queries_forward(x, q_resid, p, self.indexer, pos, check=False)  # (B, nI, Lq, dI)
         K, _ = indexer_keys_forward(x, p, self.indexer, pos, check=False)  # (B, Lq, dI)
-        if cache is not None:
-            K = K if cache.index_keys is None else np.concatenate([cache.index_keys, K], axis=1)  # (B, Lk, dI)
-            cache.index_keys = K
-        Lk = K.shape[1]
-        if mask is None:
-            mask = M.causal_mask(Lq, Lk, diagonal=Lk - Lq, structured=True)  # bottom-right: after the cache
+        K = K if kept is None else np.concatenate([kept, K], axis=1)  # (B, Lk, dI)
         index = indexer_topk(Q, w, K, self.index_topk, mask, self.block_size)  # (B, Lq, k)
-        return TopKSelection(index, Lk)
+        return TopKSelection(index, Lk), K
 
     def forward(self, x, mask=None, positions=None, cache: DSACache | None = None):
         """x (B, L, E) -> output (B, L, E), DSACall. mask: as ``select``'s; cache: a ``DSACache`` to decode with
-        (forward only, as MLA's caches)."""
+        (forward only, as MLA's caches): the call's latents and indexer keys are appended to it."""
         if cache is not None and not isinstance(cache, DSACache):
             raise ValueError(f"cache must be a sparse.DSACache, got {type(cache).__name__}")
         if cache is not None and positions is not None:
             raise ValueError("positions: a cache gives the positions (its length, length + 1, ...)")
-        selection = self.select(x, mask, positions, cache)
+        selection, index_keys = self._select(x, mask, positions, cache)
         kv = None if cache is None else cache.latent
         out, mla_cache = self.mla.forward(x, mask=selection, positions=positions, kv_cache=kv)
+        if cache is not None:
+            cache.index_keys = index_keys  # after MLA's call: a refused call leaves both caches as they were
         return out, DSACall(selection, mla_cache)
 
     __call__ = forward
