@@ -1,0 +1,447 @@
+"""RoPE scaling (``rope_scaling=``, ``mha_numpy/rope_scaling.py``): every rope_type of transformers'
+``ROPE_INIT_FUNCTIONS`` against those functions, and the numbers transformers' own rope tests pin.
+
+- the tables: tiny configs, each field of each rope_type, against transformers' function computed in float64 (its
+  ``torch.float`` / ``torch.float32`` / ``Tensor.float`` lifted to float64 for the call: ``lifted``);
+- the numbers pinned by huggingface/transformers ``tests/utils/test_modeling_rope_utils.py`` at commit
+  e42e4a43c16b458045aa7b0f721cfe4015680880 (LlamaConfig's defaults then: d = 128, θ = 10000,
+  max_position_embeddings 2048), each to half a unit of its last printed digit;
+- dynamic NTK over decoding: our module with a KVCache against ``LlamaAttention`` fed by a ``LlamaRotaryEmbedding``
+  (its ``dynamic_rope_update`` state) call after call, across the original length and back;
+- malformed dicts refused naming rope_scaling and the field, the dict not mutated; the module's gradients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from unittest import mock
+
+import numpy as np
+import pytest
+from helpers import grad_check_self_attention, rel_err, require_torch
+
+from mha_numpy import KVCache, MultiHeadAttention, masks
+from mha_numpy import rope_scaling as RS
+
+D, THETA = 16, 100.0  # tiny heads: 8 pairs
+
+
+@contextlib.contextmanager
+def lifted(torch):
+    """transformers' rope code in float64: it builds its tables with dtype=torch.float, torch.float32, .float() and
+    the default dtype (dynamic NTK's base from a length tensor)."""
+    default = torch.get_default_dtype()
+    with (mock.patch.object(torch, "float", torch.float64), mock.patch.object(torch, "float32", torch.float64),
+          mock.patch.object(torch.Tensor, "float", torch.Tensor.double)):  # fmt: skip
+        try:
+            torch.set_default_dtype(torch.float64)
+            yield
+        finally:
+            torch.set_default_dtype(default)
+
+
+def hf_table(params: dict, partial=1.0, M=64, seq_len=None, head_dim=D, theta=THETA):
+    """transformers' ROPE_INIT_FUNCTIONS[rope_type] on a LlamaConfig holding ``params`` -> (inv_freq, factor)."""
+    torch = require_torch()
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = {k: v for k, v in params.items() if k != "max_position_embeddings"}
+    rope.update(rope_theta=theta, **({"partial_rotary_factor": partial} if partial != 1.0 else {}))
+    cfg = LlamaConfig(hidden_size=2 * head_dim, num_attention_heads=2, head_dim=head_dim, max_position_embeddings=M,
+                      rope_parameters=copy.deepcopy(rope))  # fmt: skip
+    with lifted(torch):
+        inv_freq, factor = ROPE_INIT_FUNCTIONS[params["rope_type"]](cfg, None, seq_len=seq_len)
+    assert inv_freq.dtype == torch.float64
+    return inv_freq.numpy(), float(factor)
+
+
+def ours(params: dict, partial=1.0, seq_len=None, head_dim=D, theta=THETA):
+    s = RS.check_rope_scaling(params, "rope_scaling", theta, head_dim, partial)
+    return RS.rope_frequencies(s, theta, head_dim, partial, seq_len)
+
+
+LONG = [1.0, 1.5, 2.0, 3.0, 4.5, 6.0, 8.0, 12.0]  # 8 pairs
+SHORT = [1.0, 1.0, 1.1, 1.2, 1.3, 1.5, 1.8, 2.0]
+TABLES = {  # id: (params, partial_rotary_factor, seq_lens)
+    "linear": (dict(rope_type="linear", factor=4.0), 1.0, [None]),
+    "linear, partial": (dict(rope_type="linear", factor=2.5), 0.5, [None]),
+    "dynamic": (dict(rope_type="dynamic", factor=2.0, max_position_embeddings=16), 1.0, [None, 8, 16, 17, 40]),
+    "dynamic, partial": (dict(rope_type="dynamic", factor=3.0, max_position_embeddings=16), 0.5, [None, 33]),
+    "yarn": (dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16), 1.0, [None]),
+    "yarn, wide ramp": (
+        dict(
+            rope_type="yarn",
+            factor=8.0,
+            original_max_position_embeddings=16,
+            beta_fast=8.0,
+            beta_slow=0.5,
+            truncate=False,
+        ),
+        1.0,
+        [None],
+    ),
+    "yarn, gpt-oss": (
+        dict(
+            rope_type="yarn",
+            factor=32.0,
+            beta_fast=32.0,
+            beta_slow=1.0,
+            truncate=False,
+            original_max_position_embeddings=4096,
+        ),
+        1.0,
+        [None],
+    ),
+    "yarn, deepseek mscale": (
+        dict(rope_type="yarn", factor=40.0, original_max_position_embeddings=64, mscale=0.707, mscale_all_dim=1.0),
+        1.0,
+        [None],
+    ),
+    "yarn, attention_factor, partial": (
+        dict(rope_type="yarn", factor=2.0, original_max_position_embeddings=512, attention_factor=0.9),
+        0.5,
+        [None],
+    ),
+    "yarn, factor from M": (
+        dict(rope_type="yarn", original_max_position_embeddings=16, max_position_embeddings=64, factor=None),
+        1.0,
+        [None],
+    ),
+    "longrope": (
+        dict(
+            rope_type="longrope", short_factor=SHORT, long_factor=LONG, original_max_position_embeddings=16, factor=4.0
+        ),
+        1.0,
+        [None, 16, 17, 50],
+    ),
+    "longrope, factor from M, partial": (
+        dict(
+            rope_type="longrope",
+            short_factor=SHORT[:4],
+            long_factor=LONG[:4],
+            original_max_position_embeddings=16,
+            max_position_embeddings=128,
+        ),
+        0.5,
+        [8, 20],
+    ),
+    "llama3": (
+        dict(
+            rope_type="llama3",
+            factor=8.0,
+            original_max_position_embeddings=32,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+        ),
+        1.0,
+        [None],
+    ),
+    "proportional": (dict(rope_type="proportional"), 0.5, [None]),
+    "proportional, factor": (dict(rope_type="proportional", factor=2.0), 0.25, [None]),
+}
+
+
+@pytest.mark.parametrize("case", list(TABLES))
+def test_every_table_matches_transformers_function(case):
+    """inv_freq and the attention factor of each rope_type, against transformers' function in float64."""
+    params, partial, seq_lens = TABLES[case]
+    for seq_len in seq_lens:
+        M = params.get("max_position_embeddings") or 64
+        theirs, their_factor = hf_table(params, partial, M=M, seq_len=seq_len)
+        inv_freq, factor = ours(params, partial, seq_len)
+        assert inv_freq.shape == theirs.shape and inv_freq.dtype == np.float64, (case, seq_len)
+        assert rel_err(inv_freq, theirs) <= 1e-14 and math.isclose(factor, their_factor, rel_tol=1e-15), (case, seq_len)
+
+
+def test_the_tables_change_what_they_should():
+    """The fields matter (a check that could not fail otherwise): dynamic and longrope by the length, YaRN's ramp
+    between the default and the interpolated table, llama3's three bands, proportional's zeros."""
+    omega = RS.default_frequencies(THETA, D)
+    dyn = TABLES["dynamic"][0]
+    assert np.array_equal(ours(dyn, seq_len=16)[0], omega) and np.all(ours(dyn, seq_len=40)[0][1:] < omega[1:])
+    lr = TABLES["longrope"][0]
+    assert np.allclose(ours(lr, seq_len=16)[0], omega / SHORT) and np.allclose(ours(lr, seq_len=17)[0], omega / LONG)
+    yarn, _ = ours(TABLES["yarn, wide ramp"][0])
+    assert yarn[0] == omega[0] and np.isclose(yarn[-1], omega[-1] / 8) and np.all(yarn <= omega)
+    assert np.any((yarn > omega / 8 * (1 + 1e-9)) & (yarn < omega * (1 - 1e-9)))  # the ramp itself
+    ll, _ = ours(TABLES["llama3"][0])
+    assert ll[0] == omega[0] and np.isclose(ll[-1], omega[-1] / 8) and np.any((ll < omega) & (ll > omega / 8))
+    prop, _ = ours(TABLES["proportional"][0], partial=0.5)
+    assert prop.shape == (D // 2,) and np.all(prop[:4] > 0) and np.all(prop[4:] == 0)
+
+
+# --------------------------------------------------------------------------- transformers' pinned numbers
+
+# huggingface/transformers tests/utils/test_modeling_rope_utils.py @ e42e4a43c16b458045aa7b0f721cfe4015680880
+# fmt: off
+PINNED_DEFAULT = [
+    1.0000e+00, 8.6596e-01, 7.4989e-01, 6.4938e-01, 5.6234e-01, 4.8697e-01, 4.2170e-01, 3.6517e-01, 3.1623e-01,
+    2.7384e-01, 2.3714e-01, 2.0535e-01, 1.7783e-01, 1.5399e-01, 1.3335e-01, 1.1548e-01, 1.0000e-01, 8.6596e-02,
+    7.4989e-02, 6.4938e-02, 5.6234e-02, 4.8697e-02, 4.2170e-02, 3.6517e-02, 3.1623e-02, 2.7384e-02, 2.3714e-02,
+    2.0535e-02, 1.7783e-02, 1.5399e-02, 1.3335e-02, 1.1548e-02, 1.0000e-02, 8.6596e-03, 7.4989e-03, 6.4938e-03,
+    5.6234e-03, 4.8697e-03, 4.2170e-03, 3.6517e-03, 3.1623e-03, 2.7384e-03, 2.3714e-03, 2.0535e-03, 1.7783e-03,
+    1.5399e-03, 1.3335e-03, 1.1548e-03, 1.0000e-03, 8.6596e-04, 7.4989e-04, 6.4938e-04, 5.6234e-04, 4.8697e-04,
+    4.2170e-04, 3.6517e-04, 3.1623e-04, 2.7384e-04, 2.3714e-04, 2.0535e-04, 1.7783e-04, 1.5399e-04, 1.3335e-04,
+    1.1548e-04,
+]
+PINNED_DYNAMIC = [  # factor 10, seq_len 16384
+    1.0000e+00, 8.0931e-01, 6.5498e-01, 5.3008e-01, 4.2900e-01, 3.4720e-01, 2.8099e-01, 2.2741e-01, 1.8404e-01,
+    1.4895e-01, 1.2055e-01, 9.7558e-02, 7.8955e-02, 6.3899e-02, 5.1714e-02, 4.1853e-02, 3.3872e-02, 2.7413e-02,
+    2.2185e-02, 1.7955e-02, 1.4531e-02, 1.1760e-02, 9.5176e-03, 7.7027e-03, 6.2339e-03, 5.0451e-03, 4.0831e-03,
+    3.3045e-03, 2.6744e-03, 2.1644e-03, 1.7517e-03, 1.4176e-03, 1.1473e-03, 9.2852e-04, 7.5146e-04, 6.0817e-04,
+    4.9220e-04, 3.9834e-04, 3.2238e-04, 2.6091e-04, 2.1115e-04, 1.7089e-04, 1.3830e-04, 1.1193e-04, 9.0585e-05,
+    7.3312e-05, 5.9332e-05, 4.8018e-05, 3.8861e-05, 3.1451e-05, 2.5453e-05, 2.0600e-05, 1.6672e-05, 1.3492e-05,
+    1.0920e-05, 8.8374e-06, 7.1522e-06, 5.7883e-06, 4.6845e-06, 3.7912e-06, 3.0683e-06, 2.4832e-06, 2.0097e-06,
+    1.6265e-06,
+]
+PINNED_YARN = [  # factor 10, beta_fast 32, beta_slow 1 (original length: the config's 2048)
+    1.0000e+00, 8.6596e-01, 7.4989e-01, 6.4938e-01, 5.6234e-01, 4.8697e-01, 4.2170e-01, 3.6517e-01, 3.1623e-01,
+    2.7384e-01, 2.3714e-01, 2.0535e-01, 1.7783e-01, 1.5399e-01, 1.3335e-01, 1.1548e-01, 1.0000e-01, 8.3479e-02,
+    6.9590e-02, 5.7925e-02, 4.8136e-02, 3.9931e-02, 3.3061e-02, 2.7315e-02, 2.2515e-02, 1.8512e-02, 1.5177e-02,
+    1.2403e-02, 1.0101e-02, 8.1924e-03, 6.6143e-03, 5.3120e-03, 4.2400e-03, 3.3599e-03, 2.6396e-03, 2.0520e-03,
+    1.5746e-03, 1.1882e-03, 8.7713e-04, 6.2810e-04, 4.3007e-04, 2.7384e-04, 2.3714e-04, 2.0535e-04, 1.7783e-04,
+    1.5399e-04, 1.3335e-04, 1.1548e-04, 1.0000e-04, 8.6596e-05, 7.4989e-05, 6.4938e-05, 5.6234e-05, 4.8697e-05,
+    4.2170e-05, 3.6517e-05, 3.1623e-05, 2.7384e-05, 2.3714e-05, 2.0535e-05, 1.7783e-05, 1.5399e-05, 1.3335e-05,
+    1.1548e-05,
+]
+PINNED_LLAMA3 = [  # factor 10, original 2048, low_freq_factor 1, high_freq_factor 4
+    1.0000e+00, 8.6596e-01, 7.4989e-01, 6.4938e-01, 5.6234e-01, 4.8697e-01, 4.2170e-01, 3.6517e-01, 3.1623e-01,
+    2.7384e-01, 2.3714e-01, 2.0535e-01, 1.7783e-01, 1.5399e-01, 1.3335e-01, 1.1548e-01, 1.0000e-01, 8.6596e-02,
+    7.4989e-02, 6.4938e-02, 5.6234e-02, 4.8697e-02, 4.2170e-02, 3.6517e-02, 3.1623e-02, 2.7384e-02, 2.3714e-02,
+    2.0535e-02, 1.7783e-02, 1.5399e-02, 1.3335e-02, 1.0730e-02, 7.7785e-03, 5.6009e-03, 3.9991e-03, 2.8248e-03,
+    1.9675e-03, 1.3449e-03, 8.9549e-04, 5.7363e-04, 3.4539e-04, 2.7384e-04, 2.3714e-04, 2.0535e-04, 1.7783e-04,
+    1.5399e-04, 1.3335e-04, 1.1548e-04, 1.0000e-04, 8.6596e-05, 7.4989e-05, 6.4938e-05, 5.6234e-05, 4.8697e-05,
+    4.2170e-05, 3.6517e-05, 3.1623e-05, 2.7384e-05, 2.3714e-05, 2.0535e-05, 1.7783e-05, 1.5399e-05, 1.3335e-05,
+    1.1548e-05,
+]
+# fmt: on
+
+
+def assert_as_printed(values, pinned):
+    """Each value within half a unit of the last of the 5 significant digits it is printed with."""
+    values, pinned = np.asarray(values), np.asarray(pinned)
+    half_unit = 0.5e-4 * 10.0 ** np.floor(np.log10(np.abs(pinned)))
+    assert values.shape == pinned.shape and np.all(np.abs(values - pinned) <= half_unit * (1 + 1e-9)), (
+        np.abs(values - pinned) / half_unit
+    ).max()
+
+
+def pinned_table(params, seq_len=None):
+    return ours(params, seq_len=seq_len, head_dim=128, theta=10000.0)
+
+
+def test_transformers_pinned_tables():
+    """test_default/dynamic/yarn/llama3_rope_numerically's snapshots, and linear's rule (default / factor)."""
+    omega = RS.default_frequencies(10000.0, 128)
+    assert_as_printed(omega, PINNED_DEFAULT)
+    for factor in (2.0, 10.0, 20.0):
+        inv, attention = pinned_table(dict(rope_type="linear", factor=factor))
+        assert attention == 1.0 and np.array_equal(inv, omega / factor)
+    dynamic = dict(rope_type="dynamic", factor=10.0, max_position_embeddings=2048)
+    assert np.array_equal(pinned_table(dynamic)[0], omega) and np.array_equal(pinned_table(dynamic, 1)[0], omega)
+    assert_as_printed(pinned_table(dynamic, 16384)[0], PINNED_DYNAMIC)
+    assert_as_printed(pinned_table(dict(rope_type="yarn", factor=10.0, beta_fast=32, beta_slow=1,
+                                        original_max_position_embeddings=2048))[0], PINNED_YARN)  # fmt: skip
+    llama3 = dict(rope_type="llama3", factor=10.0, original_max_position_embeddings=2048, low_freq_factor=1,
+                  high_freq_factor=4)  # fmt: skip
+    inv, attention = pinned_table(llama3)
+    assert attention == 1.0
+    assert_as_printed(inv, PINNED_LLAMA3)
+
+
+def test_transformers_pinned_attention_factors():
+    """YaRN's 0.1 ln(factor) + 1 and LongRoPE's √(1 + ln(factor) / ln(2048)), or the given attention_factor (the
+    pinned test's equalities); LongRoPE's short factors below the original length."""
+    short, long = [2.0] * 64, list(np.arange(1.0, 65.0))
+    for factor in (2.0, 10.0, 20.0):
+        yarn = dict(rope_type="yarn", factor=factor, original_max_position_embeddings=2048)
+        assert pinned_table(yarn)[1] == 0.1 * math.log(factor) + 1.0
+        assert pinned_table({**yarn, "attention_factor": 0.5})[1] == 0.5
+        lr = dict(rope_type="longrope", factor=factor, short_factor=short, long_factor=long,
+                  original_max_position_embeddings=2048)  # fmt: skip
+        assert pinned_table(lr)[1] == math.sqrt(1 + math.log(factor) / math.log(2048))
+        assert pinned_table({**lr, "attention_factor": 0.5}, seq_len=1)[1] == 0.5
+        assert np.array_equal(pinned_table(lr)[0], RS.default_frequencies(10000.0, 128) / np.array(short))
+
+
+# --------------------------------------------------------------------------- malformed dicts
+
+YARN = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16)
+BAD = [
+    ("yarn", "must be a dict"),
+    (dict(factor=2.0), r"rope_scaling\['rope_type'\] must be one of"),
+    (dict(rope_type="ntk", factor=2.0), r"rope_scaling\['rope_type'\] must be one of .*'ntk'"),
+    (dict(rope_type="linear"), r"needs rope_scaling\['factor'\]"),
+    (dict(rope_type="linear", factor=2.0, beta_fast=3.0), r"rope_scaling\['beta_fast'\] is not a field of .*linear"),
+    (dict(rope_type="linear", factor="2"), r"rope_scaling\['factor'\] must be a number"),
+    (dict(rope_type="linear", factor=True), r"rope_scaling\['factor'\] must be a number"),
+    (dict(rope_type="linear", factor=-1.0), r"rope_scaling\['factor'\] must be a finite number > 0"),
+    (dict(rope_type="linear", factor=float("nan")), r"rope_scaling\['factor'\] must be a finite number"),
+    (dict(rope_type="dynamic", factor=2.0), r"needs rope_scaling\['max_position_embeddings'\]"),
+    (dict(YARN, original_max_position_embeddings=16.5), r"rope_scaling\['original_max_position_embeddings'\]"),
+    (dict(YARN, truncate=1), r"rope_scaling\['truncate'\] must be True or False"),
+    (dict(YARN, factor=None), r"needs rope_scaling\['factor'\] \(or max_position_embeddings"),
+    (dict(rope_type="yarn", factor=4.0), r"needs rope_scaling\['original_max_position_embeddings'\]"),
+    (
+        dict(
+            rope_type="longrope",
+            short_factor=[1.0] * 7,
+            long_factor=[1.0] * 8,
+            original_max_position_embeddings=4,
+            factor=2.0,
+        ),
+        r"rope_scaling\['short_factor'\] must have 8 entries",
+    ),
+    (
+        dict(
+            rope_type="longrope",
+            short_factor="1.0",
+            long_factor=[1.0] * 8,
+            original_max_position_embeddings=4,
+            factor=2.0,
+        ),
+        r"rope_scaling\['short_factor'\] must be a list",
+    ),
+    (
+        dict(
+            rope_type="longrope",
+            short_factor=[1.0] * 8,
+            long_factor=[1.0] * 7 + [0.0],
+            original_max_position_embeddings=4,
+            factor=2.0,
+        ),
+        r"rope_scaling\['long_factor'\]\[7\]",
+    ),
+    (
+        dict(
+            rope_type="llama3",
+            factor=8.0,
+            original_max_position_embeddings=8,
+            low_freq_factor=4.0,
+            high_freq_factor=4.0,
+        ),
+        r"rope_scaling\['high_freq_factor'\] must be above",
+    ),
+    (dict(YARN, rope_theta=10.0), r"rope_scaling\['rope_theta'\]=10.0 differs from the module's rope_theta"),
+    (dict(YARN, partial_rotary_factor=0.5), r"rope_scaling\['partial_rotary_factor'\]"),
+]
+
+
+@pytest.mark.parametrize("bad, match", BAD, ids=[str(m)[:40] for _, m in BAD])
+def test_malformed_dicts_are_refused_naming_the_argument(bad, match):
+    given = copy.deepcopy(bad)
+    with pytest.raises(ValueError, match=match):
+        MultiHeadAttention(2 * D, 2, rope_theta=THETA, rope_scaling=bad)
+    assert bad == given  # not mutated
+
+
+def test_rope_scaling_needs_rope_theta_and_a_dynamic_table_needs_two_pairs():
+    with pytest.raises(ValueError, match="rope_scaling scales RoPE's frequencies: it needs rope_theta"):
+        MultiHeadAttention(8, 2, rope_scaling=YARN)
+    with pytest.raises(ValueError, match="rope_type 'dynamic' turns 2 features"):
+        MultiHeadAttention(8, 2, head_dim=4, rope_theta=THETA, partial_rotary_factor=0.5,
+                           rope_scaling=dict(rope_type="dynamic", factor=2.0, max_position_embeddings=4))  # fmt: skip
+
+
+def test_transformers_rope_parameters_are_taken_as_they_are():
+    """A config's rope_parameters (rope_theta and partial_rotary_factor in it, equal to the module's) is accepted;
+    rope_type "default" is no scaling at all; the option shows in repr and is hashable."""
+    params = dict(YARN, rope_theta=THETA, partial_rotary_factor=0.5)
+    mha = MultiHeadAttention(2 * D, 2, rope_theta=THETA, partial_rotary_factor=0.5, rope_scaling=params)
+    assert mha.config.rope_scaling.as_dict() == YARN and "rope_scaling=RopeScaling(" in repr(mha)
+    assert hash(mha.config) == hash(mha.config.replace())
+    plain = MultiHeadAttention(2 * D, 2, rope_theta=THETA, rope_scaling={"rope_type": "default"})
+    assert plain.config.rope_scaling is None and "rope_scaling" not in repr(plain)
+
+
+# --------------------------------------------------------------------------- the module
+
+
+GRAD_CASES = {  # head_dim 8: 4 pairs
+    "yarn, partial": (
+        dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=16, beta_fast=8.0, beta_slow=0.5),
+        0.5,
+    ),
+    "dynamic past M": (dict(rope_type="dynamic", factor=2.0, max_position_embeddings=3), 1.0),
+    "longrope past original": (
+        dict(
+            rope_type="longrope",
+            short_factor=SHORT[:4],
+            long_factor=LONG[:4],
+            original_max_position_embeddings=3,
+            factor=2.0,
+        ),
+        1.0,
+    ),
+    "proportional": (dict(rope_type="proportional", factor=2.0), 0.5),
+}
+
+
+@pytest.mark.parametrize("case", list(GRAD_CASES))
+def test_the_module_gradchecks_with_scaled_tables(case):
+    """float64 central differences of the module (GQA, a causal mask, 5 positions) with a table and its
+    attention factor; dynamic and longrope past their original length (the long table)."""
+    params, partial = GRAD_CASES[case]
+    mha = MultiHeadAttention(8, 2, num_kv_heads=1, head_dim=8, rope_theta=THETA, partial_rotary_factor=partial,
+                             rope_scaling=params, rng=0)  # fmt: skip
+    x = np.random.default_rng(1).standard_normal((2, 5, 8))
+    grad_check_self_attention(mha, x, mask=masks.causal_mask(5))
+
+
+# --------------------------------------------------------------------------- dynamic NTK across decoding
+
+
+def test_dynamic_ntk_decoding_matches_transformers_dynamic_update():
+    """Our module with a KVCache against LlamaAttention whose (cos, sin) come, call after call, from one
+    LlamaRotaryEmbedding (``dynamic_rope_update``'s state) in float64: a prefill below the original length M = 6,
+    single tokens across it (transformers recomputes the table at each new length, ours by the call's length),
+    then a new sequence shorter than M (transformers resets to the original table; ours is the default table
+    there). Cached keys keep the rotation they were cached with, in both."""
+    torch = require_torch()
+    pytest.importorskip("transformers")
+    from transformers import DynamicCache, LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+
+    from mha_numpy.interop.llama import causal_tensor, from_hf_llama_attention
+
+    M, E = 6, 2 * D
+    rope = dict(rope_type="dynamic", factor=3.0)
+    cfg = LlamaConfig(hidden_size=E, num_attention_heads=4, num_key_value_heads=2, head_dim=D, attention_bias=True,
+                      max_position_embeddings=M, rope_parameters=dict(rope, rope_theta=THETA),
+                      attn_implementation="sdpa")  # fmt: skip
+    torch.manual_seed(0)
+    module = LlamaAttention(cfg, layer_idx=0).double().eval()
+    with lifted(torch):
+        rotary = LlamaRotaryEmbedding(cfg)
+    mha = MultiHeadAttention(E, 4, num_kv_heads=2, head_dim=D, rope_theta=THETA,
+                             rope_scaling=dict(rope, max_position_embeddings=M), rng=0)  # fmt: skip
+    mha.params.update(from_hf_llama_attention(_default_rope_copy(module)).params)
+    x = np.random.default_rng(4).standard_normal((2, 10, E))
+    for calls in ([(0, 4), *((t, t + 1) for t in range(4, 10))], [(0, 3), (3, 4)]):  # across M, then a new short one
+        kv, hf_cache = KVCache(), DynamicCache(config=cfg)
+        for a, b in calls:
+            ours_out = mha.forward(*(x[:, a:b],) * 3, mask=masks.causal_mask(b - a, b, diagonal=a), kv_cache=kv)[0]
+            pos = torch.arange(a, b)[None].expand(2, -1)
+            with lifted(torch), torch.no_grad():
+                cos_sin = rotary(torch.from_numpy(x[:, a:b]), pos)
+                theirs = module(torch.from_numpy(x[:, a:b]), cos_sin, causal_tensor(torch, b - a, b, np.float64),
+                                cache=hf_cache)[0].numpy()  # fmt: skip
+            assert rel_err(ours_out, theirs) <= 1e-12, (a, b)
+    assert rotary.max_seq_len_cached == M  # transformers went past M and came back (the reset), as our table did
+
+
+def _default_rope_copy(module):
+    """A LlamaAttention with the same weights and a default-rope config, for the importer (which refuses scaling
+    on Llama: only the weights are read here)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    cfg = LlamaConfig(**{**module.config.to_dict(), "rope_parameters": {"rope_type": "default", "rope_theta": THETA}})
+    cfg._attn_implementation = "sdpa"
+    copy_ = LlamaAttention(cfg, layer_idx=0).double()
+    copy_.load_state_dict(module.state_dict())
+    return copy_
