@@ -445,3 +445,56 @@ def _default_rope_copy(module):
     copy_ = LlamaAttention(cfg, layer_idx=0).double()
     copy_.load_state_dict(module.state_dict())
     return copy_
+
+
+# --------------------------------------------------------------------------- gpt-oss's own test configuration
+
+
+def gpt_oss_test_attention(window, dtype=np.float64):
+    """The attention of GptOssModelTester's config (huggingface/transformers tests/models/gpt_oss/
+    test_modeling_gpt_oss.py @ 3e7da9f11075a6e34d572fe04d28485a3989d274, its sizes from tests/causal_lm_tester.py
+    @ 2b6c089d5a0b18d59a08c36b91404ece60915cf3: hidden 32, 2 heads, 2 key/value heads, head_dim 32 // 2,
+    max_position_embeddings 512) with GptOssConfig's own rope_parameters (YaRN, factor 32, beta 32 / 1,
+    truncate False, original length 4096, θ 150000) and sliding window (128; layer 0 sliding, layer 1 full)."""
+    from mha_numpy.interop.gpt_oss import hf_gpt_oss_attention
+
+    return hf_gpt_oss_attention(32, 2, 2, head_dim=16, sliding_window=window, rope_parameters="gpt-oss",
+                                max_position_embeddings=512, dtype=dtype)  # fmt: skip
+
+
+@pytest.mark.parametrize("impl", ["vectorized", "naive", "chunked"])
+@pytest.mark.parametrize("window", [128, None], ids=["sliding", "full"])
+def test_gpt_oss_own_test_config_imports_and_matches(window, impl):
+    """Its YaRN config imports (rope_scaling from its rope_parameters) and matches GptOssAttention on every kernel:
+    outputs, weights, Q and K after RoPE and every gradient to 1e-10 in float64, a padded batch of 2 × 7 tokens
+    (the tester's seq_length)."""
+    require_torch()
+    pytest.importorskip("transformers")
+    from mha_numpy import kernels
+    from mha_numpy.interop.gpt_oss import crosscheck_hf_gpt_oss_attention, from_hf_gpt_oss_attention
+
+    module = gpt_oss_test_attention(window)
+    mha = from_hf_gpt_oss_attention(module)
+    assert mha.config.rope_scaling.as_dict() == dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0,
+                                                     truncate=False, original_max_position_embeddings=4096,
+                                                     max_position_embeddings=512)  # fmt: skip
+    assert mha.rope_theta == 150000.0 and mha.head_dim == 16
+    x = np.random.default_rng(5).standard_normal((2, 7, 32))
+    keep = np.array([[1, 1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1, 1]])
+    kernel = kernels.get_kernel(impl, **({"block_size": 3, "num_threads": 2} if impl == "chunked" else {}))
+    report = crosscheck_hf_gpt_oss_attention(module, x, attention_mask=keep, impl=kernel)
+    assert report.passed and report.rtol == 1e-10, str(report)
+    assert {"dL/dsinks", "Q after RoPE", "dL/dW_q"} <= {r.name for r in report.rows}
+
+
+def test_gpt_oss_own_test_config_decodes_and_float32():
+    """Decoding it with a KVCache against GptOssAttention's DynamicCache (float64), and float32 within 1e-5."""
+    require_torch()
+    pytest.importorskip("transformers")
+    from mha_numpy.interop.gpt_oss import crosscheck_hf_gpt_oss_attention, crosscheck_hf_gpt_oss_kv_cache
+
+    x = np.random.default_rng(6).standard_normal((2, 7, 32))
+    report = crosscheck_hf_gpt_oss_kv_cache(gpt_oss_test_attention(None), x, prefill=3)
+    assert report.passed, str(report)
+    report = crosscheck_hf_gpt_oss_attention(gpt_oss_test_attention(128, np.float32), x)
+    assert report.passed and report.rtol == 1e-5, str(report)
