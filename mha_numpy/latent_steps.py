@@ -33,7 +33,7 @@ import warnings
 import numpy as np
 
 from . import functional as F
-from ._checks import as_bool, as_int, as_number
+from ._checks import as_int, as_number
 from .kv_cache import LatentCache, StreamingKVCache
 from .steps import AppendToCache, AttentionConfig, Option, Param, Rope, Step, build_steps
 
@@ -215,7 +215,7 @@ class DecoupledRope(Rope):
     option = None  # always in MLA's data path
     names = ("q_rope_split", "q_rope", "q_rope_join", "k_rope")
     place, family = 40, "latent"
-    options = {"rope_interleave": Option(True, lambda v, n, o: as_bool(v, n), requires="kv_lora_rank")}
+    # rope_interleave is Rope's option (declared once), True by default here: DeepSeek's layout
 
     def turn(self, x, positions, table):
         """x turned by the call's table (``Rope.table`` of the dr rope features) in the config's layout: pairs

@@ -5,7 +5,8 @@ step list of a call from the options (``build_steps``).
     Split       Q (B, H, Lq, d), K, V (B, Hkv, Lk, d)
     [GateQuery] Q (B, H, Lq, d): each head's first half of q's 2d features, the second its gate (Qwen3-Next)
     [QKNorm]    Q, K normalised per head (RMSNorm with learned weights)
-    [Rope]      Q, K turned by the angles of their positions (the first int(d · partial_rotary_factor) features)
+    [Rope]      Q, K turned by the angles of their positions (the first int(d · partial_rotary_factor) features;
+                rope_scaling's table; pairs (i, i + n) or, rope_interleave, (2i, 2i + 1))
     [AppendToCache]  K, V appended to the KV cache: (B, Hkv, cached + Lk, d), causal within the call
     [HeadTemperature]  the scores · exp(t_h), a learned temperature per head      } score terms: ``ScoreTerm``s,
     [RelativeBias]   a learned term for the scores, by head and clipped distance   } applied by every kernel to the
@@ -338,6 +339,12 @@ def _partial_rotary_factor(value, name, o):
     return factor
 
 
+def _rope_interleave(value, name, o):
+    if value is None:  # the pairs' layout of the family: DeepSeek's MLA interleaved, Llama's half-split
+        return o["kv_lora_rank"] is not None
+    return as_bool(value, name)
+
+
 def _rope_scaling(value, name, o):
     if value is None:
         return None
@@ -548,10 +555,14 @@ class QKNorm(Step):
 
 _PARTIAL = {"rope_theta": 50.0, "partial_rotary_factor": 0.5, "head_dim": 4}  # d = 4: 2 of 4 turned (d = 2: none)
 _YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2}  # the 2·pairs' mscale 1.14
+_INTERLEAVED = {"rope_theta": 50.0, "rope_interleave": True, "head_dim": 4}  # d = 2: one pair, the same both ways
 
 
 class Rope(Step):
-    """Q, K turned pair by pair by the angles of their positions (RoPE, Hugging Face Llama's convention)."""
+    """Q, K turned pair by pair by the angles of their positions (RoPE, Hugging Face Llama's convention).
+
+    The pairs (i, i + n), Llama's rotate_half, or with ``rope_interleave`` (2i, 2i + 1), GPT-J's and Llama 4's; the
+    angles position · inv_freq[i] of ``rope_scaling``'s table (``mha_numpy/rope_scaling.py``), n = turned / 2."""
 
     reads, writes = ("Q", "K"), ("Q", "K")
 
@@ -566,6 +577,8 @@ class Rope(Step):
         "rope_scaling": Option(
             None, _rope_scaling, requires="rope_theta", example={"rope_theta": 50.0, "rope_scaling": _YARN}
         ),
+        # the pairs: (2i, 2i + 1) (GPT-J, Llama 4; DeepSeek's MLA, its default there) or (i, i + n) (Llama)
+        "rope_interleave": Option(None, _rope_interleave, requires="rope_theta", example=_INTERLEAVED),
     }
 
     def check(self, f):
@@ -587,9 +600,9 @@ class Rope(Step):
         return RS.rope_frequencies(c.rope_scaling, c.rope_theta, d, p, seq_len)
 
     def forward(self, f, s):
-        inv_freq, factor = self.table(f)  # (n,), n = turned / 2 (all: d / 2)
-        f.Q, s["q_rope"] = F.rotary_forward(f.Q, f.pos_q, inv_freq, factor, check=False)  # F1: (B, H, Lq, d)
-        f.K, s["k_rope"] = F.rotary_forward(f.K, f.pos_k, inv_freq, factor, check=False)  # F2: (B, Hkv, Lk, d)
+        (inv_freq, factor), pairs = self.table(f), self.c.rope_interleave  # (n,), n = turned / 2 (all: d / 2)
+        f.Q, s["q_rope"] = F.rotary_forward(f.Q, f.pos_q, inv_freq, factor, pairs, check=False)  # F1: (B, H, Lq, d)
+        f.K, s["k_rope"] = F.rotary_forward(f.K, f.pos_k, inv_freq, factor, pairs, check=False)  # F2: (B, Hkv, Lk, d)
 
     def backward(self, g, s):
         g.Q = F.rotary_backward(g.Q, s["q_rope"])  # ← F1: the inverse rotation

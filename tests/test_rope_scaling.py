@@ -498,3 +498,83 @@ def test_gpt_oss_own_test_config_decodes_and_float32():
     assert report.passed, str(report)
     report = crosscheck_hf_gpt_oss_attention(gpt_oss_test_attention(128, np.float32), x)
     assert report.passed and report.rtol == 1e-5, str(report)
+
+
+# --------------------------------------------------------------------------- the two pair layouts
+
+
+def halves_order(d: int, turned: int) -> np.ndarray:
+    """The permutation from the interleaved layout to the half-split one: the turned features' evens, then their
+    odds (pair i at (i, i + n)), the rest in place."""
+    return np.concatenate([np.arange(0, turned, 2), np.arange(1, turned, 2), np.arange(turned, d)])
+
+
+def test_the_same_vector_rotated_both_ways_is_equal_after_the_permutation():
+    """rotary(x, interleaved) permuted to halves == rotary(x permuted to halves, half-split), bit for bit, on a
+    partial head with a scaled table (and the same for the backward); DeepSeek's form (rope_interleaved_forward)
+    is the interleaved turn with its output gathered into halves."""
+    from mha_numpy import functional as F
+
+    rng = np.random.default_rng(7)
+    x, d_out = rng.standard_normal((2, 3, 5, 10)), rng.standard_normal((2, 3, 5, 10))
+    inv_freq, factor = ours(dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=4), head_dim=6)
+    perm = halves_order(10, 6)  # 3 pairs turned of 10 features
+    inter, cache_i = F.rotary_forward(x, None, inv_freq, factor, interleaved=True)
+    half, cache_h = F.rotary_forward(x[..., perm], None, inv_freq, factor, interleaved=False)
+    assert np.array_equal(inter[..., perm], half) and not np.allclose(inter, half)
+    assert np.array_equal(F.rotary_backward(d_out, cache_i)[..., perm], F.rotary_backward(d_out[..., perm], cache_h))
+    y = rng.standard_normal((2, 3, 5, 6))
+    deepseek, _ = F.rope_interleaved_forward(y, None, 30.0)
+    gptj, _ = F.rotary_forward(y, None, RS.default_frequencies(30.0, 6), interleaved=True)
+    assert np.array_equal(deepseek, gptj[..., halves_order(6, 6)])
+
+
+def test_the_interleaved_turn_is_gpt_j_and_llama4_complex_form():
+    """Against GPT-J's rotate_every_two written out and Llama 4's complex product (x_2i + i x_2i+1) e^(i θ),
+    independent of the pair."""
+    from mha_numpy import functional as F
+
+    rng = np.random.default_rng(8)
+    x, pos = rng.standard_normal((2, 2, 4, 8)), rng.integers(0, 50, size=(2, 4))
+    inv_freq = 1.0 / 20.0 ** (np.arange(0, 8, 2) / 8)
+    out, _ = F.rotary_forward(x, pos, inv_freq, 1.25, interleaved=True)
+    angles = pos[:, None, :, None] * inv_freq  # (B, 1, L, 4)
+    cos, sin = np.repeat(np.cos(angles), 2, axis=-1), np.repeat(np.sin(angles), 2, axis=-1)  # (B, 1, L, 8)
+    every_two = np.stack([-x[..., 1::2], x[..., 0::2]], axis=-1).reshape(x.shape)  # GPT-J's rotate_every_two
+    assert rel_err(out, 1.25 * (x * cos + every_two * sin)) <= 1e-15
+    z = (x[..., 0::2] + 1j * x[..., 1::2]) * np.exp(1j * angles) * 1.25  # Llama 4's view_as_complex · freqs_cis
+    assert rel_err(out, np.stack([z.real, z.imag], axis=-1).reshape(x.shape)) <= 1e-15
+
+
+def test_the_module_with_interleaved_pairs_is_the_half_split_module_with_permuted_projections():
+    """rope_interleave=True (partial, scaled) equals the half-split module whose W_q, W_k rows (and biases) are
+    permuted to halves within each head: the layouts differ by a permutation of q and k alike, which q·k does not
+    see; and it gradchecks."""
+    options = dict(num_kv_heads=1, head_dim=8, rope_theta=THETA, partial_rotary_factor=0.75, rng=0,
+                   rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=4))  # fmt: skip
+    inter = MultiHeadAttention(16, 2, rope_interleave=True, **options)
+    half = MultiHeadAttention(16, 2, **options)
+    perm = halves_order(8, 6)
+    for name, heads in (("W_q", 2), ("W_k", 1), ("b_q", 2), ("b_k", 1)):
+        rows = np.concatenate([h * 8 + perm for h in range(heads)])
+        inter.params[name] += np.random.default_rng(len(name)).normal(0, 0.3, inter.params[name].shape)
+        half.params[name] = inter.params[name][rows]
+    for name in ("W_v", "b_v", "W_o", "b_o"):
+        half.params[name] = inter.params[name]
+    x, mask = np.random.default_rng(9).standard_normal((2, 5, 16)), masks.causal_mask(5)
+    out_i, out_h = inter.forward(x, x, x, mask=mask)[0], half.forward(x, x, x, mask=mask)[0]
+    assert rel_err(out_i, out_h) <= 1e-14
+    plain = MultiHeadAttention(16, 2, **{**options, "rope_scaling": None})
+    plain.params.update(half.params)
+    assert rel_err(plain.forward(x, x, x, mask=mask)[0], out_h) > 1e-3  # the table matters here
+    grad_check_self_attention(inter, x[:, :4], mask=masks.causal_mask(4))
+
+
+def test_rope_interleave_is_checked_and_defaults_by_family():
+    with pytest.raises(ValueError, match="rope_interleave must be True or False"):
+        MultiHeadAttention(8, 2, rope_theta=THETA, rope_interleave=1)
+    assert MultiHeadAttention(8, 2, rope_theta=THETA).config.rope_interleave is False
+    from mha_numpy import MultiHeadLatentAttention
+
+    mla = MultiHeadLatentAttention(8, 2, kv_lora_rank=3, qk_rope_head_dim=2, qk_nope_head_dim=2, v_head_dim=2)
+    assert mla.config.rope_interleave is True  # DeepSeek's default
