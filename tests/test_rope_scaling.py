@@ -578,3 +578,69 @@ def test_rope_interleave_is_checked_and_defaults_by_family():
 
     mla = MultiHeadLatentAttention(8, 2, kv_lora_rank=3, qk_rope_head_dim=2, qk_nope_head_dim=2, v_head_dim=2)
     assert mla.config.rope_interleave is True  # DeepSeek's default
+
+
+# --------------------------------------------------------------------------- every kernel, recompute, the KV cache
+
+STATIC = {  # the tables that do not depend on the length: decoding token by token is the full forward
+    "yarn, interleaved, partial": dict(
+        rope_scaling=dict(
+            rope_type="yarn", factor=4.0, original_max_position_embeddings=3, beta_fast=4.0, beta_slow=0.5
+        ),
+        rope_interleave=True,
+        partial_rotary_factor=0.5,
+    ),  # fmt: skip
+    "llama3": dict(
+        rope_scaling=dict(
+            rope_type="llama3",
+            factor=4.0,
+            original_max_position_embeddings=4,
+            low_freq_factor=1.0,
+            high_freq_factor=2.0,
+        )
+    ),  # fmt: skip
+    "proportional, interleaved": dict(
+        rope_scaling=dict(rope_type="proportional", factor=1.5), rope_interleave=True, partial_rotary_factor=0.5
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("impl", ["vectorized", "naive", "chunked", "auto"])
+@pytest.mark.parametrize("case", list(STATIC))
+def test_scaled_rope_on_every_kernel_with_recompute_and_the_kv_cache(case, impl):
+    """recompute=True gives the default path's output and gradients, decoding token by token the full forward."""
+    from helpers import check_recompute_and_decoding
+
+    from mha_numpy import kernels
+
+    kernel = dict(block_size=2, num_threads=2) if impl == "chunked" else {}
+    options = dict(num_kv_heads=2, head_dim=8, rope_theta=THETA, rng=0, **STATIC[case])
+    default = MultiHeadAttention(16, 4, impl=kernels.get_kernel(impl, **kernel), **options)
+    lean = MultiHeadAttention(16, 4, impl=kernels.get_kernel(impl, **kernel), recompute=True, **options)
+    lean.params.update(default.params)
+    check_recompute_and_decoding(default, lean, np.random.default_rng(10).standard_normal((2, 6, 16)),
+                                 np.random.default_rng(11))  # fmt: skip
+
+
+@pytest.mark.parametrize("case", ["dynamic past M", "longrope past original"])
+def test_length_dependent_tables_with_recompute_see_the_call_length(case):
+    """dynamic and longrope read the call's length in every head group of recompute=True, as in the default path;
+    decoding past the original length differs from the full forward by the keys cached with the shorter table, as
+    transformers' does (test_dynamic_ntk_decoding_matches_transformers_dynamic_update)."""
+    from mha_numpy import kernels
+
+    params, _ = GRAD_CASES[case]
+    options = dict(num_kv_heads=1, head_dim=8, rope_theta=THETA, rope_scaling=params, rng=0)
+    default = MultiHeadAttention(8, 2, impl=kernels.get_kernel("chunked", block_size=2), **options)
+    lean = MultiHeadAttention(8, 2, impl=kernels.get_kernel("chunked", block_size=2), recompute=True, **options)
+    lean.params.update(default.params)
+    x, mask = np.random.default_rng(12).standard_normal((2, 6, 8)), masks.causal_mask(6)
+    out, cache = default.forward(x, x, x, mask=mask)
+    out_r, cache_r = lean.forward(x, x, x, mask=mask)
+    d_out = np.random.default_rng(13).standard_normal(out.shape)
+    grads, grads_r = default.backward(d_out, cache), lean.backward(d_out, cache_r)
+    assert rel_err(out_r, out) <= 1e-13 and all(rel_err(grads_r[n], grads[n]) <= 1e-13 for n in grads)
+    kv = KVCache()
+    steps = np.concatenate([default.forward(*(x[:, t : t + 1],) * 3, kv_cache=kv)[0] for t in range(6)], axis=1)
+    short = default.forward(x[:, :3], x[:, :3], x[:, :3], mask=masks.causal_mask(3))[0]  # within the original length
+    assert rel_err(steps[:, :3], short) <= 1e-13 and rel_err(steps[:, -1], out[:, -1]) > 1e-6
