@@ -3,10 +3,9 @@
 
     rope_frequencies(scaling, theta, head_dim, partial_rotary_factor, seq_len) -> (inv_freq (n,), attention_factor)
 
-The ``Rope`` step turns feature pair i of each head by the angle position · inv_freq[i] and multiplies the turned
-features by ``attention_factor`` (transformers multiplies its cos and sin by it: YaRN's mscale, LongRoPE's factor).
-n = int(head_dim · partial_rotary_factor) / 2 pairs, except ``proportional`` (Gemma's), whose table covers the whole
-head, d / 2 frequencies of which the last ones are 0 (pairs that do not turn).
+The ``Rope`` step turns pair i of each head by position · inv_freq[i] and scales the turned features by
+``attention_factor`` (transformers' cos and sin times it: YaRN's mscale), n = int(head_dim · partial_rotary_factor) / 2
+pairs; ``proportional`` (Gemma's) covers the whole head, its last frequencies 0 (pairs that do not turn).
 
 With ω_i = θ^(-2i/r), i = 0 ... n-1, r = 2n, each rope_type's table and fields (required; optional):
 
@@ -135,8 +134,10 @@ def check_rope_scaling(value, name: str = "rope_scaling", theta=None, head_dim=N
     rope_type "default"; ValueError naming ``name`` and the field at fault: not a dict, an unknown rope_type, a
     missing, unknown or wrong-typed field, a factor list of the wrong length, ``rope_theta`` or
     ``partial_rotary_factor`` other than the module's, a dynamic table of 2 features (its exponent r / (r - 2))."""
-    if value is None or isinstance(value, RopeScaling):
-        return value
+    if value is None:
+        return None
+    if isinstance(value, RopeScaling):  # checked again against this module's sizes
+        value = {"rope_type": value.rope_type, **value.as_dict()}
     if not isinstance(value, dict):
         raise ValueError(f"{name} must be a dict such as {{'rope_type': 'yarn', 'factor': 4.0}}, got {value!r:.80}")
     kind = value.get("rope_type")
@@ -295,5 +296,5 @@ def rope_frequencies(scaling, theta: float, head_dim: int, partial_rotary_factor
 
 
 def reads_length(scaling) -> bool:
-    """Whether the table depends on the length seen (``dynamic``, ``longrope``)."""
+    """Whether the table depends on the length seen: ``dynamic``, ``longrope``."""
     return scaling is not None and scaling.rope_type in ("dynamic", "longrope")

@@ -644,3 +644,14 @@ def test_length_dependent_tables_with_recompute_see_the_call_length(case):
     steps = np.concatenate([default.forward(*(x[:, t : t + 1],) * 3, kv_cache=kv)[0] for t in range(6)], axis=1)
     short = default.forward(x[:, :3], x[:, :3], x[:, :3], mask=masks.causal_mask(3))[0]  # within the original length
     assert rel_err(steps[:, :3], short) <= 1e-13 and rel_err(steps[:, -1], out[:, -1]) > 1e-6
+
+
+def test_a_checked_table_is_checked_again_for_another_head():
+    """A RopeScaling passed on (config.replace, another module) is checked against the new sizes: LongRoPE's
+    lists must fit the new head."""
+    lr = dict(
+        rope_type="longrope", short_factor=SHORT, long_factor=LONG, original_max_position_embeddings=4, factor=2.0
+    )
+    mha = MultiHeadAttention(2 * D, 2, rope_theta=THETA, rope_scaling=lr)
+    with pytest.raises(ValueError, match=r"rope_scaling\['short_factor'\] must have 4 entries"):
+        MultiHeadAttention(16, 2, rope_theta=THETA, rope_scaling=mha.config.rope_scaling)

@@ -13,7 +13,7 @@ W_v, b_v           v_proj              (Hkv·d, E), (Hkv·d,)
 W_o, b_o           o_proj              (E, H·d), (E,)  (biases with attention_bias=True, gpt-oss's default)
 sinks              sinks               (H,)  (``sinks=True``)
 rope_theta         config.rope_parameters["rope_theta"]
-rope_scaling       config.rope_parameters  (gpt-oss's YaRN; ``llama.hf_rope_scaling``)
+rope_scaling       config.rope_parameters  (gpt-oss's YaRN; ``rope.hf_rope_scaling``)
 =================  ==================  ==========================================
 
 What differs from Llama, read in transformers' modeling_gpt_oss.py:
@@ -27,7 +27,7 @@ What differs from Llama, read in transformers' modeling_gpt_oss.py:
   beta_slow 1, truncate False, original length 4096, and cos, sin multiplied by the attention factor
   0.1 · ln 32 + 1): our ``rope_scaling=`` (``mha_numpy.rope_scaling.yarn_frequencies``), imported from the config.
   ``GptOssRotaryEmbedding`` computes its angles in float32, so the checks pass it (cos, sin) from the same
-  ``GptOssRotaryEmbedding`` run in float64 (``llama.float64_rope``; the module takes them as an argument) and note
+  ``GptOssRotaryEmbedding`` run in float64 (``rope.float64_rope``; the module takes them as an argument) and note
   how far HF's float32 angles are;
 - its eager softmax runs in the logits' dtype (``F.softmax(..., dtype=combined_logits.dtype)``), after subtracting
   the row max of [scores, sink]: float64 stays float64 (Llama's eager attention rounds through float32);
@@ -63,9 +63,10 @@ from .harness import (
     tensor,
     upstream,
 )
-from .llama import LLAMA_ROWS, float64_rope, from_llama_like, hf_qk_after_rope, hidden, ours_qk_after_rope
+from .llama import LLAMA_ROWS, from_llama_like, hf_qk_after_rope, hidden, ours_qk_after_rope
 from .names import HF_LLAMA_NAME_MAP
 from .report import CrosscheckReport, rtol_for
+from .rope import float64_rope
 
 if TYPE_CHECKING:  # annotations only
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssAttention
@@ -97,7 +98,8 @@ def layer_mask(module: GptOssAttention, Lq: int, Lk: int | None = None, attentio
 
 
 def torch_cos_sin_halves(torch, positions: np.ndarray, head_dim: int, theta: float, dtype):
-    """GptOssRotaryEmbedding's (cos, sin) (B, L, d/2), its formula in float64 with torch ops, cast to dtype."""
+    """The default RoPE's (cos, sin) (B, L, d/2) as GptOssRotaryEmbedding writes it, in float64 with torch ops, cast
+    to dtype (the cross-checks now take any rope_type's from the module itself: ``hf_cos_sin_halves``)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (d/2,)
     freqs = torch.from_numpy(np.asarray(positions, dtype=np.float64))[..., None] * inv_freq  # (B, L, d/2)
     tdtype = getattr(torch, np.dtype(dtype).name)

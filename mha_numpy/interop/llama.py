@@ -23,7 +23,6 @@ implementations see the same causal mask).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -52,6 +51,7 @@ from .harness import (
 )
 from .names import HF_LLAMA_NAME_MAP, params_from_state
 from .report import CrosscheckReport, rtol_for
+from .rope import hf_rope_scaling
 
 if TYPE_CHECKING:  # annotations only
     from transformers.models.llama.modeling_llama import LlamaAttention
@@ -70,33 +70,6 @@ def hf_rope_theta(config, scaled: bool = False) -> float:
     if theta is None:
         raise ValueError("the config has no rope_theta")
     return float(theta)
-
-
-def hf_rope_scaling(config) -> dict | None:
-    """A config's ``rope_parameters`` as our ``rope_scaling`` (None for "default"): the dict without rope_theta
-    (our ``rope_theta``), with the config's ``max_position_embeddings`` where the rope_type reads it."""
-    params = dict(getattr(config, "rope_parameters", None) or {})
-    if params.get("rope_type", "default") == "default":
-        return None
-    params.pop("rope_theta", None)
-    if params["rope_type"] in ("dynamic", "yarn", "longrope"):
-        params["max_position_embeddings"] = int(config.max_position_embeddings)
-    return params
-
-
-@contextmanager
-def float64_rope(torch):
-    """transformers' rotary modules computed in float64 for the cross-checks: they build their tables and angles
-    with dtype=torch.float, torch.float32, .float() and the default dtype, which this lifts for the block (not
-    thread-safe: torch's module attributes are patched while it runs)."""
-    saved, default = (torch.float, torch.float32, torch.Tensor.float), torch.get_default_dtype()
-    torch.float, torch.float32, torch.Tensor.float = torch.float64, torch.float64, torch.Tensor.double
-    try:
-        torch.set_default_dtype(torch.float64)
-        yield
-    finally:
-        torch.float, torch.float32, torch.Tensor.float = saved
-        torch.set_default_dtype(default)
 
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
