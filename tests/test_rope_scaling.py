@@ -655,3 +655,53 @@ def test_a_checked_table_is_checked_again_for_another_head():
     mha = MultiHeadAttention(2 * D, 2, rope_theta=THETA, rope_scaling=lr)
     with pytest.raises(ValueError, match=r"rope_scaling\['short_factor'\] must have 4 entries"):
         MultiHeadAttention(16, 2, rope_theta=THETA, rope_scaling=mha.config.rope_scaling)
+
+
+LLAMA_TABLES = {  # LlamaAttention fed by LlamaRotaryEmbedding: what Llama 3.1 (llama3) and Phi-3 (longrope) ship
+    "llama3": dict(  # wavelengths 6.3 ... 352 across the bands' bounds 64 / 16 and 64 / 1
+        rope_type="llama3", factor=8.0, original_max_position_embeddings=64, low_freq_factor=1.0, high_freq_factor=16.0
+    ),
+    "longrope past original": dict(
+        rope_type="longrope", short_factor=SHORT, long_factor=LONG, factor=2.0, original_max_position_embeddings=4
+    ),
+    "proportional": dict(rope_type="proportional", partial_rotary_factor=0.5, factor=2.0),
+}
+
+
+@pytest.mark.parametrize("case", list(LLAMA_TABLES))
+def test_against_llama_attention_with_its_rotary_embedding(case):
+    """Outputs, dL/dx and every parameter's gradient against LlamaAttention (sdpa, float64) given the (cos, sin)
+    of its own LlamaRotaryEmbedding in float64, GQA 4 / 2, 7 causal positions, to 1e-10."""
+    torch = require_torch()
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+
+    from mha_numpy.interop.harness import run_hf_attention, run_ours
+    from mha_numpy.interop.llama import causal_tensor, from_hf_llama_attention
+    from mha_numpy.interop.names import HF_LLAMA_NAME_MAP
+    from mha_numpy.interop.rope import hf_rope_scaling
+
+    cfg = LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=D, attention_bias=True,
+                      max_position_embeddings=8, rope_parameters=dict(LLAMA_TABLES[case], rope_theta=THETA),
+                      attn_implementation="sdpa")  # fmt: skip
+    torch.manual_seed(1)
+    module = LlamaAttention(cfg, layer_idx=0).double()
+    with torch.no_grad():
+        for p in (module.q_proj.bias, module.k_proj.bias, module.v_proj.bias, module.o_proj.bias):
+            p.add_(0.1 * torch.randn_like(p))  # nonzero biases
+    x, L = np.random.default_rng(14).standard_normal((2, 7, 32)), 7
+    with lifted(torch):
+        cos_sin = LlamaRotaryEmbedding(cfg)(torch.from_numpy(x), torch.arange(L)[None].expand(2, -1))
+    partial = LLAMA_TABLES[case].get("partial_rotary_factor", 1.0)
+    mha = MultiHeadAttention(32, 4, num_kv_heads=2, head_dim=D, rope_theta=THETA, partial_rotary_factor=partial,
+                             rope_scaling=hf_rope_scaling(cfg), rng=0)  # fmt: skip
+    mha.params.update(from_hf_llama_attention(_default_rope_copy(module)).params)
+    d_out = np.random.default_rng(15).standard_normal(x.shape)
+    ours, _ = run_ours(mha, (x, x, x), d_out, mask=masks.causal_mask(L))
+    theirs = run_hf_attention(torch, module, x, cos_sin, causal_tensor(torch, L, L, np.float64), d_out,
+                              HF_LLAMA_NAME_MAP)  # fmt: skip
+    keys = ["output", "dx", *(k for k in theirs if k.startswith("grad "))]
+    assert len(keys) == 10 and all(rel_err(ours[k], theirs[k]) <= 1e-10 for k in keys), {
+        k: rel_err(ours[k], theirs[k]) for k in keys
+    }
