@@ -89,7 +89,7 @@ def delta_chunked_backward(d_o, d_S, cache):
     dO = _chunks(d_o, C)  # (B, H, N, C, dv)
     PtdO = P.swapaxes(-1, -2) @ dO  # ← S2: Pᵀ dO (…, C, C) @ (…, C, dv)
     QtdO = Qt.swapaxes(-1, -2) @ dO  # ← S2: Q̃ᵀ dO (…, dk, C) @ (…, C, dv) -> (…, dk, dv)
-    dS = np.zeros_like(states[:, :, 0]) if d_S is None else d_S
+    dS = np.zeros((B, H, *states.shape[3:]), dtype=states.dtype) if d_S is None else d_S.copy()  # (B, H, dk, dv)
     dS_out = np.empty_like(states)  # the gradient of the state leaving each chunk
     dW = np.empty_like(W)
     for n in reversed(range(N)):
