@@ -39,7 +39,7 @@ def unit_lower_inverse(A: np.ndarray) -> np.ndarray:
     return T
 
 
-def _chunks(x: np.ndarray, C: int) -> np.ndarray:
+def to_chunks(x: np.ndarray, C: int) -> np.ndarray:
     """(B, H, L, ...) -> (B, H, N, C, ...), zero-padded to N·C tokens (a new array; the input is not modified)."""
     B, H, L = x.shape[:3]
     pad = -L % C
@@ -53,7 +53,7 @@ def delta_chunked_forward(q, k, v, g, beta, S0, chunk_size: int = 64):
     g, beta (B, H, L), S0 (B, H, dk, dv)  ->  ((o (B, H, L, dv), S_L (B, H, dk, dv)), cache)."""
     B, H, L, dv = v.shape
     C = min(chunk_size, max(L, 1))
-    Q, K, V, G, Bt = (_chunks(x, C) for x in (q, k, v, g, beta))  # (B, H, N, C, ·)
+    Q, K, V, G, Bt = (to_chunks(x, C) for x in (q, k, v, g, beta))  # (B, H, N, C, ·)
     lower = np.tril(np.ones((C, C), dtype=bool))
     gam = np.cumsum(G, axis=-1)  # C1: (B, H, N, C)
     diff = gam[..., :, None] - gam[..., None, :]  # C2: (B, H, N, C, 1) - (B, H, N, 1, C) -> (B, H, N, C, C)
@@ -86,7 +86,7 @@ def delta_chunked_backward(d_o, d_S, cache):
     """d_o (B, H, L, dv), d_S (B, H, dk, dv) or None  ->  (dq, dk, dv, dg, d_beta, dS0)."""
     Q, K, V, Bt, gam, Gam, kb, T, Bv, Bk, QK, P, Qt, Kt, lam, states, W, Kc, L, C = cache
     B, H, N = Q.shape[:3]
-    dO = _chunks(d_o, C)  # (B, H, N, C, dv)
+    dO = to_chunks(d_o, C)  # (B, H, N, C, dv)
     PtdO = P.swapaxes(-1, -2) @ dO  # ← S2: Pᵀ dO (…, C, C) @ (…, C, dv)
     QtdO = Qt.swapaxes(-1, -2) @ dO  # ← S2: Q̃ᵀ dO (…, dk, C) @ (…, C, dv) -> (…, dk, dv)
     dS = np.zeros((B, H, *states.shape[3:]), dtype=states.dtype) if d_S is None else d_S.copy()  # (B, H, dk, dv)
