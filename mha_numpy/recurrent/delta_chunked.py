@@ -91,38 +91,47 @@ def delta_chunked_forward(q, k, v, g, beta, S0, chunk_size: int = 64):
 def delta_chunked_backward(d_o, d_S, cache):
     """d_o (B, H, L, dv), d_S (B, H, dk, dv) or None  ->  (dq, dk, dv, dg, d_beta, dS0)."""
     Q, K, V, Bt, gam, T, states, W, L, C = cache
-    Gam, kb, Bv, Bk, P, Qt, Kt, lam = within_chunks(Q, K, V, Bt, gam)  # the forward's C2–C5 again
+    within = within_chunks(Q, K, V, Bt, gam)  # the forward's C2–C5 again: Γ, kb, Bv, Bk, P, Q̃, K̃, λ
+    _, _, _, Bk, P, Qt, Kt, lam = within
     Kc = T @ Bk  # C4: (…, C, C) @ (…, C, dk)
     B, H, N = Q.shape[:3]
     dO = to_chunks(d_o, C)  # (B, H, N, C, dv)
-    PtdO = P.swapaxes(-1, -2) @ dO  # ← S2: Pᵀ dO (…, C, C) @ (…, C, dv)
-    QtdO = Qt.swapaxes(-1, -2) @ dO  # ← S2: Q̃ᵀ dO (…, dk, C) @ (…, C, dv) -> (…, dk, dv)
     dS = np.zeros((B, H, *states.shape[3:]), dtype=states.dtype) if d_S is None else d_S.copy()  # (B, H, dk, dv)
     dS_out = np.empty_like(states)  # the gradient of the state leaving each chunk
     dW = np.empty_like(W)
+    PtdO = P.swapaxes(-1, -2) @ dO  # ← S2: Pᵀ dO (…, C, C) @ (…, C, dv)
+    QtdO = Qt.swapaxes(-1, -2) @ dO  # ← S2: Q̃ᵀ dO (…, dk, C) @ (…, C, dv) -> (…, dk, dv)
     for n in reversed(range(N)):
         dS_out[:, :, n] = dS
         dW[:, :, n] = Kt[:, :, n] @ dS + PtdO[:, :, n]  # ← S3, S2: (B, H, C, dk) @ (B, H, dk, dv)
         dS = lam[:, :, n, None, None] * dS + QtdO[:, :, n] - Kc[:, :, n].swapaxes(-1, -2) @ dW[:, :, n]  # ← S3, S2, S1
-    dS0 = dS
-    dlam = np.sum(states * dS_out, axis=(-2, -1))  # ← S3: (B, H, N)
+    d_lam = np.sum(states * dS_out, axis=(-2, -1))  # ← S3: (B, H, N)
     dKt = W @ dS_out.swapaxes(-1, -2)  # ← S3: (…, C, dv) @ (…, dv, dk) -> (…, C, dk)
     dQt = dO @ states.swapaxes(-1, -2)  # ← S2: (…, C, dv) @ (…, dv, dk)
     dP = dO @ W.swapaxes(-1, -2)  # ← S2: (…, C, dv) @ (…, dv, C)
-    dU, dKc = dW, -(dW @ states.swapaxes(-1, -2))  # ← S1: (…, C, dv) @ (…, dv, dk)
+    dKc = -(dW @ states.swapaxes(-1, -2))  # ← S1: (…, C, dv) @ (…, dv, dk); and dU = dW
+    grads = within_chunks_backward(dQt, dKt, dP, d_lam, dW, dKc, Q, K, V, Bt, gam, T, within)  # ← C5…C1
 
+    def unchunk(x):  # (B, H, N, C, ...) -> (B, H, L, ...), the padding dropped
+        return x.reshape(B, H, N * C, *x.shape[4:])[:, :, :L]
+
+    return (*(unchunk(x) for x in grads), dS)
+
+
+def within_chunks_backward(dQt, dKt, dP, d_lam, dU, dKc, Q, K, V, Bt, gam, T, within):
+    """← C5…C1 for every chunk at once -> (dQ, dK, dV, dg, dβ), each (B, H, N, C, ·)."""
+    Gam, kb, Bv, Bk, _, Qt, Kt, lam = within
     eg = np.exp(gam)[..., None]
     dgam = np.sum(dQt * Qt, axis=-1)  # ← C5: Q̃ = e^γ ⊙ Q
     dQ = eg * dQt  # ← C5
     r = np.sum(dKt * Kt, axis=-1)  # ← C5: K̃ = e^(γ_C − γ) ⊙ K, (B, H, N, C)
     dK = np.exp(gam[..., -1:] - gam)[..., None] * dKt  # ← C5
     dgam -= r
-    dgam[..., -1] += np.sum(r, axis=-1) + lam * dlam  # ← C5: γ_C in K̃ and in λ = e^(γ_C)
+    dgam[..., -1] += np.sum(r, axis=-1) + lam * d_lam  # ← C5: γ_C in K̃ and in λ = e^(γ_C)
     dPm = dP * Gam  # ← C5: P = (Q Kᵀ) ⊙ Γ
     dQ += dPm @ K  # ← C5: (…, C, C) @ (…, C, dk)
     dK += dPm.swapaxes(-1, -2) @ Q  # ← C5
     dGam = dP * (Q @ K.swapaxes(-1, -2))  # ← C5: (…, C, dk) @ (…, dk, C)
-
     Tt = T.swapaxes(-1, -2)
     dT = dU @ Bv.swapaxes(-1, -2) + dKc @ Bk.swapaxes(-1, -2)  # ← C4: (…, C, dv) @ (…, dv, C) + (…, C, dk) @ (…, dk, C)
     dBv, dBk = Tt @ dU, Tt @ dKc  # ← C4: (…, C, C) @ (…, C, ·)
@@ -139,8 +148,4 @@ def delta_chunked_backward(d_o, d_S, cache):
     G = dGam * Gam  # ← C2: ∂Γ_ij/∂γ_i = Γ_ij = −∂Γ_ij/∂γ_j
     dgam += np.sum(G, axis=-1) - np.sum(G, axis=-2)  # ← C2
     dg = np.cumsum(dgam[..., ::-1], axis=-1)[..., ::-1]  # ← C1: dg_j = Σ_{i≥j} dγ_i within the chunk
-
-    def unchunk(x):  # (B, H, N, C, ...) -> (B, H, L, ...), the padding dropped
-        return x.reshape(B, H, N * C, *x.shape[4:])[:, :, :L]
-
-    return unchunk(dQ), unchunk(dK), unchunk(dV), unchunk(dg), unchunk(d_beta), dS0
+    return dQ, dK, dV, dg, d_beta
