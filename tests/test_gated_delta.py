@@ -243,8 +243,10 @@ def test_bad_upstream_gradients_and_step_inputs_are_named():
     step = {f"{n}_t": x[n][:, :, 0] for n in ("q", "k", "v", "g", "beta")}
     with pytest.raises(ValueError, match="^q_t"):
         gated_delta_rule_step(**{**step, "q_t": x["q"]}, state=None)
-    with pytest.raises(ValueError, match="^g"):
+    with pytest.raises(ValueError, match="^g_t must be <= 0"):
         gated_delta_rule_step(**{**step, "g_t": -step["g_t"]}, state=None)
+    with pytest.raises(ValueError, match="^state must be"):
+        gated_delta_rule_step(**step, state=x["initial_state"][..., :-1])
 
 
 def test_per_channel_products_in_blocks_are_the_same(monkeypatch):
