@@ -20,8 +20,10 @@ w_j = β_j (v_j − Sᵀ(e^(γ_j) ⊙ k_j) − Σ_{m<j} (Γ_jm ⊙ k_j)ᵀ k_m w
 (I + A) W = β ⊙ V − (β e^γ ⊙ K) S, whose solution is S1; S2 and S3 are R4 and R3 summed in closed form. Only
 C2–C5 are (C, C) arrays, one per chunk (never (L, L)); only S1–S3 run in sequence over the chunks.
 
-The backward runs the chunks in reverse for the state's gradient (← S3, S2, S1: two products a chunk), then every
-chunk at once back through C5…C1 (``within_chunks_backward``, each line naming its forward line).
+C1–C5 and S2 are formed for a block of chunks (about ``BLOCK_TOKENS`` tokens) at a time, so the temporaries do not
+grow with L. The backward walks the blocks in reverse: the state's gradient through each chunk of the block
+(← S3, S2, S1: two products a chunk), then the whole block back through C5…C1 (``within_chunks_backward``, each
+line naming its forward line).
 """
 
 from __future__ import annotations
