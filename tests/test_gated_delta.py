@@ -181,14 +181,17 @@ def test_an_empty_sequence_passes_the_state_through():
 
 
 def test_nothing_is_modified():
-    """Inputs, upstream gradients and the initial state are read, never written; the final state is a new array."""
-    for impl in ("recurrent", "chunked"):
-        x = make(L=9, seed=7)
+    """Inputs, upstream gradients, the initial state and the cache are read, never written; the final state is a new
+    array."""
+    for impl, per_channel in [(i, p) for i in IMPLS for p in (False, True)]:
+        x = make(L=9, per_channel=per_channel, seed=7)
         before = {n: a.copy() for n, a in x.items()}
         d_o, d_S = upstream((2, 4, 9, 3), (2, 4, 4, 3))
         d_before = (d_o.copy(), d_S.copy())
         (o, S), cache = gated_delta_rule_forward(**x, impl=impl, chunk_size=4, use_qk_l2norm=True)
-        gated_delta_rule_backward(d_o, cache, d_S)
+        first = gated_delta_rule_backward(d_o, cache, d_S)
+        again = gated_delta_rule_backward(d_o, cache, d_S)  # the cache is read, not consumed
+        assert all(np.array_equal(first[n], again[n]) for n in NAMES)
         S[...] = 0.0
         for n, a in x.items():
             assert np.array_equal(a, before[n]), n
