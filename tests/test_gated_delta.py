@@ -171,10 +171,15 @@ def test_recurrent_equals_chunked(chunk_size):
 
 
 def test_an_empty_sequence_passes_the_state_through():
+    """L = 0: the final state is the initial one's value in a new array (it was the caller's array itself, so writing
+    into it changed the initial state), and its gradient passes back as a new array too."""
     x = make(L=0)
-    for impl in ("recurrent", "chunked"):
+    before = x["initial_state"].copy()
+    for impl in IMPLS:
         (o, S), cache = gated_delta_rule_forward(**x, impl=impl)
-        assert o.shape == (2, 4, 0, 3) and np.array_equal(S, x["initial_state"])
+        assert o.shape == (2, 4, 0, 3) and np.array_equal(S, before)
+        S += 1.0
+        assert np.array_equal(x["initial_state"], before)
         d_S = np.ones_like(S)
         grads = gated_delta_rule_backward(o, cache, d_S)
         assert np.array_equal(grads["initial_state"], d_S) and grads["initial_state"] is not d_S
