@@ -1,0 +1,284 @@
+"""The layers around the gated delta rule (issue 37): the short causal convolution and its decoding state, the
+gated RMSNorm, the gates, Qwen3-Next's in-projection split, each against transformers / torch autograd (float64,
+1e-10) and central differences; then the whole ``Qwen3NextGatedDeltaNet`` layer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import rel_err, require_torch
+
+from mha_numpy.gradcheck import check_function
+from mha_numpy.recurrent import conv as CV
+from mha_numpy.recurrent import gates as GT
+from mha_numpy.recurrent import norms as NM
+from mha_numpy.recurrent import qwen3_next as QN
+
+TOL = 1e-10  # float64 against torch autograd
+FD = 1e-7  # float64 against central differences
+
+
+def randn(rng, *shape, dtype=np.float64):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def torch_of(torch, *arrays):
+    return [torch.tensor(a, requires_grad=True) for a in arrays]
+
+
+def finite_differences(forward, backward_grads, inputs, d_out):
+    """Every named gradient against central differences of sum(forward(**inputs) · d_out), rows <= FD."""
+    report = check_function(forward, backward_grads, inputs, d_out)
+    assert report.passed, str(report)
+    for row in report.rows:
+        assert not row.zero_gradient and row.max_rel_err <= FD, str(report)
+
+
+# --------------------------------------------------------------------------- the short causal convolution
+
+
+def conv_case(rng, B=2, L=7, C=5, K=4, dtype=np.float64):
+    return randn(rng, B, L, C, dtype=dtype), randn(rng, C, K, dtype=dtype), randn(rng, C, dtype=dtype)
+
+
+@pytest.mark.parametrize("with_state", [False, True])
+def test_causal_conv1d_matches_transformers_and_autograd(with_state):
+    torch = require_torch()
+    from transformers.models.qwen3_next.modeling_qwen3_next import causal_conv1d_fn
+
+    rng = np.random.default_rng(0)
+    x, w, b = conv_case(rng)
+    s = randn(rng, 2, 3, 5) if with_state else None
+    (y, final), cache = CV.causal_conv1d_forward(x, w, b, s)
+    dy, ds = randn(rng, *y.shape), randn(rng, *final.shape)
+    grads = CV.causal_conv1d_backward(dy, cache, ds)
+
+    xt, wt, bt = torch_of(torch, x, w, b)
+    st = torch.tensor(s, requires_grad=True) if with_state else torch.zeros(2, 3, 5, dtype=torch.float64)
+    xs = torch.cat([st, xt], dim=1)  # (B, K-1+L, C): the state, then the sequence
+    # transformers' function, (B, C, L) layout; with a state its padding reads the state instead of zeros
+    yt = causal_conv1d_fn(xs.transpose(1, 2), wt, bt, activation="silu")[:, :, 3:].transpose(1, 2)
+    if not with_state:
+        ref = causal_conv1d_fn(xt.transpose(1, 2), wt, bt, activation="silu").transpose(1, 2)
+        assert rel_err(y, ref.detach().numpy()) <= TOL
+    assert rel_err(y, yt.detach().numpy()) <= TOL
+    assert rel_err(final, xs[:, -3:].detach().numpy()) <= TOL
+    ((yt * torch.tensor(dy)).sum() + (xs[:, -3:] * torch.tensor(ds)).sum()).backward()
+    for name, t in [("x", xt), ("weight", wt), ("bias", bt)] + ([("initial_state", st)] if with_state else []):
+        assert rel_err(grads[name], t.grad.numpy()) <= TOL, name
+    assert (grads["initial_state"] is None) == (not with_state)
+
+
+def test_causal_conv1d_central_differences_with_the_state_and_short_sequences():
+    rng = np.random.default_rng(1)
+    for L in (7, 2):  # L < K-1: the final state still holds part of the initial one
+        x, w, b = conv_case(rng, L=L)
+        s = randn(rng, 2, 3, 5)
+
+        def forward(x, weight, bias, initial_state):  # y and the final state side by side: (B, L + K-1, C)
+            (y, final), _ = CV.causal_conv1d_forward(x, weight, bias, initial_state)
+            return np.concatenate([y, final], axis=1)
+
+        d_out = randn(rng, 2, L + 3, 5)
+        (_, _), cache = CV.causal_conv1d_forward(x, w, b, s)
+        grads = CV.causal_conv1d_backward(d_out[:, :L], cache, d_out[:, L:])
+        inputs = {"x": x, "weight": w, "bias": b, "initial_state": s}
+        finite_differences(forward, grads, inputs, d_out)
+
+
+def test_causal_conv1d_in_pieces_and_token_by_token_equals_one_call():
+    """The decoding state: the last K-1 inputs carried from piece to piece give the one call's outputs; and
+    transformers' one-token update (its state the last K inputs) agrees token by token."""
+    torch = require_torch()
+    from transformers.models.qwen3_next.modeling_qwen3_next import causal_conv1d_update
+
+    rng = np.random.default_rng(2)
+    x, w, b = conv_case(rng, L=9)
+    (y, final), _ = CV.causal_conv1d_forward(x, w, b)
+    for pieces in ([1] * 9, [2, 1, 4, 2], [5, 4]):
+        state, outs = None, []
+        for lo, hi in zip(np.cumsum([0, *pieces[:-1]]), np.cumsum(pieces)):
+            (y_p, state), _ = CV.causal_conv1d_forward(x[:, lo:hi], w, b, state)
+            outs.append(y_p)
+        assert np.max(np.abs(np.concatenate(outs, axis=1) - y)) <= 1e-12 * np.max(np.abs(y)), pieces
+        assert np.max(np.abs(state - final)) == 0.0, pieces
+    hf_state = torch.zeros(2, 5, 4, dtype=torch.float64)  # (B, C, K): transformers keeps K inputs
+    for t in range(9):
+        y_t = causal_conv1d_update(torch.tensor(x[:, t : t + 1]).transpose(1, 2), hf_state, torch.tensor(w),
+                                   torch.tensor(b), "silu")  # fmt: skip
+        assert rel_err(y[:, t], y_t[:, :, 0].numpy()) <= TOL
+    assert rel_err(final, hf_state[:, :, 1:].transpose(1, 2).numpy()) <= TOL  # its last K-1 are our state
+
+
+def test_causal_conv1d_float32_stays_float32_and_inputs_are_not_modified():
+    rng = np.random.default_rng(3)
+    x, w, b = conv_case(rng, dtype=np.float32)
+    s = randn(rng, 2, 3, 5, dtype=np.float32)
+    copies = [a.copy() for a in (x, w, b, s)]
+    (y, final), cache = CV.causal_conv1d_forward(x, w, b, s)
+    d = CV.causal_conv1d_backward(np.ones_like(y), cache, np.ones_like(final))
+    assert y.dtype == final.dtype == np.float32 and all(g.dtype == np.float32 for g in d.values())
+    (y64, _), _ = CV.causal_conv1d_forward(*(a.astype(np.float64) for a in (x, w, b, s)))
+    assert rel_err(y, y64) <= 1e-6
+    assert all(np.array_equal(a, c) for a, c in zip((x, w, b, s), copies))
+    (_, final0), _ = CV.causal_conv1d_forward(x, w, None, None, activation=None)
+    final0[...] = 0  # the final state is a copy: writing it leaves x alone
+    assert np.array_equal(x, copies[0])
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"x": np.zeros((2, 7))}, "x must have 3 dimensions"),
+        ({"weight": np.zeros((4, 4))}, r"weight with shape \(4, 4\) must be \(C, K\)"),
+        ({"bias": np.zeros(4)}, r"bias with shape \(4,\)"),
+        ({"initial_state": np.zeros((2, 4, 5))}, r"initial_state with shape \(2, 4, 5\) must be \(B, K-1, C\)"),
+        ({"weight": np.zeros((5, 4), np.float32)}, "weight has dtype float32, x has float64"),
+        ({"activation": "gelu"}, "activation must be one of"),
+        ({"x": np.zeros((2, 7, 5), int)}, "x must be a floating-point array"),
+    ],
+)
+def test_causal_conv1d_bad_input_names_the_argument(change, match):
+    x, w, b = conv_case(np.random.default_rng(4))
+    args = {"x": x, "weight": w, "bias": b, "initial_state": None, "activation": "silu", **change}
+    with pytest.raises(ValueError, match=match):
+        CV.causal_conv1d_forward(**args)
+
+
+# --------------------------------------------------------------------------- the gated RMSNorm
+
+
+@pytest.mark.parametrize("activation", ["silu", "sigmoid"])
+def test_gated_rms_norm_matches_autograd_and_central_differences(activation):
+    torch = require_torch()
+    rng = np.random.default_rng(5)
+    x, z, w = randn(rng, 2, 3, 4, 5), randn(rng, 2, 3, 4, 5), 1 + 0.3 * randn(rng, 5)
+    out, cache = NM.gated_rms_norm_forward(x, z, w, 1e-6, activation)
+    d_out = randn(rng, *out.shape)
+    dx, dz, dw = NM.gated_rms_norm_backward(d_out, cache)
+
+    xt, zt, wt = torch_of(torch, x, z, w)
+    act = torch.nn.functional.silu if activation == "silu" else torch.sigmoid
+    ref = xt * torch.rsqrt(xt.pow(2).mean(-1, keepdim=True) + 1e-6) * wt * act(zt)  # the modules' formula, float64
+    (ref * torch.tensor(d_out)).sum().backward()
+    assert rel_err(out, ref.detach().numpy()) <= TOL
+    for name, ours, t in (("x", dx, xt), ("z", dz, zt), ("weight", dw, wt)):
+        assert rel_err(ours, t.grad.numpy()) <= TOL, name
+
+    def forward(x, z, weight):
+        return NM.gated_rms_norm_forward(x, z, weight, 1e-6, activation)[0]
+
+    finite_differences(forward, {"x": dx, "z": dz, "weight": dw}, {"x": x, "z": z, "weight": w}, d_out)
+
+
+@pytest.mark.parametrize("model", ["qwen3_next", "kimi_linear"])
+def test_gated_rms_norm_against_the_modules_as_shipped_in_float32(model):
+    """float32 against Qwen3NextRMSNormGated (silu) and KimiLinearRMSNormGated (sigmoid) as shipped."""
+    torch = require_torch()
+    if model == "qwen3_next":
+        from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNormGated as Norm
+    else:
+        from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearRMSNormGated as Norm
+    rng = np.random.default_rng(6)
+    x, z = randn(rng, 6, 5, dtype=np.float32), randn(rng, 6, 5, dtype=np.float32)
+    w = (1 + 0.3 * randn(rng, 5)).astype(np.float32)
+    module = Norm(5, eps=1e-6)
+    with torch.no_grad():
+        module.weight.copy_(torch.tensor(w))
+    ref = module(torch.tensor(x), torch.tensor(z)).detach().numpy()
+    out, _ = NM.gated_rms_norm_forward(x, z, w, 1e-6, "silu" if model == "qwen3_next" else "sigmoid")
+    assert out.dtype == np.float32 and rel_err(out, ref) <= 1e-6
+
+
+# --------------------------------------------------------------------------- the gates
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_decay_gate_matches_autograd_and_central_differences(per_channel):
+    """Qwen3-Next's g = −exp(A_log)·softplus(a + dt_bias) (a (B, L, H)) and Kimi's per-channel forget gate
+    (a (B, L, H, d), KimiLinearForgetGate's formula), and β = σ(b)."""
+    torch = require_torch()
+    rng = np.random.default_rng(7)
+    shape = (2, 5, 3, 4) if per_channel else (2, 5, 3)
+    a, A_log, dt_bias = 2 * randn(rng, *shape), randn(rng, 3), randn(rng, *shape[2:])
+    g, cache = GT.decay_forward(a, A_log, dt_bias)
+    d_g = randn(rng, *shape)
+    da, dA_log, ddt = GT.decay_backward(d_g, cache)
+
+    at, At, dtt = torch_of(torch, a, A_log, dt_bias)
+    if per_channel:  # KimiLinearForgetGate: A_log (1, 1, H, 1), softplus written out (u < 20 here)
+        u = at + dtt
+        ref = -At.view(1, 1, 3, 1).exp() * torch.where(u > 20.0, u, torch.log(1.0 + torch.exp(u)))
+    else:  # Qwen3NextGatedDeltaNet.forward
+        ref = -At.exp() * torch.nn.functional.softplus(at + dtt)
+    (ref * torch.tensor(d_g)).sum().backward()
+    assert np.all(g < 0) and rel_err(g, ref.detach().numpy()) <= TOL
+    for name, ours, t in (("a", da, at), ("A_log", dA_log, At), ("dt_bias", ddt, dtt)):
+        assert ours.shape == t.shape and rel_err(ours, t.grad.numpy()) <= TOL, name
+
+    def forward(a, A_log, dt_bias):
+        return GT.decay_forward(a, A_log, dt_bias)[0]
+
+    finite_differences(forward, {"a": da, "A_log": dA_log, "dt_bias": ddt},
+                       {"a": a, "A_log": A_log, "dt_bias": dt_bias}, d_g)  # fmt: skip
+
+    b = 3 * randn(rng, 2, 5, 3)
+    beta, c_b = GT.sigmoid_forward(b)
+    bt = torch.tensor(b, requires_grad=True)
+    torch.sigmoid(bt).backward(torch.tensor(d_g[..., 0] if per_channel else d_g))
+    assert rel_err(beta, torch.sigmoid(bt).detach().numpy()) <= TOL
+    assert rel_err(GT.sigmoid_backward(d_g[..., 0] if per_channel else d_g, c_b), bt.grad.numpy()) <= TOL
+
+
+def test_softplus_and_sigmoid_never_overflow_and_keep_float32():
+    u = np.array([-800.0, -30.0, 0.0, 30.0, 800.0])
+    with np.errstate(over="raise", invalid="raise", divide="raise"):  # underflow to 0 is the right answer
+        sp, c = GT.softplus_forward(u)
+        s, _ = GT.sigmoid_forward(u)
+        du = GT.softplus_backward(np.ones_like(u), c)
+    assert np.isclose(sp[2], np.log(2)) and sp[-1] == 800.0 and sp[0] == 0.0 and np.isclose(sp[3], 30 + np.exp(-30))
+    assert np.allclose(du, s) and s[0] == 0.0 and s[-1] == 1.0
+    g, _ = GT.decay_forward(u.astype(np.float32)[:, None], np.zeros(1, np.float32), np.zeros(1, np.float32))
+    assert g.dtype == np.float32
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((np.zeros((2, 3)), np.zeros(4), np.zeros(4)), r"a with shape \(2, 3\) must end in dt_bias's shape"),
+        ((np.zeros((2, 3)), np.zeros(3), np.zeros(2)), r"dt_bias with shape \(2,\) must be \(H,\) or \(H, d\)"),
+        ((np.zeros((2, 3)), np.zeros((3, 1)), np.zeros(3)), "A_log must have 1 dimensions"),
+        ((np.zeros((2, 3), np.float32), np.zeros(3), np.zeros(3)), "must share one dtype"),
+    ],
+)
+def test_decay_gate_bad_input_names_the_argument(args, match):
+    with pytest.raises(ValueError, match=match):
+        GT.decay_forward(*args)
+
+
+# --------------------------------------------------------------------------- the in-projection split
+
+
+def test_in_proj_split_matches_fix_query_key_value_ordering_and_its_backward():
+    """Grouped heads (2 key heads, 6 value heads): the six tensors of transformers' split, and the backward its
+    inverse (autograd of the torch split)."""
+    torch = require_torch()
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+
+    Hk, Hv, dk, dv = 2, 6, 4, 3
+    owner = type("Sizes", (), dict(num_k_heads=Hk, num_v_heads=Hv, head_k_dim=dk, head_v_dim=dv))()
+    rng = np.random.default_rng(8)
+    qkvz, ba = randn(rng, 2, 5, Hk * (2 * dk + 2 * 3 * dv)), randn(rng, 2, 5, 2 * Hv)
+    parts, cache = QN.in_proj_split_forward(qkvz, ba, Hk, Hv, dk, dv)
+    qt, bat = torch_of(torch, qkvz, ba)
+    ref = Qwen3NextGatedDeltaNet.fix_query_key_value_ordering(owner, qt, bat)
+    d_parts = [randn(rng, *p.shape) for p in parts]
+    sum((r * torch.tensor(d)).sum() for r, d in zip(ref, d_parts)).backward()
+    for ours, theirs in zip(parts, ref):
+        assert ours.shape == tuple(theirs.shape) and np.array_equal(ours, theirs.detach().numpy())
+    d_qkvz, d_ba = QN.in_proj_split_backward(d_parts, cache)
+    assert np.array_equal(d_qkvz, qt.grad.numpy()) and np.array_equal(d_ba, bat.grad.numpy())
+    with pytest.raises(ValueError, match="num_v_heads = 5 must be a multiple of num_k_heads = 2"):
+        QN.in_proj_split_forward(qkvz, ba, 2, 5, dk, dv)
+    with pytest.raises(ValueError, match=r"mixed_ba with shape \(2, 5, 11\)"):
+        QN.in_proj_split_forward(qkvz, ba[..., :11], Hk, Hv, dk, dv)
