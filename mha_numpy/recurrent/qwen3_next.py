@@ -15,9 +15,17 @@ j // (Hv / Hk). The pieces are pairs of their own (``recurrent.conv``, ``recurre
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from .._checks import as_float_array, as_int
+from .. import functional as F
+from .._checks import as_array, as_float_array, as_float_dtype, as_generator, as_int, as_number
+from ..models.layers import checked_params
+from .conv import causal_conv1d_backward, causal_conv1d_forward
+from .gated_delta import gated_delta_rule_backward, gated_delta_rule_forward
+from .gates import decay_backward, decay_forward, sigmoid_backward, sigmoid_forward
+from .norms import gated_rms_norm_backward, gated_rms_norm_forward
 
 # --------------------------------------------------------------------------- the in-projection's layout
 
@@ -72,3 +80,248 @@ def in_proj_split_backward(d_parts, cache):
     )
     d_n = np.concatenate([db.reshape(*lead, Hk, r), da.reshape(*lead, Hk, r)], axis=-1)  # ← F6, F5: (…, Hk, 2r)
     return d_m.reshape(*lead, Hk * (2 * dk + 2 * r * dv)), d_n.reshape(*lead, 2 * Hv)  # ← F1, F5
+
+
+# --------------------------------------------------------------------------- the layer
+
+
+@dataclass(frozen=True)
+class DeltaNetState:
+    """A Gated DeltaNet layer's decoding state, all it keeps of the tokens before: the conv's last K-1 inputs and the
+    delta rule's matrix. Zeros are the start of a sequence; ``GatedDeltaNet.forward`` returns the state after the
+    call, which the next call takes (a new object: nothing is updated in place)."""
+
+    conv: np.ndarray  # (B, K-1, C), C = 2·Hk·dk + Hv·dv: the inputs of the conv, [q | k | v] before it
+    recurrent: np.ndarray  # (B, Hv, dk, dv): S, the fast-weight memory of each value head
+
+
+@dataclass
+class DeltaNetCache:
+    """Intermediates of ``GatedDeltaNet.forward`` for its backward, one a forward line (F0 … F7)."""
+
+    mask: np.ndarray | None  # F0: (B, L, 1) or None
+    c_qkvz: tuple  # F1
+    c_ba: tuple  # F1
+    c_split: tuple  # F2
+    c_conv: tuple  # F3
+    c_beta: np.ndarray  # F4
+    c_g: tuple  # F4
+    c_core: object  # F5
+    c_norm: tuple  # F6
+    c_out: tuple  # F7
+    has_state: bool
+
+
+class GatedDeltaNet:
+    """Qwen3-Next's Gated DeltaNet layer (``Qwen3NextGatedDeltaNet``; module docstring), forward and backward.
+
+    hidden_size E; num_k_heads Hk, num_v_heads Hv (a multiple of Hk), head_k_dim dk, head_v_dim dv;
+    conv_kernel_size K; eps of the gated RMSNorm; chunk_size and impl ("chunked" | "recurrent") of the core.
+    ``params``: a dict of the seven arrays below (copied, in ``dtype``), or None for a random start from ``rng``:
+
+    ==============  =======================  ==========================================================
+    name            shape                    transformers (``interop.qwen3_next_deltanet``)
+    ==============  =======================  ==========================================================
+    W_qkvz          (2·Hk·dk + 2·Hv·dv, E)   in_proj_qkvz.weight (grouped by key head, see the split)
+    W_ba            (2·Hv, E)                in_proj_ba.weight
+    conv_weight     (C, K), C = 2·Hk·dk+Hv·dv  conv1d.weight (C, 1, K)
+    dt_bias         (Hv,)                    dt_bias
+    A_log           (Hv,)                    A_log
+    norm_weight     (dv,)                    norm.weight
+    W_out           (E, Hv·dv)               out_proj.weight
+    ==============  =======================  ==========================================================
+    """
+
+    PARAM_NAMES = ("W_qkvz", "W_ba", "conv_weight", "dt_bias", "A_log", "norm_weight", "W_out")
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_k_heads: int,
+        num_v_heads: int,
+        head_k_dim: int,
+        head_v_dim: int,
+        conv_kernel_size: int = 4,
+        eps: float = 1e-6,
+        *,
+        params: dict | None = None,
+        rng=0,
+        dtype=np.float64,
+        chunk_size: int = 64,
+        impl: str = "chunked",
+    ) -> None:
+        self.hidden_size = as_int(hidden_size, "hidden_size", minimum=1)
+        self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim = check_split_sizes(
+            num_k_heads, num_v_heads, head_k_dim, head_v_dim
+        )
+        self.conv_kernel_size = as_int(conv_kernel_size, "conv_kernel_size", minimum=1)
+        self.eps = as_number(eps, "eps", positive=True)
+        self.chunk_size = as_int(chunk_size, "chunk_size", minimum=1)
+        if impl not in ("chunked", "recurrent"):
+            raise ValueError(f"impl must be 'chunked' or 'recurrent', got {impl!r}")
+        self.impl = impl
+        dtype = as_float_dtype(dtype)
+        shapes = self.param_shapes()
+        self.params = checked_params(params, shapes, dtype) if params is not None else self._init(shapes, rng, dtype)
+
+    def __repr__(self) -> str:
+        return (
+            f"GatedDeltaNet(E={self.hidden_size}, Hk={self.num_k_heads}, Hv={self.num_v_heads}, "
+            f"dk={self.head_k_dim}, dv={self.head_v_dim}, K={self.conv_kernel_size}, {self.impl})"
+        )
+
+    @property
+    def conv_dim(self) -> int:
+        """C = 2·Hk·dk + Hv·dv: the channels of the conv, [q | k | v]."""
+        return 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Each parameter's shape, by name (the class docstring's table)."""
+        E, Hk, Hv, dk, dv = self.hidden_size, self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
+        return {
+            "W_qkvz": (2 * Hk * dk + 2 * Hv * dv, E),
+            "W_ba": (2 * Hv, E),
+            "conv_weight": (self.conv_dim, self.conv_kernel_size),
+            "dt_bias": (Hv,),
+            "A_log": (Hv,),
+            "norm_weight": (dv,),
+            "W_out": (E, Hv * dv),
+        }
+
+    def _init(self, shapes, rng, dtype) -> dict[str, np.ndarray]:
+        """transformers' starting values: linears and the conv uniform ±1/√fan_in, dt_bias 1, A = exp(A_log)
+        uniform in [0.01, 16], the norm's weight 1."""
+        gen = as_generator(rng)
+        p = {}
+        for name in ("W_qkvz", "W_ba", "W_out", "conv_weight"):
+            bound = 1.0 / np.sqrt(shapes[name][1])
+            p[name] = gen.uniform(-bound, bound, shapes[name])
+        p["dt_bias"] = np.ones(shapes["dt_bias"])
+        p["A_log"] = np.log(gen.uniform(0.01, 16.0, shapes["A_log"]))
+        p["norm_weight"] = np.ones(shapes["norm_weight"])
+        return {name: p[name].astype(dtype) for name in self.PARAM_NAMES}
+
+    def zero_state(self, batch_size: int) -> DeltaNetState:
+        """The state at the start of a sequence: zeros, in the parameters' dtype."""
+        B, dtype = as_int(batch_size, "batch_size", minimum=1), self.params["W_out"].dtype
+        conv = np.zeros((B, self.conv_kernel_size - 1, self.conv_dim), dtype)
+        return DeltaNetState(conv, np.zeros((B, self.num_v_heads, self.head_k_dim, self.head_v_dim), dtype))
+
+    def _check(self, x, attention_mask, state):
+        x = as_float_array(x, "x", ndim=3)
+        dtype = self.params["W_out"].dtype
+        if x.shape[-1] != self.hidden_size or x.dtype != dtype:
+            raise ValueError(
+                f"x with shape {x.shape} and dtype {x.dtype} must be (B, L, E = {self.hidden_size}) in "
+                f"the parameters' dtype {dtype}"
+            )
+        B, L, _ = x.shape
+        if attention_mask is not None:
+            attention_mask = as_array(attention_mask, "attention_mask")
+            if attention_mask.dtype != np.bool_ or attention_mask.shape != (B, L):
+                raise ValueError(
+                    f"attention_mask must be a bool (B, L) = {(B, L)} array (True = a token, False = "
+                    f"padding), got dtype {attention_mask.dtype} shape {attention_mask.shape}"
+                )
+        if state is not None:
+            if not isinstance(state, DeltaNetState):
+                raise ValueError(f"state must be a DeltaNetState or None, got {type(state).__name__}")
+            zero = self.zero_state(B)
+            for name in ("conv", "recurrent"):
+                s, z = getattr(state, name), getattr(zero, name)
+                if np.shape(s) != z.shape or np.asarray(s).dtype != dtype:
+                    raise ValueError(
+                        f"state.{name} must be {z.shape} in {dtype}, got {np.shape(s)} in {np.asarray(s).dtype}"
+                    )
+        return x, attention_mask
+
+    def forward(self, x, attention_mask=None, state: DeltaNetState | None = None):
+        """x (B, L, E), attention_mask (B, L) bool or None (False: a padding token, its input zeroed, as
+        transformers' ``apply_mask_to_padding_states``), state: the previous call's or None (zeros)
+        ->   ((y (B, L, E), the state after the call), cache). Nothing passed in is modified."""
+        x, attention_mask = self._check(x, attention_mask, state)
+        p, B, L = self.params, x.shape[0], x.shape[1]
+        Hk, Hv, dk, dv = self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
+        mask = None if attention_mask is None else attention_mask[..., None]  # (B, L, 1)
+        if mask is not None:
+            x = x * mask  # F0: (B, L, E) padding tokens' inputs zeroed
+        qkvz, c_qkvz = F.linear_forward(x, p["W_qkvz"], check=False)  # F1: (B, L, E) @ (E, P) -> (B, L, P)
+        ba, c_ba = F.linear_forward(x, p["W_ba"], check=False)  # F1: (B, L, E) @ (E, 2Hv) -> (B, L, 2Hv)
+        (q, k, v, z, b, a), c_split = in_proj_split_forward(qkvz, ba, Hk, Hv, dk, dv)  # F2
+        mixed = np.concatenate(
+            [q.reshape(B, L, Hk * dk), k.reshape(B, L, Hk * dk), v.reshape(B, L, Hv * dv)], axis=-1
+        )  # F3: (B, L, C) [q | k | v]
+        conv_state = None if state is None else state.conv
+        (mixed, conv_state), c_conv = causal_conv1d_forward(mixed, p["conv_weight"], None, conv_state)  # F3
+        q = mixed[..., : Hk * dk].reshape(B, L, Hk, dk).transpose(0, 2, 1, 3)  # F3: (B, Hk, L, dk)
+        k = mixed[..., Hk * dk : 2 * Hk * dk].reshape(B, L, Hk, dk).transpose(0, 2, 1, 3)  # F3: (B, Hk, L, dk)
+        v = mixed[..., 2 * Hk * dk :].reshape(B, L, Hv, dv).transpose(0, 2, 1, 3)  # F3: (B, Hv, L, dv)
+        beta, c_beta = sigmoid_forward(b)  # F4: (B, L, Hv)
+        g, c_g = decay_forward(a, p["A_log"], p["dt_bias"])  # F4: (B, L, Hv), ≤ 0
+        (o, S), c_core = gated_delta_rule_forward(
+            q,
+            k,
+            v,
+            g.transpose(0, 2, 1),
+            beta.transpose(0, 2, 1),
+            None if state is None else state.recurrent,
+            chunk_size=self.chunk_size,
+            impl=self.impl,
+            use_qk_l2norm=True,
+        )  # F5: (B, Hv, L, dv), S (B, Hv, dk, dv)
+        o = o.transpose(0, 2, 1, 3)  # F5: (B, L, Hv, dv)
+        n, c_norm = gated_rms_norm_forward(o, z, p["norm_weight"], self.eps, "silu")  # F6: (B, L, Hv, dv)
+        y, c_out = F.linear_forward(n.reshape(B, L, Hv * dv), p["W_out"], check=False)  # F7: (B, L, Hv·dv) -> (B, L, E)
+        cache = DeltaNetCache(
+            mask, c_qkvz, c_ba, c_split, c_conv, c_beta, c_g, c_core, c_norm, c_out, state is not None
+        )
+        return (y, DeltaNetState(conv_state, S)), cache
+
+    def backward(self, d_y, cache: DeltaNetCache, d_state: DeltaNetState | None = None) -> dict:
+        """d_y (B, L, E), d_state: the gradient of the returned state (or None) -> {"x" (B, L, E), one entry a
+        parameter, "state": a DeltaNetState of the initial state's gradients (None when none was given)}."""
+        c = cache
+        Hk, Hv, dk, dv = self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
+        d_y = as_float_array(d_y, "d_y", ndim=3)
+        B, L, _ = d_y.shape
+        if d_state is not None and not isinstance(d_state, DeltaNetState):
+            raise ValueError(f"d_state must be a DeltaNetState or None, got {type(d_state).__name__}")
+        dn, dW_out, _ = F.linear_backward(d_y, c.c_out)  # ← F7: (B, L, E) @ (E, Hv·dv) -> (B, L, Hv·dv)
+        do, dz, d_norm = gated_rms_norm_backward(dn.reshape(B, L, Hv, dv), c.c_norm)  # ← F6: (B, L, Hv, dv)
+        gc = gated_delta_rule_backward(
+            do.transpose(0, 2, 1, 3), c.c_core, None if d_state is None else d_state.recurrent
+        )  # ← F5
+        db = sigmoid_backward(gc["beta"].transpose(0, 2, 1), c.c_beta)  # ← F4: (B, L, Hv)
+        da, dA_log, d_dt_bias = decay_backward(gc["g"].transpose(0, 2, 1), c.c_g)  # ← F4: (B, L, Hv)
+        d_mixed = np.concatenate(
+            [
+                gc["q"].transpose(0, 2, 1, 3).reshape(B, L, Hk * dk),
+                gc["k"].transpose(0, 2, 1, 3).reshape(B, L, Hk * dk),
+                gc["v"].transpose(0, 2, 1, 3).reshape(B, L, Hv * dv),
+            ],
+            axis=-1,
+        )
+        # ← F3: d_mixed (B, L, C), the three (B, H, L, d) gradients back in the conv's layout [q | k | v]
+        cv = causal_conv1d_backward(d_mixed, c.c_conv, None if d_state is None else d_state.conv)  # ← F3
+        dm = cv["x"]  # (B, L, C)
+        dq = dm[..., : Hk * dk].reshape(B, L, Hk, dk)  # ← F3: (B, L, Hk, dk)
+        dkey = dm[..., Hk * dk : 2 * Hk * dk].reshape(B, L, Hk, dk)  # ← F3
+        dv_ = dm[..., 2 * Hk * dk :].reshape(B, L, Hv, dv)  # ← F3: (B, L, Hv, dv)
+        d_qkvz, d_ba = in_proj_split_backward((dq, dkey, dv_, dz, db, da), c.c_split)  # ← F2
+        dx_qkvz, dW_qkvz, _ = F.linear_backward(d_qkvz, c.c_qkvz)  # ← F1: (B, L, P) @ (P, E) -> (B, L, E)
+        dx_ba, dW_ba, _ = F.linear_backward(d_ba, c.c_ba)  # ← F1
+        dx = dx_qkvz + dx_ba  # x fed both projections
+        if c.mask is not None:
+            dx = dx * c.mask  # ← F0
+        d_initial = DeltaNetState(cv["initial_state"], gc["initial_state"]) if c.has_state else None
+        return {
+            "x": dx,
+            "W_qkvz": dW_qkvz,
+            "W_ba": dW_ba,
+            "conv_weight": cv["weight"],
+            "dt_bias": d_dt_bias,
+            "A_log": dA_log,
+            "norm_weight": d_norm,
+            "W_out": dW_out,
+            "state": d_initial,
+        }
