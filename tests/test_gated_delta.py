@@ -1,0 +1,140 @@
+"""The gated delta rule (issue 37): Gated DeltaNet (Qwen3-Next), DeltaNet (g ≡ 0) and Kimi Delta Attention's
+per-channel decay, recurrent and chunked, each with its hand-written backward (``mha_numpy.recurrent``).
+
+Against torch autograd of transformers' functions with the float32 casts lifted (``interop.gated_delta``) in float64
+to 1e-10; against the functions as shipped in float32 to 1e-5 relative; recurrent == chunked to 1e-12; central
+differences on every gradient; decoding one token with the state; bad input refused, naming the argument.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import grad_check, rel_err
+
+from mha_numpy.recurrent import gated_delta_rule_backward, gated_delta_rule_forward, gated_delta_rule_step
+
+NAMES = ("q", "k", "v", "g", "beta", "initial_state")
+
+
+def make(B=2, Hk=2, H=4, L=7, dk=4, dv=3, state=True, per_channel=False, dtype=np.float64, seed=0):
+    """Random inputs: g ≤ 0 (a per-head log decay, or one a key channel), β in (0, 1), an initial state or None."""
+    rng = np.random.default_rng(seed)
+    x = {
+        "q": rng.standard_normal((B, Hk, L, dk)),
+        "k": rng.standard_normal((B, Hk, L, dk)) / np.sqrt(dk),
+        "v": rng.standard_normal((B, H, L, dv)),
+        "g": -rng.uniform(0.05, 0.6, (B, H, L, dk) if per_channel else (B, H, L)),
+        "beta": rng.uniform(0.1, 0.9, (B, H, L)),
+        "initial_state": rng.standard_normal((B, H, dk, dv)) if state else None,
+    }
+    return {n: None if a is None else a.astype(dtype) for n, a in x.items()}
+
+
+def upstream(o_shape, S_shape, dtype=np.float64, seed=1):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(o_shape).astype(dtype), rng.standard_normal(S_shape).astype(dtype)
+
+
+def ours(x, d_o, d_S, **kw):
+    (o, S), cache = gated_delta_rule_forward(**x, **kw)
+    return o, S, gated_delta_rule_backward(d_o, cache, d_S)
+
+
+def theirs(x, d_o, d_S, **kw):
+    from mha_numpy.interop.gated_delta import torch_gated_delta_rule
+
+    return torch_gated_delta_rule(**x, d_o=d_o, d_final_state=d_S, **kw)
+
+
+def assert_close(a, b, tol):
+    o1, S1, g1 = a
+    o2, S2, g2 = b
+    errs = {"o": rel_err(o1, o2), "final_state": rel_err(S1, S2)}
+    for n in NAMES:
+        assert (g1[n] is None) == (g2[n] is None), n
+        if g1[n] is not None:
+            errs[n] = rel_err(g1[n], g2[n])
+    assert max(errs.values()) <= tol, errs
+
+
+CASES = {  # (Hk, H, L, chunk, state, l2norm): grouped heads, L not a multiple of the chunk, a state or none
+    "grouped_state_l2norm": (2, 6, 11, 4, True, True),
+    "grouped_no_state": (1, 3, 9, 4, False, False),
+    "equal_heads_state": (2, 2, 8, 4, True, False),
+}
+
+
+@pytest.mark.parametrize("impl", ["recurrent", "chunked"])
+@pytest.mark.parametrize("case", CASES)
+def test_float64_matches_transformers_cast_lifted(case, impl):
+    """Outputs, final state and every gradient against torch autograd of the cast-lifted copy of the same form."""
+    pytest.importorskip("torch")
+    Hk, H, L, C, state, l2 = CASES[case]
+    x = make(Hk=Hk, H=H, L=L, state=state)
+    d_o, d_S = upstream((2, H, L, 3), (2, H, 4, 3))
+    kw = dict(impl=impl, chunk_size=C, use_qk_l2norm=l2)
+    assert_close(ours(x, d_o, d_S, **kw), theirs(x, d_o, d_S, **kw), 1e-10)
+
+
+@pytest.mark.parametrize("state", [True, False])
+def test_kimi_per_channel_decay_matches_transformers(state):
+    """g (B, H, L, dk): Kimi Delta Attention's per-channel decay, the same recurrent function."""
+    pytest.importorskip("torch")
+    x = make(Hk=3, H=3, L=6, state=state, per_channel=True)
+    d_o, d_S = upstream((2, 3, 6, 3), (2, 3, 4, 3))
+    kw = dict(impl="recurrent", use_qk_l2norm=True)
+    assert_close(ours(x, d_o, d_S, **kw), theirs(x, d_o, d_S, **kw), 1e-10)
+
+
+def flat_pair(impl, chunk_size=3, use_qk_l2norm=True, scale=None, state=True):
+    """The forward and backward as one output (o and the final state side by side), for ``grad_check``."""
+    names = NAMES if state else NAMES[:-1]
+
+    def forward(**x):
+        (o, S), cache = gated_delta_rule_forward(
+            **x, chunk_size=chunk_size, impl=impl, use_qk_l2norm=use_qk_l2norm, scale=scale
+        )
+        return np.concatenate([o.ravel(), S.ravel()]), (cache, o.shape, S.shape)
+
+    def backward(d_out, c):
+        cache, o_shape, S_shape = c
+        n = int(np.prod(o_shape))
+        grads = gated_delta_rule_backward(d_out[:n].reshape(o_shape), cache, d_out[n:].reshape(S_shape))
+        return tuple(grads[k] for k in names)
+
+    return forward, backward, list(names)
+
+
+@pytest.mark.parametrize(
+    "impl, per_channel, l2, state, scale",
+    [
+        ("recurrent", False, True, True, None),
+        ("recurrent", True, False, True, 0.7),
+        ("recurrent", False, False, False, None),
+        ("chunked", False, True, True, None),
+        ("chunked", False, False, False, 0.7),
+    ],
+)
+def test_central_differences_on_every_gradient(impl, per_channel, l2, state, scale):
+    """Float64 central differences of a random upstream gradient (o and final state) on every input."""
+    x = make(B=2, Hk=1, H=2, L=5, dk=3, dv=2, state=state, per_channel=per_channel, seed=3)
+    forward, backward, names = flat_pair(impl, chunk_size=2, use_qk_l2norm=l2, scale=scale, state=state)
+    grad_check(forward, backward, {n: x[n] for n in names}, names, allow_zero=False)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_decoding_one_token_equals_the_full_forward(per_channel):
+    """gated_delta_rule_step token by token from the initial state: each o_t and the last state as the forward's
+    (the recurrent form; the chunked one too for a per-head gate)."""
+    x = make(Hk=1, H=2, L=6, per_channel=per_channel, seed=4)
+    impls = ["recurrent"] if per_channel else ["recurrent", "chunked"]
+    full = [gated_delta_rule_forward(**x, impl=impl, chunk_size=4, use_qk_l2norm=True)[0] for impl in impls]
+    state = x["initial_state"]
+    for t in range(x["v"].shape[2]):
+        step = {f"{n}_t": x[n][:, :, t] for n in ("q", "k", "v", "g", "beta")}
+        o_t, state = gated_delta_rule_step(**step, state=state, use_qk_l2norm=True)
+        for o, _ in full:
+            assert np.abs(o_t - o[:, :, t]).max() <= 1e-12 * np.abs(o).max()
+    for _, S in full:
+        assert np.abs(state - S).max() <= 1e-12 * np.abs(S).max()
