@@ -282,3 +282,122 @@ def test_in_proj_split_matches_fix_query_key_value_ordering_and_its_backward():
         QN.in_proj_split_forward(qkvz, ba, 2, 5, dk, dv)
     with pytest.raises(ValueError, match=r"mixed_ba with shape \(2, 5, 11\)"):
         QN.in_proj_split_forward(qkvz, ba[..., :11], Hk, Hv, dk, dv)
+
+
+# --------------------------------------------------------------------------- the Qwen3-Next layer
+
+
+def deltanet_and_input(dtype=np.float64, B=2, L=7, seed=0):
+    from mha_numpy.interop import qwen3_next_deltanet as QX
+
+    module = QX.hf_qwen3_next_deltanet(dtype=dtype, seed=seed)  # 2 key heads, 6 value heads
+    x = np.random.default_rng(seed).standard_normal((B, L, module.hidden_size)).astype(dtype)
+    return QX, module, x
+
+
+@pytest.mark.parametrize("impl, padded", [("chunked", False), ("recurrent", True), ("chunked", True)])
+def test_gated_deltanet_layer_matches_transformers_in_float64(impl, padded):
+    """Output, the state after the call, dL/dx and every parameter's gradient against Qwen3NextGatedDeltaNet with its
+    float32 casts lifted, to 1e-10: batch 2, grouped heads, L = 7 over chunks of 4, left padding in one row."""
+    require_torch()
+    QX, module, x = deltanet_and_input()
+    mask = None
+    if padded:
+        mask = np.ones(x.shape[:2], bool)
+        mask[1, :3] = False
+    report = QX.crosscheck_hf_qwen3_next_deltanet(module, x, mask, impl=impl, chunk_size=4)
+    assert report.passed and len(report.rows) == 11, str(report)
+    assert "as shipped" in report.notes[0]
+
+
+def test_gated_deltanet_layer_float32_against_transformers_as_shipped():
+    require_torch()
+    QX, module, x = deltanet_and_input(np.float32)
+    report = QX.crosscheck_hf_qwen3_next_deltanet(module, x, chunk_size=4)
+    assert report.passed and report.rtol == 1e-5, str(report)
+    layer = QX.from_hf_qwen3_next_deltanet(module)
+    (y, state), cache = layer.forward(x)
+    grads = layer.backward(np.ones_like(y), cache)
+    assert y.dtype == state.conv.dtype == state.recurrent.dtype == np.float32
+    assert all(grads[n].dtype == np.float32 for n in ("x", *layer.PARAM_NAMES))
+
+
+def test_gated_deltanet_decoding_token_by_token_equals_one_call_and_transformers_cache():
+    """A prefill of 3 tokens, then one token a call with the state: our outputs and state equal one call's to 1e-12,
+    and transformers' decoding with its cache (casts lifted) to 1e-10."""
+    require_torch()
+    QX, module, x = deltanet_and_input(L=8)
+    for impl in ("chunked", "recurrent"):
+        layer = QX.from_hf_qwen3_next_deltanet(module, chunk_size=4, impl=impl)
+        (y, final), _ = layer.forward(x)
+        state, outs = None, []
+        for a, b in [(0, 3)] + [(t, t + 1) for t in range(3, 8)]:
+            (y_p, state), _ = layer.forward(x[:, a:b], state=state)
+            outs.append(y_p)
+        scale = np.max(np.abs(y))
+        assert np.max(np.abs(np.concatenate(outs, axis=1) - y)) <= 1e-12 * scale, impl
+        assert np.max(np.abs(state.recurrent - final.recurrent)) <= 1e-12 * np.max(np.abs(final.recurrent)), impl
+        assert np.array_equal(state.conv, final.conv), impl
+    y_hf, state_hf = QX.decode_hf_qwen3_next_deltanet(module, x, prefill=3)
+    assert rel_err(y, y_hf) <= TOL and rel_err(final.recurrent, state_hf.recurrent) <= TOL
+    assert rel_err(final.conv, state_hf.conv) <= TOL
+
+
+def test_gated_deltanet_central_differences_for_every_parameter_input_and_state():
+    """Every gradient of the layer, the initial state's included (a call in the middle of a sequence), against
+    central differences; the output and both parts of the state after the call all carry an upstream gradient."""
+    from mha_numpy.recurrent.qwen3_next import DeltaNetState, GatedDeltaNet
+
+    rng = np.random.default_rng(9)
+    E, Hk, Hv, dk, dv, K, B, L = 6, 1, 2, 3, 2, 3, 2, 5
+    base = GatedDeltaNet(E, Hk, Hv, dk, dv, K, chunk_size=2, rng=1)
+    params = {n: p + 0.2 * randn(rng, *p.shape) for n, p in base.params.items()}
+    params["A_log"], params["dt_bias"] = np.log([0.5, 1.0]), np.array([0.5, -0.5])  # a memory of a few tokens
+    x, conv0, rec0 = randn(rng, B, L, E), randn(rng, B, K - 1, base.conv_dim), 0.3 * randn(rng, B, Hv, dk, dv)
+    shapes = [(B, L, E), (B, K - 1, base.conv_dim), (B, Hv, dk, dv)]
+    sizes = [int(np.prod(s)) for s in shapes]
+
+    def forward(x, conv0, rec0, **params):  # y and the state after the call, flattened side by side
+        layer = GatedDeltaNet(E, Hk, Hv, dk, dv, K, chunk_size=2, params=params)
+        (y, s), _ = layer.forward(x, state=DeltaNetState(conv0, rec0))
+        return np.concatenate([y.ravel(), s.conv.ravel(), s.recurrent.ravel()])
+
+    d_out = randn(rng, sum(sizes))
+    d_y, d_conv, d_rec = (d.reshape(s) for d, s in zip(np.split(d_out, np.cumsum(sizes)[:-1]), shapes))
+    layer = GatedDeltaNet(E, Hk, Hv, dk, dv, K, chunk_size=2, params=params)
+    _, cache = layer.forward(x, state=DeltaNetState(conv0, rec0))
+    g = layer.backward(d_y, cache, DeltaNetState(d_conv, d_rec))
+    analytic = {"x": g["x"], "conv0": g["state"].conv, "rec0": g["state"].recurrent}
+    analytic.update({n: g[n] for n in GatedDeltaNet.PARAM_NAMES})
+    finite_differences(forward, analytic, {"x": x, "conv0": conv0, "rec0": rec0, **params}, d_out)
+
+
+def test_gated_deltanet_bad_input_names_the_argument_and_nothing_is_modified():
+    from mha_numpy.recurrent.qwen3_next import DeltaNetState, GatedDeltaNet
+
+    layer = GatedDeltaNet(8, 2, 4, 3, 2, rng=0)
+    x = np.random.default_rng(10).standard_normal((2, 5, 8))
+    copies = (x.copy(), {n: p.copy() for n, p in layer.params.items()})
+    state = layer.zero_state(2)
+    (y, new_state), cache = layer.forward(x, np.ones((2, 5), bool), state)
+    layer.backward(np.ones_like(y), cache, new_state)
+    assert np.array_equal(x, copies[0]) and all(np.array_equal(layer.params[n], p) for n, p in copies[1].items())
+    assert not np.any(state.conv) and not np.any(state.recurrent) and new_state is not state
+    cases = [
+        (dict(x=x[..., :7]), r"x with shape \(2, 5, 7\) and dtype float64 must be \(B, L, E = 8\)"),
+        (dict(x=x.astype(np.float32)), "in the parameters' dtype float64"),
+        (dict(attention_mask=np.ones((2, 5), int)), "attention_mask must be a bool"),
+        (dict(state=DeltaNetState(state.conv[:, :2], state.recurrent)), r"state.conv must be \(2, 3, 20\)"),
+        (dict(state=(state.conv, state.recurrent)), "state must be a DeltaNetState or None"),
+    ]
+    for change, match in cases:
+        with pytest.raises(ValueError, match=match):
+            layer.forward(**{"x": x, **change})
+    for kwargs, match in [
+        (dict(num_v_heads=3), "num_v_heads = 3 must be a multiple of num_k_heads = 2"),
+        (dict(impl="fast"), "impl must be 'chunked' or 'recurrent'"),
+        (dict(params={"W_out": np.zeros((8, 8))}), "the weights lack 6 of the 7 tensors"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            GatedDeltaNet(**{"hidden_size": 8, "num_k_heads": 2, "num_v_heads": 4, "head_k_dim": 3, "head_v_dim": 2,
+                             **kwargs})  # fmt: skip
