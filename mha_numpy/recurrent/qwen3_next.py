@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import functional as F
-from .._checks import as_array, as_float_array, as_float_dtype, as_generator, as_int, as_number
-from ..models.layers import checked_params
+from .._checks import as_float_array, as_int, as_number
 from .conv import causal_conv1d_backward, causal_conv1d_forward
 from .gated_delta import gated_delta_rule_backward, gated_delta_rule_forward
 from .gates import decay_backward, decay_forward, sigmoid_backward, sigmoid_forward
+from .layer import DeltaNetState, RecurrentLayer, check_layer_options
 from .norms import gated_rms_norm_backward, gated_rms_norm_forward
 
 # --------------------------------------------------------------------------- the in-projection's layout
@@ -85,16 +85,6 @@ def in_proj_split_backward(d_parts, cache):
 # --------------------------------------------------------------------------- the layer
 
 
-@dataclass(frozen=True)
-class DeltaNetState:
-    """A Gated DeltaNet layer's decoding state, all it keeps of the tokens before: the conv's last K-1 inputs and the
-    delta rule's matrix. Zeros are the start of a sequence; ``GatedDeltaNet.forward`` returns the state after the
-    call, which the next call takes (a new object: nothing is updated in place)."""
-
-    conv: np.ndarray  # (B, K-1, C), C = 2·Hk·dk + Hv·dv: the inputs of the conv, [q | k | v] before it
-    recurrent: np.ndarray  # (B, Hv, dk, dv): S, the fast-weight memory of each value head
-
-
 @dataclass
 class DeltaNetCache:
     """Intermediates of ``GatedDeltaNet.forward`` for its backward, one a forward line (F0 … F7)."""
@@ -112,7 +102,7 @@ class DeltaNetCache:
     has_state: bool
 
 
-class GatedDeltaNet:
+class GatedDeltaNet(RecurrentLayer):
     """Qwen3-Next's Gated DeltaNet layer (``Qwen3NextGatedDeltaNet``; module docstring), forward and backward.
 
     hidden_size E; num_k_heads Hk, num_v_heads Hv (a multiple of Hk), head_k_dim dk, head_v_dim dv;
@@ -156,13 +146,8 @@ class GatedDeltaNet:
         )
         self.conv_kernel_size = as_int(conv_kernel_size, "conv_kernel_size", minimum=1)
         self.eps = as_number(eps, "eps", positive=True)
-        self.chunk_size = as_int(chunk_size, "chunk_size", minimum=1)
-        if impl not in ("chunked", "recurrent"):
-            raise ValueError(f"impl must be 'chunked' or 'recurrent', got {impl!r}")
-        self.impl = impl
-        dtype = as_float_dtype(dtype)
-        shapes = self.param_shapes()
-        self.params = checked_params(params, shapes, dtype) if params is not None else self._init(shapes, rng, dtype)
+        self.impl, self.chunk_size = check_layer_options(impl, chunk_size)
+        self._set_params(params, rng, dtype)
 
     def __repr__(self) -> str:
         return (
@@ -174,6 +159,11 @@ class GatedDeltaNet:
     def conv_dim(self) -> int:
         """C = 2·Hk·dk + Hv·dv: the channels of the conv, [q | k | v]."""
         return 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+
+    @property
+    def state_heads(self) -> int:
+        """Hv: the recurrent state is one (dk, dv) matrix a value head."""
+        return self.num_v_heads
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         """Each parameter's shape, by name (the class docstring's table)."""
@@ -187,53 +177,6 @@ class GatedDeltaNet:
             "norm_weight": (dv,),
             "W_out": (E, Hv * dv),
         }
-
-    def _init(self, shapes, rng, dtype) -> dict[str, np.ndarray]:
-        """transformers' starting values: linears and the conv uniform ±1/√fan_in, dt_bias 1, A = exp(A_log)
-        uniform in [0.01, 16], the norm's weight 1."""
-        gen = as_generator(rng)
-        p = {}
-        for name in ("W_qkvz", "W_ba", "W_out", "conv_weight"):
-            bound = 1.0 / np.sqrt(shapes[name][1])
-            p[name] = gen.uniform(-bound, bound, shapes[name])
-        p["dt_bias"] = np.ones(shapes["dt_bias"])
-        p["A_log"] = np.log(gen.uniform(0.01, 16.0, shapes["A_log"]))
-        p["norm_weight"] = np.ones(shapes["norm_weight"])
-        return {name: p[name].astype(dtype) for name in self.PARAM_NAMES}
-
-    def zero_state(self, batch_size: int) -> DeltaNetState:
-        """The state at the start of a sequence: zeros, in the parameters' dtype."""
-        B, dtype = as_int(batch_size, "batch_size", minimum=1), self.params["W_out"].dtype
-        conv = np.zeros((B, self.conv_kernel_size - 1, self.conv_dim), dtype)
-        return DeltaNetState(conv, np.zeros((B, self.num_v_heads, self.head_k_dim, self.head_v_dim), dtype))
-
-    def _check(self, x, attention_mask, state):
-        x = as_float_array(x, "x", ndim=3)
-        dtype = self.params["W_out"].dtype
-        if x.shape[-1] != self.hidden_size or x.dtype != dtype:
-            raise ValueError(
-                f"x with shape {x.shape} and dtype {x.dtype} must be (B, L, E = {self.hidden_size}) in "
-                f"the parameters' dtype {dtype}"
-            )
-        B, L, _ = x.shape
-        if attention_mask is not None:
-            attention_mask = as_array(attention_mask, "attention_mask")
-            if attention_mask.dtype != np.bool_ or attention_mask.shape != (B, L):
-                raise ValueError(
-                    f"attention_mask must be a bool (B, L) = {(B, L)} array (True = a token, False = "
-                    f"padding), got dtype {attention_mask.dtype} shape {attention_mask.shape}"
-                )
-        if state is not None:
-            if not isinstance(state, DeltaNetState):
-                raise ValueError(f"state must be a DeltaNetState or None, got {type(state).__name__}")
-            zero = self.zero_state(B)
-            for name in ("conv", "recurrent"):
-                s, z = getattr(state, name), getattr(zero, name)
-                if np.shape(s) != z.shape or np.asarray(s).dtype != dtype:
-                    raise ValueError(
-                        f"state.{name} must be {z.shape} in {dtype}, got {np.shape(s)} in {np.asarray(s).dtype}"
-                    )
-        return x, attention_mask
 
     def forward(self, x, attention_mask=None, state: DeltaNetState | None = None):
         """x (B, L, E), attention_mask (B, L) bool or None (False: a padding token, its input zeroed, as
@@ -284,8 +227,7 @@ class GatedDeltaNet:
         Hk, Hv, dk, dv = self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
         d_y = as_float_array(d_y, "d_y", ndim=3)
         B, L, _ = d_y.shape
-        if d_state is not None and not isinstance(d_state, DeltaNetState):
-            raise ValueError(f"d_state must be a DeltaNetState or None, got {type(d_state).__name__}")
+        self._check_d_state(d_state)
         dn, dW_out, _ = F.linear_backward(d_y, c.c_out)  # ← F7: (B, L, E) @ (E, Hv·dv) -> (B, L, Hv·dv)
         do, dz, d_norm = gated_rms_norm_backward(dn.reshape(B, L, Hv, dv), c.c_norm)  # ← F6: (B, L, Hv, dv)
         gc = gated_delta_rule_backward(
