@@ -24,16 +24,13 @@ the module applies by zeroing the padding tokens' inputs (``apply_mask_to_paddin
 
 from __future__ import annotations
 
-import types
-from contextlib import contextmanager
-
 import numpy as np
 
-from ..recurrent.qwen3_next import DeltaNetState, GatedDeltaNet
-from ._lazy import require, to_numpy
+from ..recurrent.qwen3_next import GatedDeltaNet
+from ._lazy import require
+from .delta_layers import LayerKind, crosscheck_layer, decode_hf, method_replaced, params_as_ours
 from .gated_delta import torch_chunk_gated_delta_rule_float64, torch_recurrent_gated_delta_rule_float64
-from .harness import Row, compare, random_like, relative, tensor
-from .report import CrosscheckReport, rtol_for
+from .report import CrosscheckReport
 
 HF_QWEN3_NEXT_DELTANET_NAME_MAP = {
     "W_qkvz": "in_proj_qkvz.weight",
@@ -45,11 +42,6 @@ HF_QWEN3_NEXT_DELTANET_NAME_MAP = {
     "W_out": "out_proj.weight",
 }
 """Our GatedDeltaNet's parameters -> Qwen3NextGatedDeltaNet's (conv1d.weight (C, 1, K) is ours (C, K))."""
-
-
-def _ours(name: str, array) -> np.ndarray:
-    a = np.array(to_numpy(array), copy=True)
-    return a.reshape(a.shape[0], a.shape[-1]) if name == "conv_weight" else a  # (C, 1, K) -> (C, K)
 
 
 def hf_qwen3_next_deltanet(
@@ -90,17 +82,15 @@ def hf_qwen3_next_deltanet(
 
 def from_hf_qwen3_next_deltanet(module, chunk_size: int = 64, impl: str = "chunked") -> GatedDeltaNet:
     """transformers ``Qwen3NextGatedDeltaNet`` -> our ``GatedDeltaNet``, same weights (copied), same dtype."""
-    named = dict(module.named_parameters())
-    params = {ours: _ours(ours, named[theirs]) for ours, theirs in HF_QWEN3_NEXT_DELTANET_NAME_MAP.items()}
     if module.activation != "silu":
         raise ValueError(f"the module's activation is {module.activation!r}; GatedDeltaNet's conv uses silu")
     if module.conv1d.bias is not None:
         raise ValueError("the module's conv1d has a bias; GatedDeltaNet's conv has none (as Qwen3-Next's)")
-    return GatedDeltaNet(
-        module.hidden_size, module.num_k_heads, module.num_v_heads, module.head_k_dim, module.head_v_dim,
-        module.conv_kernel_size, module.layer_norm_epsilon, params=params, dtype=params["W_out"].dtype,
-        chunk_size=chunk_size, impl=impl,
-    )  # fmt: skip
+    sizes = (module.hidden_size, module.num_k_heads, module.num_v_heads, module.head_k_dim, module.head_v_dim,
+             module.conv_kernel_size, module.layer_norm_epsilon)  # fmt: skip
+    shapes = GatedDeltaNet(*sizes, rng=0).param_shapes()
+    params = params_as_ours(dict(module.named_parameters()), HF_QWEN3_NEXT_DELTANET_NAME_MAP, shapes)
+    return GatedDeltaNet(*sizes, params=params, dtype=params["W_out"].dtype, chunk_size=chunk_size, impl=impl)
 
 
 def _forward_without_casts(self, hidden_states, cache=None, attention_mask=None, **kwargs):
@@ -151,49 +141,19 @@ def _forward_without_casts(self, hidden_states, cache=None, attention_mask=None,
     return self.out_proj(core_attn_out.reshape(core_attn_out.shape[0], core_attn_out.shape[1], -1))
 
 
-@contextmanager
 def deltanet_in_float64(module):
     """Within the block the module runs ``_forward_without_casts`` (its forward without the float32 casts);
     the class's forward again afterwards."""
-    module.forward = types.MethodType(_forward_without_casts, module)
-    try:
-        yield module
-    finally:
-        del module.forward
+    return method_replaced(module, _forward_without_casts)
 
 
-def hf_cache(module):
-    """A transformers cache for the module's layer (a ``DynamicCache`` from its config: a linear-attention layer)."""
-    require("transformers")
-    from transformers import DynamicCache, Qwen3NextConfig
+def _config():
+    from transformers import Qwen3NextConfig
 
-    cfg = Qwen3NextConfig(num_hidden_layers=1, layer_types=["linear_attention"])
-    return DynamicCache(config=cfg)
+    return Qwen3NextConfig(num_hidden_layers=1, layer_types=["linear_attention"])
 
 
-def run_hf(module, x, attention_mask, d_output, lifted: bool) -> dict:
-    """The module on x (a fresh cache, to read the state after the call) and torch autograd of d_output ->
-    {"output", "dx", "conv_state" (its last K-1 inputs, ours' layout), "recurrent_state", "grad NAME"}."""
-    torch = require("torch")
-    tx, named = tensor(torch, x, grad=True), dict(module.named_parameters())
-    mask_t = None if attention_mask is None else tensor(torch, attention_mask.astype(np.int64))
-    cache = hf_cache(module)
-    with deltanet_in_float64(module) if lifted else _same(module):
-        out = module(tx, cache=cache, attention_mask=mask_t)
-    grads = torch.autograd.grad(out, [tx, *named.values()], tensor(torch, d_output))
-    conv = cache.get_conv_state(0, state_idx=0)  # (B, C, K): its last K inputs
-    K = module.conv_kernel_size
-    res = {"output": out.detach().numpy(), "dx": grads[0].numpy(),
-           "conv_state": conv[:, :, 1:].transpose(1, 2).detach().numpy() if K > 1 else None,
-           "recurrent_state": cache.get_recurrent_state(0, state_idx=0).detach().numpy()}  # fmt: skip
-    by_name = dict(zip(named, grads[1:]))
-    res.update({f"grad {ours}": _ours(ours, by_name[t]) for ours, t in HF_QWEN3_NEXT_DELTANET_NAME_MAP.items()})
-    return res
-
-
-@contextmanager
-def _same(module):
-    yield module
+KIND = LayerKind("Qwen3NextGatedDeltaNet", HF_QWEN3_NEXT_DELTANET_NAME_MAP, deltanet_in_float64, _config)
 
 
 def crosscheck_hf_qwen3_next_deltanet(
@@ -207,44 +167,13 @@ def crosscheck_hf_qwen3_next_deltanet(
     its casts lifted (``deltanet_in_float64``), default 1e-10, the as-shipped gap in a note; float32: against the
     module as shipped, default 1e-5.
     """
-    ours_layer = from_hf_qwen3_next_deltanet(module, chunk_size=chunk_size, impl=impl)
-    x = np.asarray(hidden_states)
-    dtype = x.dtype
-    rtol = rtol_for(dtype, rtol)
-    d_out = random_like(x.shape, dtype, rng) if d_output is None else np.asarray(d_output, dtype=dtype)
-    (y, state), cache = ours_layer.forward(x, attention_mask)
-    g = ours_layer.backward(d_out, cache)
-    ours = {"output": y, "dx": g["x"], "conv_state": state.conv, "recurrent_state": state.recurrent}
-    ours.update({f"grad {name}": g[name] for name in GatedDeltaNet.PARAM_NAMES})
-    lifted = dtype == np.float64
-    theirs = run_hf(module, x, attention_mask, d_out, lifted)
-    rows = [
-        Row("output", "module(x)", "output"),
-        Row("state: conv", "cache conv state [-(K-1):]", "conv_state"),
-        Row("state: recurrent", "cache recurrent state", "recurrent_state"),
-        Row("dL/dx", "autograd", "dx"),
-    ]
-    rows += [Row(f"dL/d{n}", f"{t}.grad", f"grad {n}") for n, t in HF_QWEN3_NEXT_DELTANET_NAME_MAP.items()]
-    notes = []
-    if lifted:
-        shipped = run_hf(module, x, attention_mask, d_out, lifted=False)
-        worst = max(relative(ours[k], shipped[k]) for k in shipped if k.startswith("grad "))
-        notes.append(f"as shipped (float32 casts inside): output {relative(y, shipped['output']):.1e}, "
-                     f"gradients up to {worst:.1e} from ours")  # fmt: skip
-    title = (f"ours vs transformers Qwen3NextGatedDeltaNet (Hk={ours_layer.num_k_heads}, Hv={ours_layer.num_v_heads}, "
-             f"dk={ours_layer.head_k_dim}, dv={ours_layer.head_v_dim}, K={ours_layer.conv_kernel_size}, {impl}"
+    layer = from_hf_qwen3_next_deltanet(module, chunk_size=chunk_size, impl=impl)
+    title = (f"ours vs transformers Qwen3NextGatedDeltaNet (Hk={layer.num_k_heads}, Hv={layer.num_v_heads}, "
+             f"dk={layer.head_k_dim}, dv={layer.head_v_dim}, K={layer.conv_kernel_size}, {impl}"
              f"{', padding' if attention_mask is not None else ''})")  # fmt: skip
-    return compare(title, dtype, rtol, rows, ours, theirs, notes)
+    return crosscheck_layer(KIND, module, layer, hidden_states, attention_mask, d_output, rng, rtol, title)
 
 
 def decode_hf_qwen3_next_deltanet(module, hidden_states, prefill: int = 3, lifted: bool = True):
-    """transformers' decoding: a prefill of ``prefill`` tokens with a fresh cache, then one token a call ->
-    (outputs (B, L, E), DeltaNetState after the last call in our layout), arrays."""
-    torch = require("torch")
-    x = np.asarray(hidden_states)
-    cache, outs = hf_cache(module), []
-    with torch.no_grad(), deltanet_in_float64(module) if lifted else _same(module):
-        for a, b in [(0, prefill)] + [(t, t + 1) for t in range(prefill, x.shape[1])]:
-            outs.append(module(tensor(torch, x[:, a:b]), cache=cache).numpy())
-    conv = cache.get_conv_state(0, state_idx=0)[:, :, 1:].transpose(1, 2).numpy()  # (B, K-1, C)
-    return np.concatenate(outs, axis=1), DeltaNetState(conv, cache.get_recurrent_state(0, state_idx=0).numpy())
+    """transformers' decoding with its cache (a prefill, then one token a call) -> (outputs, DeltaNetState)."""
+    return decode_hf(KIND, module, hidden_states, prefill, lifted)
