@@ -401,3 +401,62 @@ def test_gated_deltanet_bad_input_names_the_argument_and_nothing_is_modified():
         with pytest.raises(ValueError, match=match):
             GatedDeltaNet(**{"hidden_size": 8, "num_k_heads": 2, "num_v_heads": 4, "head_k_dim": 3, "head_v_dim": 2,
                              **kwargs})  # fmt: skip
+
+
+# --------------------------------------------------------------------------- Kimi Linear's layer
+
+
+@pytest.mark.parametrize("dtype, padded", [(np.float64, True), (np.float32, False)])
+def test_kimi_delta_attention_layer_matches_transformers(dtype, padded):
+    """KimiLinearDeltaAttention: output, state, dL/dx and its 13 parameters' gradients; float64 against the module
+    with its casts lifted (1e-10, left padding in one row), float32 against it as shipped (1e-5)."""
+    require_torch()
+    from mha_numpy.interop import kimi_linear_kda as KX
+
+    module = KX.hf_kimi_delta_attention(dtype=dtype)
+    x = np.random.default_rng(11).standard_normal((2, 7, module.hidden_size)).astype(dtype)
+    mask = None
+    if padded:
+        mask = np.ones(x.shape[:2], bool)
+        mask[1, :3] = False
+    report = KX.crosscheck_hf_kimi_delta_attention(module, x, mask, chunk_size=4)
+    assert report.passed and len(report.rows) == 17, str(report)
+    if dtype == np.float64:
+        layer = KX.from_hf_kimi_delta_attention(module, chunk_size=4)
+        (y, final), _ = layer.forward(x)
+        state, outs = None, []
+        for a, b in [(0, 2)] + [(t, t + 1) for t in range(2, 7)]:
+            (y_p, state), _ = layer.forward(x[:, a:b], state=state)
+            outs.append(y_p)
+        assert np.max(np.abs(np.concatenate(outs, axis=1) - y)) <= 1e-12 * np.max(np.abs(y))
+        assert np.max(np.abs(state.recurrent - final.recurrent)) <= 1e-12 * np.max(np.abs(final.recurrent))
+        y_hf, state_hf = KX.decode_hf_kimi_delta_attention(module, x, prefill=2)
+        assert rel_err(y, y_hf) <= TOL and rel_err(final.recurrent, state_hf.recurrent) <= TOL
+
+
+def test_kimi_delta_attention_central_differences_for_every_parameter_input_and_state():
+    from mha_numpy.recurrent.kimi import KimiDeltaAttention
+    from mha_numpy.recurrent.layer import DeltaNetState
+
+    rng = np.random.default_rng(12)
+    E, H, d, K, B, L = 5, 2, 2, 3, 2, 4
+    base = KimiDeltaAttention(E, H, d, K, chunk_size=3, rng=2)
+    params = {n: p + 0.2 * randn(rng, *p.shape) for n, p in base.params.items()}
+    params["A_log"] = np.log([0.5, 1.0])  # a memory of a few tokens
+    x, conv0, rec0 = randn(rng, B, L, E), randn(rng, B, K - 1, base.conv_dim), 0.3 * randn(rng, B, H, d, d)
+    shapes = [(B, L, E), conv0.shape, rec0.shape]
+    sizes = [int(np.prod(s)) for s in shapes]
+
+    def forward(x, conv0, rec0, **params):
+        layer = KimiDeltaAttention(E, H, d, K, chunk_size=3, params=params)
+        (y, s), _ = layer.forward(x, state=DeltaNetState(conv0, rec0))
+        return np.concatenate([y.ravel(), s.conv.ravel(), s.recurrent.ravel()])
+
+    d_out = randn(rng, sum(sizes))
+    d_y, d_conv, d_rec = (d.reshape(s) for d, s in zip(np.split(d_out, np.cumsum(sizes)[:-1]), shapes))
+    layer = KimiDeltaAttention(E, H, d, K, chunk_size=3, params=params)
+    _, cache = layer.forward(x, state=DeltaNetState(conv0, rec0))
+    g = layer.backward(d_y, cache, DeltaNetState(d_conv, d_rec))
+    analytic = {"x": g["x"], "conv0": g["state"].conv, "rec0": g["state"].recurrent}
+    analytic.update({n: g[n] for n in KimiDeltaAttention.PARAM_NAMES})
+    finite_differences(forward, analytic, {"x": x, "conv0": conv0, "rec0": rec0, **params}, d_out)
