@@ -460,3 +460,21 @@ def test_kimi_delta_attention_central_differences_for_every_parameter_input_and_
     analytic = {"x": g["x"], "conv0": g["state"].conv, "rec0": g["state"].recurrent}
     analytic.update({n: g[n] for n in KimiDeltaAttention.PARAM_NAMES})
     finite_differences(forward, analytic, {"x": x, "conv0": conv0, "rec0": rec0, **params}, d_out)
+
+
+def test_left_padding_writes_nothing_into_the_state():
+    """A row padded on the left gives, at its real tokens, the outputs and final state of the row alone (the padding
+    tokens' zeroed inputs give q = k = v = 0: nothing written), for both layers; and padding tokens get no gradient."""
+    from mha_numpy.recurrent.kimi import KimiDeltaAttention
+    from mha_numpy.recurrent.qwen3_next import GatedDeltaNet
+
+    x = np.random.default_rng(13).standard_normal((2, 6, 8))
+    mask = np.ones((2, 6), bool)
+    mask[1, :2] = False
+    for layer in (GatedDeltaNet(8, 2, 4, 3, 2, chunk_size=4, rng=3), KimiDeltaAttention(8, 2, 3, rng=3)):
+        (y, s), cache = layer.forward(x, mask)
+        (y_alone, s_alone), _ = layer.forward(x[1:, 2:])
+        assert np.max(np.abs(y[1, 2:] - y_alone[0])) <= 1e-12 * np.max(np.abs(y_alone)), layer
+        assert np.max(np.abs(s.recurrent[1] - s_alone.recurrent[0])) <= 1e-12 * np.max(np.abs(s_alone.recurrent))
+        dx = layer.backward(np.ones_like(y), cache)["x"]
+        assert not np.any(dx[1, :2]) and np.all(np.abs(dx[1, 2:]).sum(-1) > 0), layer
