@@ -138,3 +138,107 @@ def test_decoding_one_token_equals_the_full_forward(per_channel):
             assert np.abs(o_t - o[:, :, t]).max() <= 1e-12 * np.abs(o).max()
     for _, S in full:
         assert np.abs(state - S).max() <= 1e-12 * np.abs(S).max()
+
+
+@pytest.mark.parametrize("state", [True, False])
+def test_float32_within_1e_5_of_the_shipped_functions(state):
+    """float32 in, float32 out (and gradients), within 1e-5 relative of transformers' functions as shipped."""
+    pytest.importorskip("torch")
+    for impl, per_channel, Hk in (("chunked", False, 2), ("recurrent", False, 2), ("recurrent", True, 4)):
+        x = make(Hk=Hk, H=4, L=10, state=state, per_channel=per_channel, dtype=np.float32, seed=5)
+        d_o, d_S = upstream((2, 4, 10, 3), (2, 4, 4, 3), np.float32)
+        kw = dict(impl=impl, chunk_size=4, use_qk_l2norm=True)
+        mine = ours(x, d_o, d_S, **kw)
+        assert mine[0].dtype == mine[1].dtype == np.float32
+        assert all(g is None or g.dtype == np.float32 for g in mine[2].values())
+        assert_close(mine, theirs(x, d_o, d_S, shipped=True, **kw), 1e-5)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 8, 64])
+def test_recurrent_equals_chunked(chunk_size):
+    """The two forms are one function: outputs, state and every gradient to 1e-12 (chunks of 1, L not a multiple
+    of the chunk, one chunk longer than L); DeltaNet (g ≡ 0) among them."""
+    for g_zero in (False, True):
+        x = make(Hk=2, H=4, L=13, seed=6)
+        if g_zero:
+            x["g"] = np.zeros_like(x["g"])
+        d_o, d_S = upstream((2, 4, 13, 3), (2, 4, 4, 3))
+        kw = dict(chunk_size=chunk_size, use_qk_l2norm=True)
+        assert_close(ours(x, d_o, d_S, impl="recurrent", **kw), ours(x, d_o, d_S, impl="chunked", **kw), 1e-12)
+
+
+def test_an_empty_sequence_passes_the_state_through():
+    x = make(L=0)
+    for impl in ("recurrent", "chunked"):
+        (o, S), cache = gated_delta_rule_forward(**x, impl=impl)
+        assert o.shape == (2, 4, 0, 3) and np.array_equal(S, x["initial_state"])
+        d_S = np.ones_like(S)
+        grads = gated_delta_rule_backward(o, cache, d_S)
+        assert np.array_equal(grads["initial_state"], d_S) and grads["initial_state"] is not d_S
+
+
+def test_nothing_is_modified():
+    """Inputs, upstream gradients and the initial state are read, never written; the final state is a new array."""
+    for impl in ("recurrent", "chunked"):
+        x = make(L=9, seed=7)
+        before = {n: a.copy() for n, a in x.items()}
+        d_o, d_S = upstream((2, 4, 9, 3), (2, 4, 4, 3))
+        d_before = (d_o.copy(), d_S.copy())
+        (o, S), cache = gated_delta_rule_forward(**x, impl=impl, chunk_size=4, use_qk_l2norm=True)
+        gated_delta_rule_backward(d_o, cache, d_S)
+        S[...] = 0.0
+        for n, a in x.items():
+            assert np.array_equal(a, before[n]), n
+        assert np.array_equal(d_o, d_before[0]) and np.array_equal(d_S, d_before[1])
+    step = {f"{n}_t": x[n][:, :, 0] for n in ("q", "k", "v", "g", "beta")}
+    gated_delta_rule_step(**step, state=x["initial_state"])
+    assert np.array_equal(x["initial_state"], before["initial_state"])
+
+
+def _bad(name, value=None, **kw):
+    return pytest.param(name, value, kw, id=f"{name}-{kw.get('why', '')}")
+
+
+BAD = {  # id: (the argument the error names, a change to the inputs, keyword arguments)
+    "g_positive": ("g", lambda x: {"g": -x["g"]}, {}),
+    "g_nan": ("g", lambda x: {"g": np.where(x["g"] < -0.3, np.nan, x["g"])}, {}),
+    "g_shape": ("g", lambda x: {"g": x["g"][:, :, :-1]}, {}),
+    "g_per_channel_chunked": ("g", lambda x: {"g": np.repeat(x["g"][..., None], 4, -1)}, {"impl": "chunked"}),
+    "beta_above_1": ("beta", lambda x: {"beta": x["beta"] + 1.0}, {}),
+    "beta_below_0": ("beta", lambda x: {"beta": -x["beta"]}, {}),
+    "beta_shape": ("beta", lambda x: {"beta": x["beta"][..., None]}, {}),
+    "q_ndim": ("q", lambda x: {"q": x["q"][0]}, {}),
+    "q_int": ("q", lambda x: {"q": x["q"].astype(int)}, {}),
+    "q_inf": ("q", lambda x: {"q": x["q"] * np.inf}, {}),
+    "k_shape": ("k", lambda x: {"k": x["k"][:, :, :-1]}, {}),
+    "v_heads": ("v", lambda x: {"v": x["v"][:, :3]}, {}),
+    "v_dtype": ("v", lambda x: {"v": x["v"].astype(np.float32)}, {}),
+    "beta_dtype": ("beta", lambda x: {"beta": x["beta"].astype(np.float32)}, {}),
+    "initial_state_shape": ("initial_state", lambda x: {"initial_state": x["initial_state"][..., :-1]}, {}),
+    "impl": ("impl", lambda x: {}, {"impl": "parallel"}),
+    "chunk_size": ("chunk_size", lambda x: {}, {"chunk_size": 0}),
+    "scale": ("scale", lambda x: {}, {"scale": "1/8"}),
+    "use_qk_l2norm": ("use_qk_l2norm", lambda x: {}, {"use_qk_l2norm": 1}),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_is_a_value_error_naming_the_argument(case):
+    name, change, kw = BAD[case]
+    x = make(L=5)
+    with pytest.raises(ValueError, match=rf"^{name}\b"):
+        gated_delta_rule_forward(**{**x, **change(x)}, **kw)
+
+
+def test_bad_upstream_gradients_and_step_inputs_are_named():
+    x = make(L=5)
+    (o, S), cache = gated_delta_rule_forward(**x)
+    with pytest.raises(ValueError, match="^d_o"):
+        gated_delta_rule_backward(o[..., :-1], cache)
+    with pytest.raises(ValueError, match="^d_final_state"):
+        gated_delta_rule_backward(o, cache, S.astype(np.float32))
+    step = {f"{n}_t": x[n][:, :, 0] for n in ("q", "k", "v", "g", "beta")}
+    with pytest.raises(ValueError, match="^q_t"):
+        gated_delta_rule_step(**{**step, "q_t": x["q"]}, state=None)
+    with pytest.raises(ValueError, match="^g"):
+        gated_delta_rule_step(**{**step, "g_t": -step["g_t"]}, state=None)

@@ -11,5 +11,7 @@ kernels, docs/derivation.md § 30).
 """
 
 from .gated_delta import gated_delta_rule_backward, gated_delta_rule_forward, gated_delta_rule_step
+from .linear import linear_attention_backward, linear_attention_forward
 
 __all__ = ["gated_delta_rule_forward", "gated_delta_rule_backward", "gated_delta_rule_step"]
+__all__ += ["linear_attention_forward", "linear_attention_backward"]

@@ -39,7 +39,7 @@ def unit_lower_inverse(A: np.ndarray) -> np.ndarray:
     return T
 
 
-def _chunks(x: np.ndarray, C: int) -> np.ndarray:
+def to_chunks(x: np.ndarray, C: int) -> np.ndarray:
     """(B, H, L, ...) -> (B, H, N, C, ...), zero-padded to N·C tokens (a new array; the input is not modified)."""
     B, H, L = x.shape[:3]
     pad = -L % C
@@ -48,26 +48,33 @@ def _chunks(x: np.ndarray, C: int) -> np.ndarray:
     return x.reshape(B, H, (L + pad) // C, C, *x.shape[3:])  # (B, H, N, C, ...)
 
 
+def within_chunks(Q, K, V, Bt, gam):
+    """C2, C3's β ⊙ K, C4's right-hand sides and C5 for every chunk at once (elementwise but one GEMM): Γ (…, C, C),
+    β ⊙ K, β ⊙ V, β e^γ ⊙ K, P (…, C, C), Q̃, K̃ (…, C, dk), λ (B, H, N)."""
+    C = Q.shape[3]
+    lower = np.tril(np.ones((C, C), dtype=bool))
+    diff = gam[..., :, None] - gam[..., None, :]  # C2: (B, H, N, C, 1) - (B, H, N, 1, C) -> (B, H, N, C, C)
+    Gam = np.where(lower, np.exp(np.where(lower, diff, 0.0)), 0.0)  # C2: above the diagonal 0 (no exp overflow)
+    kb = Bt[..., None] * K  # C3: β ⊙ K (B, H, N, C, dk)
+    eg = np.exp(gam)[..., None]  # (B, H, N, C, 1)
+    Bv, Bk = Bt[..., None] * V, eg * kb  # C4: β ⊙ V (…, C, dv), β e^γ ⊙ K (…, C, dk)
+    P = (Q @ K.swapaxes(-1, -2)) * Gam  # C5: (…, C, dk) @ (…, dk, C) -> (…, C, C)
+    Qt, Kt = eg * Q, np.exp(gam[..., -1:] - gam)[..., None] * K  # C5: (…, C, dk)
+    lam = np.exp(gam[..., -1])  # C5: (B, H, N)
+    return Gam, kb, Bv, Bk, P, Qt, Kt, lam
+
+
 def delta_chunked_forward(q, k, v, g, beta, S0, chunk_size: int = 64):
     """C1–C5 for every chunk at once, then S1–S3 chunk by chunk.   q, k (B, H, L, dk), v (B, H, L, dv),
     g, beta (B, H, L), S0 (B, H, dk, dv)  ->  ((o (B, H, L, dv), S_L (B, H, dk, dv)), cache)."""
     B, H, L, dv = v.shape
     C = min(chunk_size, max(L, 1))
-    Q, K, V, G, Bt = (_chunks(x, C) for x in (q, k, v, g, beta))  # (B, H, N, C, ·)
-    lower = np.tril(np.ones((C, C), dtype=bool))
+    Q, K, V, G, Bt = (to_chunks(x, C) for x in (q, k, v, g, beta))  # (B, H, N, C, ·)
     gam = np.cumsum(G, axis=-1)  # C1: (B, H, N, C)
-    diff = gam[..., :, None] - gam[..., None, :]  # C2: (B, H, N, C, 1) - (B, H, N, 1, C) -> (B, H, N, C, C)
-    Gam = np.where(lower, np.exp(np.where(lower, diff, 0.0)), 0.0)  # C2: above the diagonal 0 (no exp overflow)
-    kb = Bt[..., None] * K  # C3: β ⊙ K (B, H, N, C, dk)
+    Gam, kb, Bv, Bk, P, Qt, Kt, lam = within_chunks(Q, K, V, Bt, gam)  # C2, C3, C5 and C4's right-hand sides
     A = np.tril((kb @ K.swapaxes(-1, -2)) * Gam, -1)  # C3: (B, H, N, C, dk) @ (B, H, N, dk, C) -> (…, C, C)
     T = unit_lower_inverse(A)  # C4: (B, H, N, C, C)
-    eg = np.exp(gam)[..., None]  # (B, H, N, C, 1)
-    Bv, Bk = Bt[..., None] * V, eg * kb  # C4: β ⊙ V (…, C, dv), β e^γ ⊙ K (…, C, dk)
     U, Kc = T @ Bv, T @ Bk  # C4: (…, C, C) @ (…, C, dv) and @ (…, C, dk)
-    QK = Q @ K.swapaxes(-1, -2)  # C5: (…, C, dk) @ (…, dk, C) -> (…, C, C)
-    P = QK * Gam  # C5
-    Qt, Kt = eg * Q, np.exp(gam[..., -1:] - gam)[..., None] * K  # C5: (…, C, dk)
-    lam = np.exp(gam[..., -1])  # C5: (B, H, N)
     N = Q.shape[2]
     states = np.empty((B, H, N, *S0.shape[2:]), dtype=v.dtype)  # the state entering each chunk
     W = np.empty_like(U)
@@ -78,43 +85,53 @@ def delta_chunked_forward(q, k, v, g, beta, S0, chunk_size: int = 64):
         S = lam[:, :, n, None, None] * S + Kt[:, :, n].swapaxes(-1, -2) @ W[:, :, n]  # S3: (B, H, dk, C) @ (…, C, dv)
     O = Qt @ states + P @ W  # S2: (…, C, dk) @ (…, dk, dv) + (…, C, C) @ (…, C, dv), every chunk at once
     o = O.reshape(B, H, N * C, dv)[:, :, :L]  # (B, H, N·C, dv) -> (B, H, L, dv)
-    cache = (Q, K, V, Bt, gam, Gam, kb, T, Bv, Bk, QK, P, Qt, Kt, lam, states, W, Kc, L, C)
-    return (o, S), cache
+    return (o, S), (Q, K, V, Bt, gam, T, states, W, L, C)  # the rest is recomputed: elementwise, or one GEMM
 
 
 def delta_chunked_backward(d_o, d_S, cache):
     """d_o (B, H, L, dv), d_S (B, H, dk, dv) or None  ->  (dq, dk, dv, dg, d_beta, dS0)."""
-    Q, K, V, Bt, gam, Gam, kb, T, Bv, Bk, QK, P, Qt, Kt, lam, states, W, Kc, L, C = cache
+    Q, K, V, Bt, gam, T, states, W, L, C = cache
+    within = within_chunks(Q, K, V, Bt, gam)  # the forward's C2–C5 again: Γ, kb, Bv, Bk, P, Q̃, K̃, λ
+    _, _, _, Bk, P, Qt, Kt, lam = within
+    Kc = T @ Bk  # C4: (…, C, C) @ (…, C, dk)
     B, H, N = Q.shape[:3]
-    dO = _chunks(d_o, C)  # (B, H, N, C, dv)
-    PtdO = P.swapaxes(-1, -2) @ dO  # ← S2: Pᵀ dO (…, C, C) @ (…, C, dv)
-    QtdO = Qt.swapaxes(-1, -2) @ dO  # ← S2: Q̃ᵀ dO (…, dk, C) @ (…, C, dv) -> (…, dk, dv)
-    dS = np.zeros_like(states[:, :, 0]) if d_S is None else d_S
+    dO = to_chunks(d_o, C)  # (B, H, N, C, dv)
+    dS = np.zeros((B, H, *states.shape[3:]), dtype=states.dtype) if d_S is None else d_S.copy()  # (B, H, dk, dv)
     dS_out = np.empty_like(states)  # the gradient of the state leaving each chunk
     dW = np.empty_like(W)
+    PtdO = P.swapaxes(-1, -2) @ dO  # ← S2: Pᵀ dO (…, C, C) @ (…, C, dv)
+    QtdO = Qt.swapaxes(-1, -2) @ dO  # ← S2: Q̃ᵀ dO (…, dk, C) @ (…, C, dv) -> (…, dk, dv)
     for n in reversed(range(N)):
         dS_out[:, :, n] = dS
         dW[:, :, n] = Kt[:, :, n] @ dS + PtdO[:, :, n]  # ← S3, S2: (B, H, C, dk) @ (B, H, dk, dv)
         dS = lam[:, :, n, None, None] * dS + QtdO[:, :, n] - Kc[:, :, n].swapaxes(-1, -2) @ dW[:, :, n]  # ← S3, S2, S1
-    dS0 = dS
-    dlam = np.sum(states * dS_out, axis=(-2, -1))  # ← S3: (B, H, N)
+    d_lam = np.sum(states * dS_out, axis=(-2, -1))  # ← S3: (B, H, N)
     dKt = W @ dS_out.swapaxes(-1, -2)  # ← S3: (…, C, dv) @ (…, dv, dk) -> (…, C, dk)
     dQt = dO @ states.swapaxes(-1, -2)  # ← S2: (…, C, dv) @ (…, dv, dk)
     dP = dO @ W.swapaxes(-1, -2)  # ← S2: (…, C, dv) @ (…, dv, C)
-    dU, dKc = dW, -(dW @ states.swapaxes(-1, -2))  # ← S1: (…, C, dv) @ (…, dv, dk)
+    dKc = -(dW @ states.swapaxes(-1, -2))  # ← S1: (…, C, dv) @ (…, dv, dk); and dU = dW
+    grads = within_chunks_backward(dQt, dKt, dP, d_lam, dW, dKc, Q, K, V, Bt, gam, T, within)  # ← C5…C1
 
+    def unchunk(x):  # (B, H, N, C, ...) -> (B, H, L, ...), the padding dropped
+        return x.reshape(B, H, N * C, *x.shape[4:])[:, :, :L]
+
+    return (*(unchunk(x) for x in grads), dS)
+
+
+def within_chunks_backward(dQt, dKt, dP, d_lam, dU, dKc, Q, K, V, Bt, gam, T, within):
+    """← C5…C1 for every chunk at once -> (dQ, dK, dV, dg, dβ), each (B, H, N, C, ·)."""
+    Gam, kb, Bv, Bk, _, Qt, Kt, lam = within
     eg = np.exp(gam)[..., None]
     dgam = np.sum(dQt * Qt, axis=-1)  # ← C5: Q̃ = e^γ ⊙ Q
     dQ = eg * dQt  # ← C5
     r = np.sum(dKt * Kt, axis=-1)  # ← C5: K̃ = e^(γ_C − γ) ⊙ K, (B, H, N, C)
     dK = np.exp(gam[..., -1:] - gam)[..., None] * dKt  # ← C5
     dgam -= r
-    dgam[..., -1] += np.sum(r, axis=-1) + lam * dlam  # ← C5: γ_C in K̃ and in λ = e^(γ_C)
+    dgam[..., -1] += np.sum(r, axis=-1) + lam * d_lam  # ← C5: γ_C in K̃ and in λ = e^(γ_C)
     dPm = dP * Gam  # ← C5: P = (Q Kᵀ) ⊙ Γ
     dQ += dPm @ K  # ← C5: (…, C, C) @ (…, C, dk)
     dK += dPm.swapaxes(-1, -2) @ Q  # ← C5
-    dGam = dP * QK  # ← C5
-
+    dGam = dP * (Q @ K.swapaxes(-1, -2))  # ← C5: (…, C, dk) @ (…, dk, C)
     Tt = T.swapaxes(-1, -2)
     dT = dU @ Bv.swapaxes(-1, -2) + dKc @ Bk.swapaxes(-1, -2)  # ← C4: (…, C, dv) @ (…, dv, C) + (…, C, dk) @ (…, dk, C)
     dBv, dBk = Tt @ dU, Tt @ dKc  # ← C4: (…, C, C) @ (…, C, ·)
@@ -131,8 +148,4 @@ def delta_chunked_backward(d_o, d_S, cache):
     G = dGam * Gam  # ← C2: ∂Γ_ij/∂γ_i = Γ_ij = −∂Γ_ij/∂γ_j
     dgam += np.sum(G, axis=-1) - np.sum(G, axis=-2)  # ← C2
     dg = np.cumsum(dgam[..., ::-1], axis=-1)[..., ::-1]  # ← C1: dg_j = Σ_{i≥j} dγ_i within the chunk
-
-    def unchunk(x):  # (B, H, N, C, ...) -> (B, H, L, ...), the padding dropped
-        return x.reshape(B, H, N * C, *x.shape[4:])[:, :, :L]
-
-    return unchunk(dQ), unchunk(dK), unchunk(dV), unchunk(dg), unchunk(d_beta), dS0
+    return dQ, dK, dV, dg, d_beta

@@ -63,7 +63,7 @@ def delta_rule_recurrent_backward(d_o, d_S, cache):
     L = q.shape[2]
     dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
     dg, d_beta = np.zeros_like(a), np.zeros_like(beta)
-    dS = np.zeros_like(saved[0]) if d_S is None else d_S.copy()
+    dS = np.zeros((*v.shape[:2], q.shape[3], v.shape[3]), dtype=v.dtype) if d_S is None else d_S.copy()  # (B,H,dk,dv)
     for start in reversed(range(0, L, checkpoint)):
         stop = min(start + checkpoint, L)
         states = [saved[start // checkpoint]]  # S_{t−1} for t in [start, stop), then S_{stop−1}

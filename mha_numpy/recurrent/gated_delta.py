@@ -79,7 +79,7 @@ def gated_delta_rule_forward(
     groups = x.v.shape[1] // x.q.shape[1]
     (Q, K), c_prep = qk_prepare_forward(x.q, x.k, x.scale, x.use_qk_l2norm, groups)  # F1–F3
     B, H, _, dk = K.shape
-    S0 = x.initial_state if x.initial_state is not None else np.zeros((B, H, dk, x.v.shape[3]), dtype=x.v.dtype)
+    S0 = np.zeros((B, H, dk, x.v.shape[3]), dtype=x.v.dtype) if x.initial_state is None else x.initial_state.copy()
     if impl == "recurrent":
         (o, S), c_core = delta_rule_recurrent_forward(Q, K, x.v, x.g, x.beta, S0, chunk_size)  # F4
     else:
