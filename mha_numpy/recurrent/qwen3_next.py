@@ -202,16 +202,9 @@ class GatedDeltaNet(RecurrentLayer):
         beta, c_beta = sigmoid_forward(b)  # F4: (B, L, Hv)
         g, c_g = decay_forward(a, p["A_log"], p["dt_bias"])  # F4: (B, L, Hv), ≤ 0
         (o, S), c_core = gated_delta_rule_forward(
-            q,
-            k,
-            v,
-            g.transpose(0, 2, 1),
-            beta.transpose(0, 2, 1),
-            None if state is None else state.recurrent,
-            chunk_size=self.chunk_size,
-            impl=self.impl,
-            use_qk_l2norm=True,
-        )  # F5: (B, Hv, L, dv), S (B, Hv, dk, dv)
+            q, k, v, g.transpose(0, 2, 1), beta.transpose(0, 2, 1), None if state is None else state.recurrent,
+            chunk_size=self.chunk_size, impl=self.impl, use_qk_l2norm=True,
+        )  # F5: g, β (B, Hv, L); o (B, Hv, L, dv), S (B, Hv, dk, dv)  # fmt: skip
         o = o.transpose(0, 2, 1, 3)  # F5: (B, L, Hv, dv)
         n, c_norm = gated_rms_norm_forward(o, z, p["norm_weight"], self.eps, "silu")  # F6: (B, L, Hv, dv)
         y, c_out = F.linear_forward(n.reshape(B, L, Hv * dv), p["W_out"], check=False)  # F7: (B, L, Hv·dv) -> (B, L, E)
@@ -223,27 +216,18 @@ class GatedDeltaNet(RecurrentLayer):
     def backward(self, d_y, cache: DeltaNetCache, d_state: DeltaNetState | None = None) -> dict:
         """d_y (B, L, E), d_state: the gradient of the returned state (or None) -> {"x" (B, L, E), one entry a
         parameter, "state": a DeltaNetState of the initial state's gradients (None when none was given)}."""
-        c = cache
-        Hk, Hv, dk, dv = self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
+        c, Hk, Hv, dk, dv = cache, self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
         d_y = as_float_array(d_y, "d_y", ndim=3)
         B, L, _ = d_y.shape
         self._check_d_state(d_state)
         dn, dW_out, _ = F.linear_backward(d_y, c.c_out)  # ← F7: (B, L, E) @ (E, Hv·dv) -> (B, L, Hv·dv)
         do, dz, d_norm = gated_rms_norm_backward(dn.reshape(B, L, Hv, dv), c.c_norm)  # ← F6: (B, L, Hv, dv)
-        gc = gated_delta_rule_backward(
-            do.transpose(0, 2, 1, 3), c.c_core, None if d_state is None else d_state.recurrent
-        )  # ← F5
+        d_S = None if d_state is None else d_state.recurrent
+        gc = gated_delta_rule_backward(do.transpose(0, 2, 1, 3), c.c_core, d_S)  # ← F5: (B, H, L, d) each
         db = sigmoid_backward(gc["beta"].transpose(0, 2, 1), c.c_beta)  # ← F4: (B, L, Hv)
         da, dA_log, d_dt_bias = decay_backward(gc["g"].transpose(0, 2, 1), c.c_g)  # ← F4: (B, L, Hv)
-        d_mixed = np.concatenate(
-            [
-                gc["q"].transpose(0, 2, 1, 3).reshape(B, L, Hk * dk),
-                gc["k"].transpose(0, 2, 1, 3).reshape(B, L, Hk * dk),
-                gc["v"].transpose(0, 2, 1, 3).reshape(B, L, Hv * dv),
-            ],
-            axis=-1,
-        )
-        # ← F3: d_mixed (B, L, C), the three (B, H, L, d) gradients back in the conv's layout [q | k | v]
+        sizes = {"q": Hk * dk, "k": Hk * dk, "v": Hv * dv}  # ← F3: the (B, H, L, d) gradients as (B, L, C) [q|k|v]
+        d_mixed = np.concatenate([gc[n].transpose(0, 2, 1, 3).reshape(B, L, sizes[n]) for n in "qkv"], axis=-1)
         cv = causal_conv1d_backward(d_mixed, c.c_conv, None if d_state is None else d_state.conv)  # ← F3
         dm = cv["x"]  # (B, L, C)
         dq = dm[..., : Hk * dk].reshape(B, L, Hk, dk)  # ← F3: (B, L, Hk, dk)
@@ -256,14 +240,5 @@ class GatedDeltaNet(RecurrentLayer):
         if c.mask is not None:
             dx = dx * c.mask  # ← F0
         d_initial = DeltaNetState(cv["initial_state"], gc["initial_state"]) if c.has_state else None
-        return {
-            "x": dx,
-            "W_qkvz": dW_qkvz,
-            "W_ba": dW_ba,
-            "conv_weight": cv["weight"],
-            "dt_bias": d_dt_bias,
-            "A_log": dA_log,
-            "norm_weight": d_norm,
-            "W_out": dW_out,
-            "state": d_initial,
-        }
+        grads = [dW_qkvz, dW_ba, cv["weight"], d_dt_bias, dA_log, d_norm, dW_out]  # in PARAM_NAMES' order
+        return {"x": dx, **dict(zip(self.PARAM_NAMES, grads, strict=True)), "state": d_initial}
