@@ -432,6 +432,12 @@ def test_kimi_delta_attention_layer_matches_transformers(dtype, padded):
         assert np.max(np.abs(state.recurrent - final.recurrent)) <= 1e-12 * np.max(np.abs(final.recurrent))
         y_hf, state_hf = KX.decode_hf_kimi_delta_attention(module, x, prefill=2)
         assert rel_err(y, y_hf) <= TOL and rel_err(final.recurrent, state_hf.recurrent) <= TOL
+    else:  # float32 stays float32: outputs, state, every gradient
+        layer = KX.from_hf_kimi_delta_attention(module)
+        (y, state), cache = layer.forward(x)
+        grads = layer.backward(np.ones_like(y), cache)
+        assert y.dtype == state.conv.dtype == state.recurrent.dtype == np.float32
+        assert all(grads[n].dtype == np.float32 for n in ("x", *layer.PARAM_NAMES))
 
 
 def test_kimi_delta_attention_central_differences_for_every_parameter_input_and_state():
