@@ -15,6 +15,7 @@ from helpers import grad_check, rel_err
 from mha_numpy.recurrent import gated_delta_rule_backward, gated_delta_rule_forward, gated_delta_rule_step
 
 NAMES = ("q", "k", "v", "g", "beta", "initial_state")
+IMPLS = ("recurrent", "chunked")
 
 
 def make(B=2, Hk=2, H=4, L=7, dk=4, dv=3, state=True, per_channel=False, dtype=np.float64, seed=0):
@@ -77,13 +78,15 @@ def test_float64_matches_transformers_cast_lifted(case, impl):
     assert_close(ours(x, d_o, d_S, **kw), theirs(x, d_o, d_S, **kw), 1e-10)
 
 
+@pytest.mark.parametrize("impl", ["recurrent", "chunked"])
 @pytest.mark.parametrize("state", [True, False])
-def test_kimi_per_channel_decay_matches_transformers(state):
-    """g (B, H, L, dk): Kimi Delta Attention's per-channel decay, the same recurrent function."""
+def test_kimi_per_channel_decay_matches_transformers(state, impl):
+    """g (B, H, L, dk): Kimi Delta Attention's per-channel decay, the same function, against the cast-lifted copies
+    of ``recurrent_kimi_delta_attention`` and ``chunk_kimi_delta_attention`` (L = 6 not a multiple of the chunk)."""
     pytest.importorskip("torch")
     x = make(Hk=3, H=3, L=6, state=state, per_channel=True)
     d_o, d_S = upstream((2, 3, 6, 3), (2, 3, 4, 3))
-    kw = dict(impl="recurrent", use_qk_l2norm=True)
+    kw = dict(impl=impl, chunk_size=4, use_qk_l2norm=True)
     assert_close(ours(x, d_o, d_S, **kw), theirs(x, d_o, d_S, **kw), 1e-10)
 
 
@@ -114,6 +117,7 @@ def flat_pair(impl, chunk_size=3, use_qk_l2norm=True, scale=None, state=True):
         ("recurrent", False, False, False, None),
         ("chunked", False, True, True, None),
         ("chunked", False, False, False, 0.7),
+        ("chunked", True, True, True, None),
     ],
 )
 def test_central_differences_on_every_gradient(impl, per_channel, l2, state, scale):
@@ -125,11 +129,9 @@ def test_central_differences_on_every_gradient(impl, per_channel, l2, state, sca
 
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_decoding_one_token_equals_the_full_forward(per_channel):
-    """gated_delta_rule_step token by token from the initial state: each o_t and the last state as the forward's
-    (the recurrent form; the chunked one too for a per-head gate)."""
+    """gated_delta_rule_step token by token from the initial state: each o_t and the last state as both forms'."""
     x = make(Hk=1, H=2, L=6, per_channel=per_channel, seed=4)
-    impls = ["recurrent"] if per_channel else ["recurrent", "chunked"]
-    full = [gated_delta_rule_forward(**x, impl=impl, chunk_size=4, use_qk_l2norm=True)[0] for impl in impls]
+    full = [gated_delta_rule_forward(**x, impl=impl, chunk_size=4, use_qk_l2norm=True)[0] for impl in IMPLS]
     state = x["initial_state"]
     for t in range(x["v"].shape[2]):
         step = {f"{n}_t": x[n][:, :, t] for n in ("q", "k", "v", "g", "beta")}
@@ -144,7 +146,8 @@ def test_decoding_one_token_equals_the_full_forward(per_channel):
 def test_float32_within_1e_5_of_the_shipped_functions(state):
     """float32 in, float32 out (and gradients), within 1e-5 relative of transformers' functions as shipped."""
     pytest.importorskip("torch")
-    for impl, per_channel, Hk in (("chunked", False, 2), ("recurrent", False, 2), ("recurrent", True, 4)):
+    cases = (("chunked", False, 2), ("recurrent", False, 2), ("recurrent", True, 4), ("chunked", True, 4))
+    for impl, per_channel, Hk in cases:
         x = make(Hk=Hk, H=4, L=10, state=state, per_channel=per_channel, dtype=np.float32, seed=5)
         d_o, d_S = upstream((2, 4, 10, 3), (2, 4, 4, 3), np.float32)
         kw = dict(impl=impl, chunk_size=4, use_qk_l2norm=True)
@@ -157,10 +160,10 @@ def test_float32_within_1e_5_of_the_shipped_functions(state):
 @pytest.mark.parametrize("chunk_size", [1, 3, 8, 64])
 def test_recurrent_equals_chunked(chunk_size):
     """The two forms are one function: outputs, state and every gradient to 1e-12 (chunks of 1, L not a multiple
-    of the chunk, one chunk longer than L); DeltaNet (g ≡ 0) among them."""
-    for g_zero in (False, True):
-        x = make(Hk=2, H=4, L=13, seed=6)
-        if g_zero:
+    of the chunk, one chunk longer than L); DeltaNet (g ≡ 0) and Kimi's per-channel decay among them."""
+    for gate in ("head", "zero", "channel"):
+        x = make(Hk=2, H=4, L=13, per_channel=gate == "channel", seed=6)
+        if gate == "zero":
             x["g"] = np.zeros_like(x["g"])
         d_o, d_S = upstream((2, 4, 13, 3), (2, 4, 4, 3))
         kw = dict(chunk_size=chunk_size, use_qk_l2norm=True)
@@ -203,7 +206,7 @@ BAD = {  # id: (the argument the error names, a change to the inputs, keyword ar
     "g_positive": ("g", lambda x: {"g": -x["g"]}, {}),
     "g_nan": ("g", lambda x: {"g": np.where(x["g"] < -0.3, np.nan, x["g"])}, {}),
     "g_shape": ("g", lambda x: {"g": x["g"][:, :, :-1]}, {}),
-    "g_per_channel_chunked": ("g", lambda x: {"g": np.repeat(x["g"][..., None], 4, -1)}, {"impl": "chunked"}),
+    "g_per_channel_shape": ("g", lambda x: {"g": np.repeat(x["g"][..., None], 3, -1)}, {"impl": "chunked"}),
     "beta_above_1": ("beta", lambda x: {"beta": x["beta"] + 1.0}, {}),
     "beta_below_0": ("beta", lambda x: {"beta": -x["beta"]}, {}),
     "beta_shape": ("beta", lambda x: {"beta": x["beta"][..., None]}, {}),
@@ -242,3 +245,14 @@ def test_bad_upstream_gradients_and_step_inputs_are_named():
         gated_delta_rule_step(**{**step, "q_t": x["q"]}, state=None)
     with pytest.raises(ValueError, match="^g"):
         gated_delta_rule_step(**{**step, "g_t": -step["g_t"]}, state=None)
+
+
+def test_per_channel_products_in_blocks_are_the_same(monkeypatch):
+    """Kimi's (C, C, dk) products are formed a few chunks at a time: one chunk a block gives the same numbers."""
+    from mha_numpy.recurrent import decayed
+
+    x = make(Hk=2, H=2, L=13, per_channel=True, seed=8)
+    d_o, d_S = upstream((2, 2, 13, 3), (2, 2, 4, 3))
+    whole = ours(x, d_o, d_S, impl="chunked", chunk_size=4)
+    monkeypatch.setattr(decayed, "BLOCK_ELEMENTS", 1)
+    assert_close(ours(x, d_o, d_S, impl="chunked", chunk_size=4), whole, 0.0)

@@ -1,11 +1,12 @@
 """The gated delta rule against transformers: copies of its torch functions with the float32 casts lifted.
 
 transformers computes ``torch_chunk_gated_delta_rule`` and ``torch_recurrent_gated_delta_rule`` (Qwen3-Next,
-``transformers.models.qwen3_next.modeling_qwen3_next``) and ``recurrent_kimi_delta_attention`` /
-``chunk_kimi_delta_attention`` (Kimi Linear) in float32 whatever the input (``.to(torch.float32)``; float64 inputs
-give a float32 state). The copies below are its code line for line with those casts removed, so a float64 check
-runs in float64 (as ``interop.qwen3`` lifts Qwen3RMSNorm's); the float32 check uses the functions as shipped.
-Other changes: none but the dtype (the chunked copy keeps ``solve_triangular``, transformers' non-export path).
+``transformers.models.qwen3_next.modeling_qwen3_next``) and ``chunk_kimi_delta_attention`` /
+``recurrent_kimi_delta_attention`` (Kimi Linear, ``transformers.models.kimi_linear.modeling_kimi_linear``) in
+float32 whatever the input (``.to(torch.float32)``; float64 inputs give a float32 state). The copies below are its
+code line for line with those casts removed, so a float64 check runs in float64 (as ``interop.qwen3`` lifts
+Qwen3RMSNorm's); the float32 check uses the functions as shipped. Other changes: none but the dtype (the Qwen3-Next
+chunked copy keeps ``solve_triangular``, transformers' non-export path).
 
 Their layout is (B, L, H, d) (g, beta (B, L, H); Kimi's g (B, L, H, dk)); ours is (B, H, L, d):
 ``torch_gated_delta_rule`` runs either on our arrays, transposing at the edge, with autograd for the gradients.
@@ -163,18 +164,86 @@ def recurrent_kimi_delta_attention_float64(
     return core_attn_out, last_recurrent_state if output_final_state else None
 
 
+def chunk_kimi_delta_attention_float64(
+    query, key, value, g, beta, chunk_size=64, initial_state=None, output_final_state=False,
+    use_qk_l2norm_in_kernel=False,
+):  # fmt: skip
+    """transformers' ``chunk_kimi_delta_attention`` without its float32 casts: (B, L, H, d), g (B, L, H, dk)."""
+    torch = require("torch")
+    F = torch.nn.functional
+    query, key, value, beta, g = [x.transpose(1, 2).contiguous() for x in (query, key, value, beta, g)]
+    if use_qk_l2norm_in_kernel:
+        query = kimi_l2norm(query, dim=-1, eps=1e-6)
+        key = kimi_l2norm(key, dim=-1, eps=1e-6)
+    batch_size, num_heads, sequence_length, k_head_dim = key.shape
+    v_head_dim = value.shape[-1]
+    scale = 1 / (query.shape[-1] ** 0.5)
+    pad_size = (chunk_size - sequence_length % chunk_size) % chunk_size
+    total_sequence_length = sequence_length + pad_size
+    query = F.pad(query, (0, 0, 0, pad_size)) * scale
+    key = F.pad(key, (0, 0, 0, pad_size))
+    value = F.pad(value, (0, 0, 0, pad_size))
+    g = F.pad(g, (0, 0, 0, pad_size))
+    beta = F.pad(beta, (0, pad_size))
+    v_beta = value * beta.unsqueeze(-1)
+    k_beta = key * beta.unsqueeze(-1)
+    query, key, value, g, k_beta, v_beta = [
+        x.reshape(x.shape[0], x.shape[1], -1, chunk_size, x.shape[-1]) for x in (query, key, value, g, k_beta, v_beta)
+    ]
+    beta = beta.reshape(beta.shape[0], beta.shape[1], -1, chunk_size)
+    g = g.cumsum(dim=-2)
+    mask = torch.triu(torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=query.device), diagonal=0)
+    strict_mask = torch.triu(torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=query.device), diagonal=1)
+    decay_mask = (g.unsqueeze(-2) - g.unsqueeze(-3)).masked_fill(strict_mask[..., None], float("-inf")).exp()
+    attn = -(k_beta.unsqueeze(-2) * key.unsqueeze(-3) * decay_mask).sum(dim=-1).masked_fill(mask, 0)
+    for i in range(1, chunk_size):
+        row = attn[..., i, :i].clone()
+        sub = attn[..., :i, :i].clone()
+        attn[..., i, :i] = row + (row.unsqueeze(-1) * sub).sum(-2)
+    attn = attn + torch.eye(chunk_size, dtype=attn.dtype, device=attn.device)
+    value = attn @ v_beta
+    k_cumdecay = attn @ (k_beta * g.exp())
+    last_recurrent_state = (
+        torch.zeros(batch_size, num_heads, k_head_dim, v_head_dim, dtype=value.dtype, device=value.device)
+        if initial_state is None
+        else initial_state.to(value)
+    )
+    core_attn_out = torch.zeros_like(value)
+    mask = torch.triu(torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=query.device), diagonal=1)
+    for i in range(total_sequence_length // chunk_size):
+        q_i = query[:, :, i]
+        k_i = key[:, :, i]
+        v_i = value[:, :, i]
+        g_i = g[:, :, i]
+        attn_inter = (q_i * g_i.exp()) @ last_recurrent_state
+        attn_intra = (q_i.unsqueeze(-2) * k_i.unsqueeze(-3) * decay_mask[:, :, i]).sum(dim=-1).masked_fill(mask, 0)
+        v_prime = k_cumdecay[:, :, i] @ last_recurrent_state
+        v_new = v_i - v_prime
+        core_attn_out[:, :, i] = attn_inter + attn_intra @ v_new
+        last_recurrent_state = (
+            last_recurrent_state * g_i[:, :, -1].exp().unsqueeze(-1)
+            + (k_i * (g_i[:, :, -1:] - g_i).exp()).transpose(-1, -2) @ v_new
+        )
+    if not output_final_state:
+        last_recurrent_state = None
+    core_attn_out = core_attn_out.reshape(core_attn_out.shape[0], core_attn_out.shape[1], -1, core_attn_out.shape[-1])
+    core_attn_out = core_attn_out[:, :, :sequence_length]
+    core_attn_out = core_attn_out.transpose(1, 2).contiguous()
+    return core_attn_out, last_recurrent_state
+
+
 def _theirs(impl: str, per_channel: bool, shipped: bool):
     """The function to call: the cast-lifted copy or (``shipped``) transformers' own."""
-    if shipped:
-        if per_channel:
-            from transformers.models.kimi_linear import modeling_kimi_linear as kimi  # noqa: PLC0415
+    if shipped and per_channel:
+        from transformers.models.kimi_linear import modeling_kimi_linear as kimi  # noqa: PLC0415
 
-            return kimi.recurrent_kimi_delta_attention
+        return kimi.chunk_kimi_delta_attention if impl == "chunked" else kimi.recurrent_kimi_delta_attention
+    if shipped:
         from transformers.models.qwen3_next import modeling_qwen3_next as qwen  # noqa: PLC0415
 
         return qwen.torch_chunk_gated_delta_rule if impl == "chunked" else qwen.torch_recurrent_gated_delta_rule
     if per_channel:
-        return recurrent_kimi_delta_attention_float64
+        return chunk_kimi_delta_attention_float64 if impl == "chunked" else recurrent_kimi_delta_attention_float64
     return torch_chunk_gated_delta_rule_float64 if impl == "chunked" else torch_recurrent_gated_delta_rule_float64
 
 
@@ -184,8 +253,8 @@ def torch_gated_delta_rule(
 ):  # fmt: skip
     """transformers' gated delta rule on our (B, H, L, d) arrays -> (o, final_state, grads or None), arrays.
 
-    q, k (B, Hk, L, dk), v (B, H, L, dv), g (B, H, L), or (B, H, L, dk) for Kimi Delta Attention (its recurrent
-    function, Hk = H), beta (B, H, L), initial_state (B, H, dk, dv) or None. ``shipped=False``: the cast-lifted
+    q, k (B, Hk, L, dk), v (B, H, L, dv), g (B, H, L), or (B, H, L, dk) for Kimi Delta Attention (its functions,
+    Hk = H), beta (B, H, L), initial_state (B, H, dk, dv) or None. ``shipped=False``: the cast-lifted
     copies above (float64 stays float64); ``shipped=True``: transformers' functions as shipped (float32 inside).
     With ``d_o`` given, torch autograd of <d_o, o> + <d_final_state, final_state> gives
     {"q", "k", "v", "g", "beta", "initial_state"} (the last None when no initial state was given).
@@ -198,10 +267,10 @@ def torch_gated_delta_rule(
     bl = {n: t.transpose(1, 2) for n, t in leaves.items() if n != "initial_state"}  # (B, H, L, ·) -> (B, L, H, ·)
     fn = _theirs(impl, per_channel, shipped)
     state = leaves.get("initial_state")
-    if per_channel:
+    kw = {"chunk_size": chunk_size} if impl == "chunked" else {}
+    if per_channel and impl == "recurrent":  # its signature: initial_state, output_final_state positional
         o, S = fn(bl["q"], bl["k"], bl["v"], bl["g"], bl["beta"], state, True, use_qk_l2norm_in_kernel=use_qk_l2norm)
     else:
-        kw = {"chunk_size": chunk_size} if impl == "chunked" else {}
         o, S = fn(bl["q"], bl["k"], bl["v"], bl["g"], bl["beta"], initial_state=state, output_final_state=True,
                   use_qk_l2norm_in_kernel=use_qk_l2norm, **kw)  # fmt: skip
     o = o.transpose(1, 2)  # (B, L, H, dv) -> (B, H, L, dv)

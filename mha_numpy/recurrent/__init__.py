@@ -7,6 +7,7 @@ kernels, docs/derivation.md § 30).
 - ``delta_chunked``: the chunked form (the WY/UT representation within a chunk, the state carried across chunks)
   and its backward.
 - ``linear``: causal linear attention with the elu+1 feature map, recurrent and chunked.
+- ``decayed``: a chunk's products weighted by the decay between positions (one gate a head, or one a channel).
 - ``features``: the maps of q and k (l2norm, elu+1), each a pair. ``checks``: the family's argument checks.
 """
 

@@ -46,10 +46,8 @@ def check_qkv_heads(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return q, k, v
 
 
-def check_delta_inputs(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, per_channel_g: bool = True):
-    """Every input of ``gated_delta_rule_forward`` checked: shapes, one dtype, g ≤ 0, β in [0, 1].
-
-    ``per_channel_g=False`` (the chunked form) refuses g (B, H, L, dk)."""
+def check_delta_inputs(q, k, v, g, beta, initial_state, scale, use_qk_l2norm):
+    """Every input of ``gated_delta_rule_forward`` checked: shapes, one dtype, g ≤ 0, β in [0, 1]."""
     q, k, v = check_qkv_heads(q, k, v)
     B, _, L, dk = q.shape
     H, dv = v.shape[1], v.shape[3]
@@ -57,9 +55,6 @@ def check_delta_inputs(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, pe
     if g.shape != (B, H, L) and g.shape != (B, H, L, dk):
         raise ValueError(f"g must be (B, H, L) = {(B, H, L)} or per channel (B, H, L, dk) = {(B, H, L, dk)}, "
                          f"got {g.shape}")  # fmt: skip
-    if g.ndim == 4 and not per_channel_g:
-        raise ValueError(f"g per channel {g.shape} is for impl='recurrent' only: the chunked form takes one decay a "
-                         f"head and token, g (B, H, L) = {(B, H, L)}")  # fmt: skip
     beta = as_float_array(beta, "beta")
     if beta.shape != (B, H, L):
         raise ValueError(f"beta must be (B, H, L) = {(B, H, L)}, got {beta.shape}")

@@ -10,12 +10,12 @@ take (B, L, H, d) and transpose to (B, H, L, d) inside; ``mha_numpy.interop.gate
 argument      shape                       meaning
 ============  ==========================  =================================================================
 q, k          (B, Hk, L, dk)              queries and keys (Hk key heads)
-v             (B, H, L, dv)               values; H a multiple of Hk (Qwen3-Next: Hk = 16, H = 32). Value
+v             (B, H, L, dv)               values; H a multiple of Hk (Qwen3-Next's default 16 / 32). Value
                                           head h reads key head h // (H / Hk), transformers'
                                           ``repeat_interleave(H // Hk, dim=heads)``; the backward sums the group
 g             (B, H, L) or (B, H, L, dk)  log decay ≤ 0: the state is multiplied by exp(g_t) before token t.
-                                          Per key channel (B, H, L, dk) is Kimi Delta Attention's gate
-                                          (impl="recurrent" only); g ≡ 0 is DeltaNet
+                                          Per key channel (B, H, L, dk) is Kimi Delta Attention's gate;
+                                          g ≡ 0 is DeltaNet
 beta          (B, H, L)                   the write strength in [0, 1]
 initial_state (B, H, dk, dv) or None      S₀ (zeros when None)
 ============  ==========================  =================================================================
@@ -75,7 +75,7 @@ def gated_delta_rule_forward(
     """
     impl = check_impl(impl)
     chunk_size = check_chunk_size(chunk_size)
-    x = check_delta_inputs(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, per_channel_g=impl == "recurrent")
+    x = check_delta_inputs(q, k, v, g, beta, initial_state, scale, use_qk_l2norm)
     groups = x.v.shape[1] // x.q.shape[1]
     (Q, K), c_prep = qk_prepare_forward(x.q, x.k, x.scale, x.use_qk_l2norm, groups)  # F1–F3
     B, H, _, dk = K.shape
