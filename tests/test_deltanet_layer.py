@@ -406,10 +406,13 @@ def test_gated_deltanet_bad_input_names_the_argument_and_nothing_is_modified():
 # --------------------------------------------------------------------------- Kimi Linear's layer
 
 
-@pytest.mark.parametrize("dtype, padded", [(np.float64, True), (np.float32, False)])
-def test_kimi_delta_attention_layer_matches_transformers(dtype, padded):
+@pytest.mark.parametrize(
+    "dtype, padded, impl",
+    [(np.float64, True, "chunked"), (np.float64, False, "recurrent"), (np.float32, False, "chunked")],
+)
+def test_kimi_delta_attention_layer_matches_transformers(dtype, padded, impl):
     """KimiLinearDeltaAttention: output, state, dL/dx and its 13 parameters' gradients; float64 against the module
-    with its casts lifted (1e-10, left padding in one row), float32 against it as shipped (1e-5)."""
+    with its casts lifted (1e-10; L = 7 over chunks of 4; left padding in one row), float32 as shipped (1e-5)."""
     require_torch()
     from mha_numpy.interop import kimi_linear_kda as KX
 
@@ -419,10 +422,10 @@ def test_kimi_delta_attention_layer_matches_transformers(dtype, padded):
     if padded:
         mask = np.ones(x.shape[:2], bool)
         mask[1, :3] = False
-    report = KX.crosscheck_hf_kimi_delta_attention(module, x, mask, chunk_size=4)
+    report = KX.crosscheck_hf_kimi_delta_attention(module, x, mask, chunk_size=4, impl=impl)
     assert report.passed and len(report.rows) == 17, str(report)
     if dtype == np.float64:
-        layer = KX.from_hf_kimi_delta_attention(module, chunk_size=4)
+        layer = KX.from_hf_kimi_delta_attention(module, chunk_size=4, impl=impl)
         (y, final), _ = layer.forward(x)
         state, outs = None, []
         for a, b in [(0, 2)] + [(t, t + 1) for t in range(2, 7)]:

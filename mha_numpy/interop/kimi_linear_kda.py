@@ -5,9 +5,8 @@ The parameters are in ``recurrent.kimi.KimiDeltaAttention``'s table. The module 
 its dtype: the forget gate (``.float()``), the core (``chunk_kimi_delta_attention`` for a prefill,
 ``recurrent_kimi_delta_attention`` for one token, both cast to float32) and ``KimiLinearRMSNormGated`` (all of it
 in float32), and its cache stores the recurrent state as float32. ``kda_in_float64`` runs a copy of its forward,
-line for line, without those casts, with the core's recurrent form for the prefill too (the chunked form's float64
-copy is not written; the two forms are the same map, ``tests/test_gated_delta.py``). torch and transformers are
-imported lazily.
+line for line, without those casts (the cores: ``interop.gated_delta``'s cast-lifted copies). torch and
+transformers are imported lazily.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import numpy as np
 from ..recurrent.kimi import KimiDeltaAttention
 from ._lazy import require
 from .delta_layers import LayerKind, crosscheck_layer, decode_hf, method_replaced, params_as_ours
-from .gated_delta import recurrent_kimi_delta_attention_float64
+from .gated_delta import chunk_kimi_delta_attention_float64, recurrent_kimi_delta_attention_float64
 from .report import CrosscheckReport
 
 HF_KIMI_KDA_NAME_MAP = {
@@ -76,14 +75,14 @@ def hf_kimi_delta_attention(
     return module
 
 
-def from_hf_kimi_delta_attention(module, chunk_size: int = 64) -> KimiDeltaAttention:
+def from_hf_kimi_delta_attention(module, chunk_size: int = 64, impl: str = "chunked") -> KimiDeltaAttention:
     """transformers ``KimiLinearDeltaAttention`` -> our ``KimiDeltaAttention``, same weights (copied), same dtype."""
     if module.activation != "silu" or module.conv1d.bias is not None:
         raise ValueError(f"the module's conv must be bias-free with silu, got activation {module.activation!r}")
     sizes = (module.hidden_size, module.num_heads, module.head_dim, module.conv_kernel_size, module.layer_norm_epsilon)
     shapes = KimiDeltaAttention(*sizes, rng=0).param_shapes()
     params = params_as_ours(dict(module.named_parameters()), HF_KIMI_KDA_NAME_MAP, shapes)
-    return KimiDeltaAttention(*sizes, params=params, dtype=params["W_o"].dtype, chunk_size=chunk_size)
+    return KimiDeltaAttention(*sizes, params=params, dtype=params["W_o"].dtype, chunk_size=chunk_size, impl=impl)
 
 
 def _forward_without_casts(self, hidden_states, cache=None, attention_mask=None, **kwargs):
@@ -116,7 +115,9 @@ def _forward_without_casts(self, hidden_states, cache=None, attention_mask=None,
     f = (fg.f_b_proj(fg.f_a_proj(hidden_states)) + fg.dt_bias.view(1, 1, -1)).view(hidden_shape)
     g = -torch.exp(fg.A_log) * torch.where(f > 20.0, f, torch.log(1.0 + torch.exp(f)))
     beta = torch.sigmoid(self.b_proj(hidden_states))
-    core_attn_out, last_recurrent_state = recurrent_kimi_delta_attention_float64(
+    one_token = recurrent_state is not None and seq_len == 1
+    core = recurrent_kimi_delta_attention_float64 if one_token else chunk_kimi_delta_attention_float64
+    core_attn_out, last_recurrent_state = core(
         query, key, value, g=g, beta=beta, initial_state=recurrent_state, output_final_state=cache is not None,
         use_qk_l2norm_in_kernel=True,
     )  # fmt: skip
@@ -139,14 +140,15 @@ KIND = LayerKind("KimiLinearDeltaAttention", HF_KIMI_KDA_NAME_MAP, kda_in_float6
 
 
 def crosscheck_hf_kimi_delta_attention(
-    module, hidden_states, attention_mask=None, d_output=None, rng=0, rtol=None, chunk_size: int = 64
-) -> CrosscheckReport:
+    module, hidden_states, attention_mask=None, d_output=None, rng=0, rtol=None, chunk_size: int = 64,
+    impl: str = "chunked",
+) -> CrosscheckReport:  # fmt: skip
     """A transformers ``KimiLinearDeltaAttention`` against ``from_hf_kimi_delta_attention(module)``: output, the
     state after the call, dL/dx and every parameter's gradient (arguments and thresholds as
     ``qwen3_next_deltanet.crosscheck_hf_qwen3_next_deltanet``)."""
-    layer = from_hf_kimi_delta_attention(module, chunk_size=chunk_size)
+    layer = from_hf_kimi_delta_attention(module, chunk_size=chunk_size, impl=impl)
     title = (f"ours vs transformers KimiLinearDeltaAttention (H={layer.num_heads}, d={layer.head_k_dim}, "
-             f"K={layer.conv_kernel_size}{', padding' if attention_mask is not None else ''})")  # fmt: skip
+             f"K={layer.conv_kernel_size}, {impl}{', padding' if attention_mask is not None else ''})")  # fmt: skip
     return crosscheck_layer(KIND, module, layer, hidden_states, attention_mask, d_output, rng, rtol, title)
 
 

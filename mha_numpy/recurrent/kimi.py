@@ -6,13 +6,13 @@ backward: Gated DeltaNet's layer with one decay a key channel instead of a head.
     f = (x W_faᵀ) W_fbᵀ                                  F3   the forget gate's low-rank projection, (B, L, H, d)
     g = −exp(A_log) · softplus(f + dt_bias)              F4   ``gates.decay_forward`` per channel, A_log (H,)
     β = σ(x W_bᵀ)                                        F5   (B, L, H)
-    o, S = gated_delta_rule(q, k, v, g, β, S₀)           F6   per-channel g: the recurrent form; q, k L2-normalised
+    o, S = gated_delta_rule(q, k, v, g, β, S₀)           F6   g per channel; q, k L2-normalised
     n = RMSNorm(o)·w·σ((x W_gaᵀ) W_gbᵀ)                  F7   ``norms`` with a sigmoid gate (KimiLinearRMSNormGated)
     y = n W_oᵀ                                           F8   o_proj
 
 H heads of width d for q, k and v alike (``linear_num_heads``, ``linear_head_dim``). transformers runs the prefill
 by ``chunk_kimi_delta_attention`` and one-token decoding by ``recurrent_kimi_delta_attention``, both in float32;
-ours runs the core's recurrent form (the chunked form takes one decay a head). The decoding state is the layer's
+ours runs the core's form ``impl`` ("chunked" | "recurrent") in the input's dtype. The decoding state is the layer's
 ``DeltaNetState`` (``recurrent.layer``): the conv's last K-1 inputs and the (d, d) matrix of each head.
 """
 
@@ -54,8 +54,8 @@ class KimiCache:
 class KimiDeltaAttention(RecurrentLayer):
     """Kimi Linear's ``KimiLinearDeltaAttention`` (module docstring), forward and backward.
 
-    hidden_size E, num_heads H, head_dim d, conv_kernel_size K, eps of the gated RMSNorm; chunk_size: how often the
-    recurrent form keeps its state for the backward. ``params`` a dict of the arrays below or None (random, ``rng``):
+    hidden_size E, num_heads H, head_dim d, conv_kernel_size K, eps of the gated RMSNorm; chunk_size and impl
+    ("chunked" | "recurrent") of the core. ``params`` a dict of the arrays below or None (random, from ``rng``):
 
     ===========  ==========  ===================================================
     name         shape       transformers
@@ -88,19 +88,20 @@ class KimiDeltaAttention(RecurrentLayer):
         rng=0,
         dtype=np.float64,
         chunk_size: int = 64,
+        impl: str = "chunked",
     ) -> None:
         self.hidden_size = as_int(hidden_size, "hidden_size", minimum=1)
         self.num_heads = as_int(num_heads, "num_heads", minimum=1)
         self.head_k_dim = self.head_v_dim = as_int(head_dim, "head_dim", minimum=1)
         self.conv_kernel_size = as_int(conv_kernel_size, "conv_kernel_size", minimum=1)
         self.eps = as_number(eps, "eps", positive=True)
-        _, self.chunk_size = check_layer_options("recurrent", chunk_size)
+        self.impl, self.chunk_size = check_layer_options(impl, chunk_size)
         self._set_params(params, rng, dtype)
 
     def __repr__(self) -> str:
         return (
             f"KimiDeltaAttention(E={self.hidden_size}, H={self.num_heads}, d={self.head_k_dim}, "
-            f"K={self.conv_kernel_size})"
+            f"K={self.conv_kernel_size}, {self.impl})"
         )
 
     @property
@@ -145,7 +146,7 @@ class KimiDeltaAttention(RecurrentLayer):
         beta, c_beta = sigmoid_forward(b)  # F5: (B, L, H)
         (o, S), c_core = gated_delta_rule_forward(
             q, k, v, g.transpose(0, 2, 1, 3), beta.transpose(0, 2, 1), None if state is None else state.recurrent,
-            chunk_size=self.chunk_size, impl="recurrent", use_qk_l2norm=True,
+            chunk_size=self.chunk_size, impl=self.impl, use_qk_l2norm=True,
         )  # F6: g (B, H, L, d), o (B, H, L, d), S (B, H, d, d)  # fmt: skip
         ga, c_ga = F.linear_forward(x, p["W_ga"], check=False)  # F7: (B, L, E) @ (E, d) -> (B, L, d)
         gate, c_gb = F.linear_forward(ga, p["W_gb"], check=False)  # F7: (B, L, d) @ (d, H·d) -> (B, L, H·d)
