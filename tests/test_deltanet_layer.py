@@ -487,3 +487,24 @@ def test_left_padding_writes_nothing_into_the_state():
         assert np.max(np.abs(s.recurrent[1] - s_alone.recurrent[0])) <= 1e-12 * np.max(np.abs(s_alone.recurrent))
         dx = layer.backward(np.ones_like(y), cache)["x"]
         assert not np.any(dx[1, :2]) and np.all(np.abs(dx[1, 2:]).sum(-1) > 0), layer
+
+
+def test_an_empty_call_keeps_the_state_and_passes_its_gradient_through():
+    """L = 0 (nothing to decode) and K = 1 (a convolution without memory): the state after the call is the state
+    before it, and its gradient comes back unchanged."""
+    from mha_numpy.recurrent.kimi import KimiDeltaAttention
+    from mha_numpy.recurrent.layer import DeltaNetState
+    from mha_numpy.recurrent.qwen3_next import GatedDeltaNet
+
+    rng = np.random.default_rng(14)
+    for layer in (GatedDeltaNet(8, 2, 4, 3, 2, rng=0), GatedDeltaNet(8, 2, 4, 3, 2, 1, rng=0),
+                  KimiDeltaAttention(8, 2, 3, rng=0)):  # fmt: skip
+        zero = layer.zero_state(2)
+        state = DeltaNetState(randn(rng, *zero.conv.shape), randn(rng, *zero.recurrent.shape))
+        (y, after), cache = layer.forward(np.zeros((2, 0, 8)), state=state)
+        assert y.shape == (2, 0, 8) and np.array_equal(after.conv, state.conv)
+        assert np.array_equal(after.recurrent, state.recurrent)
+        d_state = DeltaNetState(randn(rng, *zero.conv.shape), randn(rng, *zero.recurrent.shape))
+        g = layer.backward(y, cache, d_state)
+        assert np.array_equal(g["state"].conv, d_state.conv) and np.array_equal(g["state"].recurrent, d_state.recurrent)
+        assert all(not np.any(g[n]) for n in layer.PARAM_NAMES)
