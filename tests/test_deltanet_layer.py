@@ -228,6 +228,8 @@ def test_decay_gate_matches_autograd_and_central_differences(per_channel):
     torch.sigmoid(bt).backward(torch.tensor(d_g[..., 0] if per_channel else d_g))
     assert rel_err(beta, torch.sigmoid(bt).detach().numpy()) <= TOL
     assert rel_err(GT.sigmoid_backward(d_g[..., 0] if per_channel else d_g, c_b), bt.grad.numpy()) <= TOL
+    d_beta = d_g[..., 0] if per_channel else d_g
+    finite_differences(lambda b: GT.sigmoid_forward(b)[0], {"b": GT.sigmoid_backward(d_beta, c_b)}, {"b": b}, d_beta)
 
 
 def test_softplus_and_sigmoid_never_overflow_and_keep_float32():
@@ -278,6 +280,12 @@ def test_in_proj_split_matches_fix_query_key_value_ordering_and_its_backward():
         assert ours.shape == tuple(theirs.shape) and np.array_equal(ours, theirs.detach().numpy())
     d_qkvz, d_ba = QN.in_proj_split_backward(d_parts, cache)
     assert np.array_equal(d_qkvz, qt.grad.numpy()) and np.array_equal(d_ba, bat.grad.numpy())
+
+    def forward(qkvz, ba):  # the six outputs side by side
+        return np.concatenate([p.ravel() for p in QN.in_proj_split_forward(qkvz, ba, Hk, Hv, dk, dv)[0]])
+
+    d_flat = np.concatenate([d.ravel() for d in d_parts])
+    finite_differences(forward, {"qkvz": d_qkvz, "ba": d_ba}, {"qkvz": qkvz, "ba": ba}, d_flat)
     with pytest.raises(ValueError, match="num_v_heads = 5 must be a multiple of num_k_heads = 2"):
         QN.in_proj_split_forward(qkvz, ba, 2, 5, dk, dv)
     with pytest.raises(ValueError, match=r"mixed_ba with shape \(2, 5, 11\)"):
