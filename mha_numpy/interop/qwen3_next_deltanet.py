@@ -58,7 +58,8 @@ def hf_qwen3_next_deltanet(
     """A small random transformers ``Qwen3NextGatedDeltaNet`` (layer 0 of a tiny ``Qwen3NextConfig``).
 
     Weights N(0, 0.3²), the conv's N(0, 0.5²), the norm's N(1, 0.3²) (all ones would hide a swapped weight),
-    dt_bias N(0, 0.5²), A_log N(0, 0.5²): decays e^g between about 0.2 and 1, so the state remembers a few tokens.
+    dt_bias N(0, 0.5²), A_log N(0, 0.5²): on the tests' inputs (N(0, 1)) the decays e^g spread from 0.002 to 0.84
+    (5th and 95th percentiles, median 0.37): some heads forget at once, some remember a few tokens.
     """
     torch = require("torch")
     require("transformers")
