@@ -243,17 +243,24 @@ def test_bad_upstream_gradients_and_step_inputs_are_named():
     step = {f"{n}_t": x[n][:, :, 0] for n in ("q", "k", "v", "g", "beta")}
     with pytest.raises(ValueError, match="^q_t"):
         gated_delta_rule_step(**{**step, "q_t": x["q"]}, state=None)
-    with pytest.raises(ValueError, match="^g"):
+    with pytest.raises(ValueError, match="^g_t must be <= 0"):
         gated_delta_rule_step(**{**step, "g_t": -step["g_t"]}, state=None)
+    with pytest.raises(ValueError, match="^state must be"):
+        gated_delta_rule_step(**step, state=x["initial_state"][..., :-1])
 
 
-def test_per_channel_products_in_blocks_are_the_same(monkeypatch):
-    """Kimi's (C, C, dk) products are formed a few chunks at a time: one chunk a block gives the same numbers."""
-    from mha_numpy.recurrent import decayed
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_blocks_of_chunks_give_the_same_numbers(monkeypatch, per_channel):
+    """The chunked form works a block of chunks at a time (and Kimi's (C, C, dk) products a few chunks at a time):
+    blocks of two chunks and of one give the same numbers as one block (L = 13: four chunks of 4, the last short)."""
+    from mha_numpy.recurrent import decayed, delta_chunked
 
-    x = make(Hk=2, H=2, L=13, per_channel=True, seed=8)
+    x = make(Hk=2, H=2, L=13, per_channel=per_channel, seed=8)
     d_o, d_S = upstream((2, 2, 13, 3), (2, 2, 4, 3))
     whole = ours(x, d_o, d_S, impl="chunked", chunk_size=4)
+    monkeypatch.setattr(delta_chunked, "BLOCK_TOKENS", 8)
+    assert_close(ours(x, d_o, d_S, impl="chunked", chunk_size=4), whole, 0.0)
+    monkeypatch.setattr(delta_chunked, "BLOCK_TOKENS", 1)
     monkeypatch.setattr(decayed, "BLOCK_ELEMENTS", 1)
     assert_close(ours(x, d_o, d_S, impl="chunked", chunk_size=4), whole, 0.0)
 

@@ -30,21 +30,28 @@ def _blocks(n: int, C: int, d: int):
     return (slice(s, min(s + step, n)) for s in range(0, n, step))
 
 
+def decayed_products_cache(X: np.ndarray, Y: np.ndarray, gam: np.ndarray, strict: bool = False):
+    """What the backward needs, without Z: Γ (…, C, C) for one gate a head (F1), the inputs for one a channel."""
+    if gam.shape[-1] != 1:
+        return X, Y, gam, None, strict
+    mask = _mask(X.shape[-2], strict)
+    diff = gam[..., :, 0, None] - gam[..., None, :, 0]  # F1: (…, C, 1) - (…, 1, C) -> (…, C, C)
+    return X, Y, gam, np.where(mask, np.exp(np.where(mask, diff, 0.0)), 0.0), strict  # F1: 0 outside the mask
+
+
 def decayed_products_forward(X: np.ndarray, Y: np.ndarray, gam: np.ndarray, strict: bool = False):
     """Z (…, C, C) = Σ_d X_id Y_jd exp(γ_id − γ_jd), j ≤ i (j < i if strict).   X, Y (…, C, d), gam (…, C, 1 or d)"""
+    cache = decayed_products_cache(X, Y, gam, strict)  # F1
     C, d = X.shape[-2:]
+    if cache[3] is not None:
+        return (X @ Y.swapaxes(-1, -2)) * cache[3], cache  # F2: (…, C, d) @ (…, d, C), ⊙ Γ
     mask = _mask(C, strict)
-    if gam.shape[-1] == 1:
-        diff = gam[..., :, 0, None] - gam[..., None, :, 0]  # F1: (…, C, 1) - (…, 1, C) -> (…, C, C)
-        Gam = np.where(mask, np.exp(np.where(mask, diff, 0.0)), 0.0)  # F1: 0 outside the mask
-        return (X @ Y.swapaxes(-1, -2)) * Gam, (X, Y, gam, Gam, strict)  # F2: (…, C, d) @ (…, d, C), ⊙ Γ
-    lead = X.shape[:-2]
     X2, Y2, g2 = (a.reshape(-1, C, a.shape[-1]) for a in (X, Y, gam))  # (n, C, ·): the chunks in a row
     Z = np.empty((X2.shape[0], C, C), dtype=X.dtype)
     for b in _blocks(X2.shape[0], C, d):
         E = _decays(g2[b], mask)  # F1: (n_b, C, C, d)
         Z[b] = np.sum(X2[b, :, None, :] * Y2[b, None, :, :] * E, axis=-1)  # F2: (n_b, C, 1, d) * (n_b, 1, C, d) * E
-    return Z.reshape(*lead, C, C), (X, Y, gam, None, strict)
+    return Z.reshape(*X.shape[:-2], C, C), cache
 
 
 def decayed_products_backward(dZ: np.ndarray, cache):

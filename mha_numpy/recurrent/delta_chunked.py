@@ -20,15 +20,19 @@ w_j = β_j (v_j − Sᵀ(e^(γ_j) ⊙ k_j) − Σ_{m<j} (Γ_jm ⊙ k_j)ᵀ k_m w
 (I + A) W = β ⊙ V − (β e^γ ⊙ K) S, whose solution is S1; S2 and S3 are R4 and R3 summed in closed form. Only
 C2–C5 are (C, C) arrays, one per chunk (never (L, L)); only S1–S3 run in sequence over the chunks.
 
-The backward runs the chunks in reverse for the state's gradient (← S3, S2, S1: two products a chunk), then every
-chunk at once back through C5…C1 (``within_chunks_backward``, each line naming its forward line).
+C1–C5 and S2 are formed for a block of chunks (about ``BLOCK_TOKENS`` tokens) at a time, so the temporaries do not
+grow with L. The backward walks the blocks in reverse: the state's gradient through each chunk of the block
+(← S3, S2, S1: two products a chunk), then the whole block back through C5…C1 (``within_chunks_backward``, each
+line naming its forward line).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .decayed import decayed_products_backward, decayed_products_forward
+from .decayed import decayed_products_backward, decayed_products_cache, decayed_products_forward
+
+BLOCK_TOKENS = 4096  # the tokens of a block of chunks (chunk_blocks)
 
 
 def unit_lower_inverse(A: np.ndarray) -> np.ndarray:
@@ -62,61 +66,83 @@ def within_chunks(Q, K, V, Bt, gam):
     return kb, Bv, Bk, Qt, Kt, lam
 
 
+def chunk_blocks(N: int, C: int, reverse: bool = False) -> list[slice]:
+    """The chunks in blocks of about BLOCK_TOKENS tokens: what is not carried across chunks is formed a block at a
+    time, so the temporaries do not grow with L."""
+    step = max(1, BLOCK_TOKENS // C)
+    blocks = [slice(s, min(s + step, N)) for s in range(0, N, step)]
+    return blocks[::-1] if reverse else blocks
+
+
 def delta_chunked_forward(q, k, v, g, beta, S0, chunk_size: int = 64):
-    """C1–C5 for every chunk at once, then S1–S3 chunk by chunk.   q, k (B, H, L, dk), v (B, H, L, dv),
+    """C1–C5 a block of chunks at a time, S1–S3 chunk by chunk.   q, k (B, H, L, dk), v (B, H, L, dv),
     g (B, H, L) or (B, H, L, dk), beta (B, H, L), S0 (B, H, dk, dv)  ->  ((o (B, H, L, dv), S_L), cache)."""
     B, H, L, dv = v.shape
     C = min(chunk_size, max(L, 1))
     Q, K, V, G, Bt = (to_chunks(x, C) for x in (q, k, v, g if g.ndim == 4 else g[..., None], beta))  # (B, H, N, C, ·)
     gam = np.cumsum(G, axis=-2)  # C1: (B, H, N, C, 1 or dk)
-    kb, Bv, Bk, Qt, Kt, lam = within_chunks(Q, K, V, Bt, gam)
-    A, c_A = decayed_products_forward(kb, K, gam, strict=True)  # C2, C3: (B, H, N, C, C), strictly lower
-    T = unit_lower_inverse(A)  # C4: (B, H, N, C, C)
-    U, Kc = T @ Bv, T @ Bk  # C4: (…, C, C) @ (…, C, dv) and @ (…, C, dk)
-    P, c_P = decayed_products_forward(Q, K, gam)  # C2, C5: (…, C, C), the diagonal included
     N = Q.shape[2]
+    T, P = (np.empty((B, H, N, C, C), dtype=v.dtype) for _ in range(2))
     states = np.empty((B, H, N, *S0.shape[2:]), dtype=v.dtype)  # the state entering each chunk
-    W = np.empty_like(U)
+    W, O = np.empty(V.shape, dtype=v.dtype), np.empty(V.shape, dtype=v.dtype)  # (B, H, N, C, dv)
     S = S0
-    for n in range(N):
-        states[:, :, n] = S
-        W[:, :, n] = U[:, :, n] - Kc[:, :, n] @ S  # S1: (B, H, C, dk) @ (B, H, dk, dv) -> (B, H, C, dv)
-        S = lam[:, :, n, :, None] * S + Kt[:, :, n].swapaxes(-1, -2) @ W[:, :, n]  # S3: (B, H, dk, C) @ (…, C, dv)
-    O = Qt @ states + P @ W  # S2: (…, C, dk) @ (…, dk, dv) + (…, C, C) @ (…, C, dv), every chunk at once
+    for b in chunk_blocks(N, C):
+        Qb, Kb, gb = Q[:, :, b], K[:, :, b], gam[:, :, b]
+        kb, Bv, Bk, Qt, Kt, lam = within_chunks(Qb, Kb, V[:, :, b], Bt[:, :, b], gb)
+        A, _ = decayed_products_forward(kb, Kb, gb, strict=True)  # C2, C3: (B, H, n, C, C), strictly lower
+        T[:, :, b] = unit_lower_inverse(A)  # C4
+        U, Kc = T[:, :, b] @ Bv, T[:, :, b] @ Bk  # C4: (…, C, C) @ (…, C, dv) and @ (…, C, dk)
+        P[:, :, b], _ = decayed_products_forward(Qb, Kb, gb)  # C2, C5: (…, C, C), the diagonal included
+        for i, n in enumerate(range(b.start, b.stop)):
+            states[:, :, n] = S
+            W[:, :, n] = U[:, :, i] - Kc[:, :, i] @ S  # S1: (B, H, C, dk) @ (B, H, dk, dv) -> (B, H, C, dv)
+            S = lam[:, :, i, :, None] * S + Kt[:, :, i].swapaxes(-1, -2) @ W[:, :, n]  # S3: (B, H, dk, C) @ (…, C, dv)
+        O[:, :, b] = Qt @ states[:, :, b] + P[:, :, b] @ W[:, :, b]  # S2: (…, C, dk) @ (…, dk, dv) + (…, C, C) @ (…)
     o = O.reshape(B, H, N * C, dv)[:, :, :L]  # (B, H, N·C, dv) -> (B, H, L, dv)
-    return (o, S), (Q, K, V, Bt, gam, T, P, c_A, c_P, states, W, L, C, g.shape)
+    return (o, S), (Q, K, V, Bt, gam, T, P, states, W, L, C, g.shape)
 
 
 def delta_chunked_backward(d_o, d_S, cache):
-    """d_o (B, H, L, dv), d_S (B, H, dk, dv) or None  ->  (dq, dk, dv, dg, d_beta, dS0)."""
-    Q, K, V, Bt, gam, T, P, c_A, c_P, states, W, L, C, g_shape = cache
-    within = within_chunks(Q, K, V, Bt, gam)  # the forward's elementwise terms again: kb, Bv, Bk, Q̃, K̃, λ
-    _, _, Bk, Qt, Kt, lam = within
-    Kc = T @ Bk  # C4: (…, C, C) @ (…, C, dk)
+    """d_o (B, H, L, dv), d_S (B, H, dk, dv) or None  ->  (dq, dk, dv, dg, d_beta, dS0): the blocks of chunks in
+    reverse, the state's gradient carried through each block's chunks, then the block's ← C5…C1."""
+    Q, K, V, Bt, gam, T, P, states, W, L, C, g_shape = cache
     B, H, N = Q.shape[:3]
     dO = to_chunks(d_o, C)  # (B, H, N, C, dv)
     dS = np.zeros((B, H, *states.shape[3:]), dtype=states.dtype) if d_S is None else d_S.copy()  # (B, H, dk, dv)
-    dS_out = np.empty_like(states)  # the gradient of the state leaving each chunk
-    dW = np.empty_like(W)
-    PtdO = P.swapaxes(-1, -2) @ dO  # ← S2: Pᵀ dO (…, C, C) @ (…, C, dv)
-    QtdO = Qt.swapaxes(-1, -2) @ dO  # ← S2: Q̃ᵀ dO (…, dk, C) @ (…, C, dv) -> (…, dk, dv)
-    for n in reversed(range(N)):
-        dS_out[:, :, n] = dS
-        dW[:, :, n] = Kt[:, :, n] @ dS + PtdO[:, :, n]  # ← S3, S2: (B, H, C, dk) @ (B, H, dk, dv)
-        dS = lam[:, :, n, :, None] * dS + QtdO[:, :, n] - Kc[:, :, n].swapaxes(-1, -2) @ dW[:, :, n]  # ← S3, S2, S1
-    d_lam = np.sum(states * dS_out, axis=-1)  # ← S3: (B, H, N, dk), the rows of S
-    d_lam = d_lam if lam.shape[-1] != 1 else np.sum(d_lam, axis=-1, keepdims=True)  # (B, H, N, 1 or dk)
-    dKt = W @ dS_out.swapaxes(-1, -2)  # ← S3: (…, C, dv) @ (…, dv, dk) -> (…, C, dk)
-    dQt = dO @ states.swapaxes(-1, -2)  # ← S2: (…, C, dv) @ (…, dv, dk)
-    dP = dO @ W.swapaxes(-1, -2)  # ← S2: (…, C, dv) @ (…, dv, C)
-    dKc = -(dW @ states.swapaxes(-1, -2))  # ← S1: (…, C, dv) @ (…, dv, dk); and dU = dW
-    dQ, dK, dV, dgam, d_beta = within_chunks_backward(dQt, dKt, dP, d_lam, dW, dKc, K, V, Bt, gam, T, within, c_A, c_P)
+    dQ, dK, dV, dgam, d_beta = (np.empty(x.shape, dtype=x.dtype) for x in (Q, K, V, gam, Bt))
+    for b in chunk_blocks(N, C, reverse=True):
+        blocks = (x[:, :, b] for x in (dO, Q, K, V, Bt, gam, T, P, states, W))
+        dS, (dQ[:, :, b], dK[:, :, b], dV[:, :, b], dgam[:, :, b], d_beta[:, :, b]) = block_backward(dS, *blocks)
     dg = np.cumsum(dgam[..., ::-1, :], axis=-2)[..., ::-1, :]  # ← C1: dg_j = Σ_{i≥j} dγ_i within the chunk
 
     def unchunk(x):  # (B, H, N, C, ...) -> (B, H, L, ...), the padding dropped
         return x.reshape(B, H, N * C, *x.shape[4:])[:, :, :L]
 
     return unchunk(dQ), unchunk(dK), unchunk(dV), unchunk(dg).reshape(g_shape), unchunk(d_beta), dS
+
+
+def block_backward(dS, dO, Q, K, V, Bt, gam, T, P, states, W):
+    """One block of chunks (…, n, C, ·), dS the gradient of the state leaving its last chunk -> (the gradient of
+    the state entering its first, (dQ, dK, dV, dγ, dβ) of its chunks)."""
+    within = within_chunks(Q, K, V, Bt, gam)  # the forward's elementwise terms again: kb, Bv, Bk, Q̃, K̃, λ
+    kb, _, Bk, Qt, Kt, lam = within
+    Kc = T @ Bk  # C4: (…, C, C) @ (…, C, dk)
+    PtdO = P.swapaxes(-1, -2) @ dO  # ← S2: Pᵀ dO (…, C, C) @ (…, C, dv)
+    QtdO = Qt.swapaxes(-1, -2) @ dO  # ← S2: Q̃ᵀ dO (…, dk, C) @ (…, C, dv) -> (…, dk, dv)
+    dS_out = np.empty_like(states)  # the gradient of the state leaving each chunk
+    dW = np.empty_like(W)
+    for n in reversed(range(states.shape[2])):
+        dS_out[:, :, n] = dS
+        dW[:, :, n] = Kt[:, :, n] @ dS + PtdO[:, :, n]  # ← S3, S2: (B, H, C, dk) @ (B, H, dk, dv)
+        dS = lam[:, :, n, :, None] * dS + QtdO[:, :, n] - Kc[:, :, n].swapaxes(-1, -2) @ dW[:, :, n]  # ← S3, S2, S1
+    d_lam = np.sum(states * dS_out, axis=-1)  # ← S3: (B, H, n, dk), the rows of S
+    d_lam = d_lam if lam.shape[-1] != 1 else np.sum(d_lam, axis=-1, keepdims=True)  # (B, H, n, 1 or dk)
+    dKt = W @ dS_out.swapaxes(-1, -2)  # ← S3: (…, C, dv) @ (…, dv, dk) -> (…, C, dk)
+    dQt = dO @ states.swapaxes(-1, -2)  # ← S2: (…, C, dv) @ (…, dv, dk)
+    dP = dO @ W.swapaxes(-1, -2)  # ← S2: (…, C, dv) @ (…, dv, C)
+    dKc = -(dW @ states.swapaxes(-1, -2))  # ← S1: (…, C, dv) @ (…, dv, dk); and dU = dW
+    c_A, c_P = decayed_products_cache(kb, K, gam, strict=True), decayed_products_cache(Q, K, gam)  # C2 again
+    return dS, within_chunks_backward(dQt, dKt, dP, d_lam, dW, dKc, K, V, Bt, gam, T, within, c_A, c_P)
 
 
 def within_chunks_backward(dQt, dKt, dP, d_lam, dU, dKc, K, V, Bt, gam, T, within, c_A, c_P):

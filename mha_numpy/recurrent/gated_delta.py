@@ -38,6 +38,7 @@ import numpy as np
 from .. import functional as F
 from .._checks import check_like
 from .checks import check_chunk_size, check_delta_inputs, check_impl
+from .delta_chunked import delta_chunked_backward, delta_chunked_forward
 from .delta_rule import delta_rule_recurrent_backward, delta_rule_recurrent_forward, delta_rule_token
 from .features import l2norm_backward, l2norm_forward
 
@@ -83,8 +84,6 @@ def gated_delta_rule_forward(
     if impl == "recurrent":
         (o, S), c_core = delta_rule_recurrent_forward(Q, K, x.v, x.g, x.beta, S0, chunk_size)  # F4
     else:
-        from .delta_chunked import delta_chunked_forward  # noqa: PLC0415 (its own file; loaded when first used)
-
         (o, S), c_core = delta_chunked_forward(Q, K, x.v, x.g, x.beta, S0, chunk_size)  # F4
     return (o, S), (impl, c_prep, c_core, x.initial_state is not None, o.shape, S.shape, o.dtype)
 
@@ -99,8 +98,6 @@ def gated_delta_rule_backward(d_o, cache, d_final_state=None) -> dict:
     if impl == "recurrent":
         dQ, dK, dv, dg, d_beta, dS0 = delta_rule_recurrent_backward(d_o, d_final_state, c_core)  # ← F4
     else:
-        from .delta_chunked import delta_chunked_backward  # noqa: PLC0415
-
         dQ, dK, dv, dg, d_beta, dS0 = delta_chunked_backward(d_o, d_final_state, c_core)  # ← F4
     dq, dk = qk_prepare_backward(dQ, dK, c_prep)  # ← F3…F1
     return {"q": dq, "k": dk, "v": dv, "g": dg, "beta": d_beta, "initial_state": dS0 if has_state else None}
@@ -118,7 +115,12 @@ def gated_delta_rule_step(q_t, k_t, v_t, g_t, beta_t, state=None, scale=None, us
         if a.ndim not in ndim:
             raise ValueError(f"{name} must have {' or '.join(map(str, ndim))} dimensions, got shape {a.shape}")
     q, k, v, g, beta = (a[:, :, None] for a in arrays)  # (B, heads, 1, ...): a sequence of one token
-    x = check_delta_inputs(q, k, v, g, beta, state, scale, use_qk_l2norm)
+    try:
+        x = check_delta_inputs(q, k, v, g, beta, state, scale, use_qk_l2norm)
+    except ValueError as e:  # named as the caller knows them: q -> q_t, initial_state -> state (shapes with L = 1)
+        name, _, rest = str(e).partition(" ")
+        name = {"initial_state": "state", "scale": "scale", "use_qk_l2norm": "use_qk_l2norm"}.get(name, f"{name}_t")
+        raise ValueError(f"{name} {rest}") from None
     groups = x.v.shape[1] // x.q.shape[1]
     (Q, K), _ = qk_prepare_forward(x.q, x.k, x.scale, x.use_qk_l2norm, groups)
     B, H, _, dk = K.shape
