@@ -31,15 +31,17 @@ def causal(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
-def backward(q, k, v, params, d_out, tanh_prime=True):
-    """The soft-capped causal attention's gradients, by hand: the forward F1-F4 again, then ← F4 ... ← F1."""
+def backward(q, k, v, params, d_out, tanh_prime=True, mask_mod=causal):
+    """The soft-capped attention's gradients under ``mask_mod`` (NumPy), by hand: the forward F1-F4 again, then
+    ← F4 ... ← F1."""
     B, H, Lq, d = q.shape
     group = H // k.shape[1]
     K, V = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # (B, H, Lk, d): query head h reads h // group
     cap = params["cap"][None, :, None, None]  # (1, H, 1, 1)
     s = q @ K.swapaxes(-1, -2) / np.sqrt(d)  # F1: (B, H, Lq, Lk)
     t = np.tanh(s / cap)
-    z = np.where(np.arange(Lq)[:, None] >= np.arange(K.shape[2]), cap * t, -np.inf)  # F2: capped, then causal
+    allowed = mask_mod(*np.ix_(*(np.arange(n) for n in s.shape)))  # (b, h, Lq, Lk) bool, broadcastable to s
+    z = np.where(allowed, cap * t, -np.inf)  # F2: capped, then masked
     m = z.max(axis=-1, keepdims=True)
     e = np.exp(z - np.where(np.isneginf(m), 0.0, m))
     p = e / np.maximum(e.sum(axis=-1, keepdims=True), np.finfo(float).tiny)  # F3: a row with no key: 0

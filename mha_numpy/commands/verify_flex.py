@@ -69,7 +69,8 @@ def load(spec: str | None, option: str, home=None):
         return home, None
     module_part, sep, name = spec.rpartition(":")
     if not sep and home is not None:
-        return home, attribute(home, home.__name__, spec, option)
+        where = getattr(home, "__file__", None) if home.__name__.startswith("_verify_target_") else home.__name__
+        return home, attribute(home, where or home.__name__, spec, option)
     if not sep or not module_part or not name:
         raise UsageError(f"argument {option}: expected MODULE:NAME (or a NAME of the score_mod's module), got {spec!r}")
     if is_file(module_part) and not Path(module_part).is_file():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ def resolve(obj, argument: str):
         if module_part.endswith(".py"):
             spec = importlib.util.spec_from_file_location(Path(module_part).stem, module_part)
             module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module  # torch's dynamo looks a mod's module up by its name
             spec.loader.exec_module(module)
         else:
             module = importlib.import_module(module_part)
