@@ -196,3 +196,17 @@ def test_torch_missing_is_one_line_and_exit_2(tmp_path):
     r = _run(["--flex", "mods:double"], tmp_path, [str(tmp_path / "no_torch"), str(tmp_path), str(ROOT)])
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
     assert "needs the package 'torch'" in r.stderr and "pip install" in r.stderr
+
+
+def test_a_mod_from_exec_code_runs_under_torchs_dynamo_and_leaves_no_module_behind(X):
+    """torch's eager flex_attention (its dynamo) looks a mod's globals up through its __module__: a mod from exec'd
+    code (a snippet, a REPL tool) that reads a global (torch) had a module in no sys.modules, and every case failed
+    (InternalTorchDynamoError) before; the stand-in module is taken out after the call."""
+    namespace = {"__name__": "exec_made_mods_xyz"}
+    exec("import numpy as np\nimport torch\n\n\ndef scaled(score, b, h, q_idx, kv_idx, *, w):\n"
+         "    return torch.tanh(score) * w[h]\n\n\ndef scaled_np(score, b, h, q_idx, kv_idx, *, w):\n"
+         "    return np.tanh(score) * w[h]\n", namespace)  # fmt: skip  # noqa: S102
+    report = verify_flex(namespace["scaled"], numpy_score_mod=namespace["scaled_np"], params={"w": np.ones(4)},
+                         only="batch 2")  # fmt: skip
+    assert report.passed, str(report)
+    assert "exec_made_mods_xyz" not in sys.modules

@@ -28,8 +28,11 @@ the forward against torch's, your gradients against ours.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 import time
+import types
 import warnings
 import zlib
 from dataclasses import dataclass
@@ -143,7 +146,7 @@ class FlexRun:
         if mod is not None and bound:
             mod = lambda s, b, h, m, n: self.score_mod(s, b, h, m, n, **bound)  # noqa: E731 - captured, as torch's
         default = torch.get_default_dtype()
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), importable(self.score_mod, self.mask_mod):
             warnings.simplefilter("ignore")  # "called without torch.compile()": eager is the reference wanted
             torch.set_default_dtype(torch.float64)  # a float made inside a mod (torch.tan(b)): float64 too
             try:
@@ -195,6 +198,26 @@ class FlexRun:
             messages.append(f"first wrong: {first.name}" + (f" ({shape})" if shape else ""))
         status = "FAIL" if wrong or written else "PASS"
         return CaseResult(case, status, checks, message="; ".join(messages), written=written)
+
+
+@contextlib.contextmanager
+def importable(*functions):
+    """While torch runs: each function's module importable by its name. torch's dynamo, which runs inside eager
+    flex_attention, imports a mod's ``__module__``; a mod defined by exec'd code (a snippet, a REPL tool) has one
+    that is in no ``sys.modules``: a stand-in holding its globals is put there for the call, then taken out."""
+    added = []
+    for f in functions:
+        name = getattr(f, "__module__", None)
+        if isinstance(name, str) and name not in sys.modules and isinstance(getattr(f, "__globals__", None), dict):
+            stand_in = types.ModuleType(name)
+            stand_in.__dict__.update(f.__globals__)
+            sys.modules[name] = stand_in
+            added.append(name)
+    try:
+        yield
+    finally:
+        for name in added:
+            sys.modules.pop(name, None)
 
 
 def _gradients(got, names: list) -> tuple[dict, dict]:
