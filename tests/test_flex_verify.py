@@ -159,7 +159,7 @@ MISTAKES = [
     (["--flex"], "give MODULE:SCORE_MOD, --mask-mod or both"),
     (["--flex", TARGET, "--params", "PARAMS"], "--numpy-twin"),  # torch.tanh on NumPy arrays: the twin asked for
     ([*RIGHT, "--layout", "blhd"], "argument --layout: does not apply with --flex"),
-    ([*RIGHT, "--timeout", "5"], "argument --timeout: does not apply with --flex"),
+    ([*RIGHT, "--vjp", "x"], "argument --vjp: does not apply with --flex"),
     ([TARGET, "--mask-mod", "causal"], "argument --mask-mod: applies with --flex only"),
     ([*RIGHT, "--backward", "no_such_backward"], "argument --backward:"),
     ([*RIGHT[:-2], "--params", "soft_cap"], "argument --params: params must be a dict"),
@@ -186,6 +186,21 @@ def test_the_cli_in_a_process_of_its_own_exits_1_and_names_dq(X, tmp_path):
     r = _run([*RIGHT, "--backward", "backward_without_tanh_prime"], tmp_path, [str(ROOT)])
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert r.stdout.splitlines()[-1].startswith("first wrong: dq (max error"), r.stdout
+
+
+def test_a_backward_that_ends_its_process_is_its_cases_error_and_verify_still_reports(tmp_path):
+    """The cases run in a child process (as the matrix's): a backward that kills it (a crash in a GPU kernel's C
+    code) is that case's ERROR, the cases after it not run, and verify prints the report and exits 1."""
+    require_torch()
+    (tmp_path / "mods.py").write_text(
+        "import os\nimport signal\n\n\ndef double(score, b, h, q_idx, kv_idx):\n    return score * 2\n\n\n"
+        "def backward(q, k, v, params, d_out):\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    r = _run(["--flex", "mods:double", "--backward", "backward"], tmp_path, [str(tmp_path), str(ROOT)])
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    rows = [line for line in r.stdout.splitlines() if line[:2] in ("1 ", "2 ")]
+    assert "ERROR" in rows[0] and "signal SIGKILL" in rows[0], r.stdout
+    assert "ERROR" in rows[1] and "not run" in rows[1] and r.stdout.count("RESULT: FAIL") == 1, r.stdout
 
 
 def test_torch_missing_is_one_line_and_exit_2(tmp_path):

@@ -173,8 +173,10 @@ def child() -> None:
     from ..testing import run_case
 
     job = pickle.load(sys.stdin.buffer)
-    fd, cases = job["fd"], job["cases"]
     sys.path[:] = job["path"]  # the parent's: a module name resolves as it would there
+    if job["kind"] == "flex":
+        return flex_command.child(job)
+    fd, cases = job["fd"], job["cases"]
     try:
         with exit_guard():
             impl = adapt(job)

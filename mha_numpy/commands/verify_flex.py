@@ -1,15 +1,18 @@
 """``python -m mha_numpy verify --flex MODULE:SCORE_MOD [--mask-mod FN] [--numpy-twin FN] [--params NAME]
 [--backward FN]``: a torch FlexAttention call against ``mha_numpy.flex`` and your backward against ours
 (``testing.verify_flex``; docs/flex.md). Each option takes MODULE:NAME, or a NAME alone, looked up in the score_mod's
-module. It runs in verify's own process (the matrix's child process and --timeout are for MODULE:FUNCTION alone):
-your backward's exception or exit is its case's ERROR, a crash in C code ends verify."""
+module. As the matrix's, the cases run in a child process (``verify_process.Child``), each within --timeout: your
+code's exception, exit, crash or hang is its case's ERROR (--in-process: in verify's own process, no time limit)."""
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
-from .._optional import require
+from .._optional import MissingDependency, require
+from ..testing.flex_report import TOL, FlexReport
+from ..testing.report import CaseResult
 from ..testing.verify import Exited, exit_guard
 from ._args import UsageError, positive_float, positive_int
 from .verify_load import (
@@ -22,11 +25,11 @@ from .verify_load import (
     is_file,
     write_report,
 )
-from .verify_process import CannotImport
+from .verify_process import DEFAULT_TIMEOUT, STARTUP, CannotImport, Child, next_result, send
 
 FLEX_ONLY = ("mask_mod", "numpy_twin", "numpy_mask_twin", "params", "backward", "heads", "gqa", "tol")
-NOT_WITH_FLEX = ("torch", "jax", "vjp", "layout", "mask_convention", "dtypes", "without", "device", "sdpa_backend",
-                 "timeout", "in_process")  # fmt: skip
+NOT_WITH_FLEX = ("torch", "jax", "vjp", "layout", "mask_convention", "dtypes", "without", "device",
+                 "sdpa_backend")  # fmt: skip
 VALUE_OPTIONS = {"params": "--params", "only": "--only", "gqa": "--heads", "tol": "--tol"}  # a ValueError's start
 
 
@@ -80,38 +83,113 @@ def load(spec: str | None, option: str, home=None):
 
 
 def run(args) -> int:
-    """Load the mods, the params and the backward, run ``verify_flex``, print the report; verify's exit codes."""
-    from ..testing import verify_flex
-
+    """Run ``verify_flex`` on the options (in a child process, each case within --timeout, unless --in-process),
+    print the report; verify's exit codes."""
     require("torch", "verify --flex (torch's eager flex_attention is the reference)")
     if args.target is None and args.mask_mod is None:
         raise UsageError("argument --flex: give MODULE:SCORE_MOD, --mask-mod or both")
     for option, path in (("--json", args.json), ("--html", args.html)):
         check_output(option, path)
+    options = {n: getattr(args, n) for n in ("target", *FLEX_ONLY, "only")}
+    start = time.perf_counter()
     try:
-        with exit_guard():
-            home, score_mod = load(args.target, "MODULE:FUNCTION")
-            home, mask_mod = load(args.mask_mod, "--mask-mod", home)
-            twin_home, twin = load(args.numpy_twin, "--numpy-twin", home)
-            twin_vjp = getattr(twin_home, f"{args.numpy_twin.rpartition(':')[2]}_vjp", None) if twin else None
-            mask_twin = load(args.numpy_mask_twin, "--numpy-mask-twin", home)[1]
-            params = load(args.params, "--params", home)[1]
-            backward = load(args.backward, "--backward", home)[1]
-            report = verify_flex(score_mod, mask_mod, numpy_score_mod=twin, numpy_mask_mod=mask_twin,
-                                 numpy_score_mod_vjp=twin_vjp, params=params, backward=backward,
-                                 heads=args.heads or 4, gqa=args.gqa, only=args.only, tol=args.tol or 1e-10,
-                                 name=" + ".join(s for s in (args.target, args.mask_mod) if s))  # fmt: skip
+        if args.in_process:
+            cpu = time.process_time()
+            with exit_guard():
+                plan = _plan(options)
+                results = [plan.run.case(c) for c in plan.cases]
+            name, notes, cpu = plan.name, plan.notes + [IN_PROCESS], time.process_time() - cpu
+        else:
+            name, notes, results, cpu = _in_child(options, args.timeout or DEFAULT_TIMEOUT)
     except CannotImport as e:
         print(f"verify: {e}", file=sys.stderr)
         return EXIT_CANNOT_IMPORT
     except ValueError as e:
-        message = " ".join(str(e).split())
-        option = next((o for v, o in VALUE_OPTIONS.items() if message.startswith(v)), None)
-        raise UsageError(f"argument {option}: {message}" if option else message) from None
+        raise usage(e) from None
     except (SystemExit, Exited) as e:
         print(f"verify: your mods called exit({e.code!r}) outside the backward: nothing to report", file=sys.stderr)
         return EXIT_FAILED
+    report = FlexReport(name, f"{len(results)} flex", results, notes, time.perf_counter() - start, cpu,
+                        tol=args.tol or TOL)  # fmt: skip
     if args.json != "-":
         print(report)
     write_report(args, report)
     return EXIT_PASSED if report.passed else EXIT_FAILED
+
+
+IN_PROCESS = "run in verify's own process (--in-process): no time limit, and a crash or an exit from C code ends verify"
+
+
+def usage(e: ValueError) -> UsageError:
+    """A ValueError of ``plan_flex`` as a usage error naming the option it is about."""
+    message = " ".join(str(e).split())
+    option = next((o for v, o in VALUE_OPTIONS.items() if message.startswith(v)), None)
+    return UsageError(f"argument {option}: {message}" if option else message)
+
+
+def _plan(options: dict):
+    """The options' functions loaded -> ``testing.flex_verify.FlexPlan`` (UsageError, CannotImport, ValueError)."""
+    from ..testing.flex_verify import plan_flex
+
+    home, score_mod = load(options["target"], "MODULE:FUNCTION")
+    home, mask_mod = load(options["mask_mod"], "--mask-mod", home)
+    twin_home, twin = load(options["numpy_twin"], "--numpy-twin", home)
+    twin_vjp = getattr(twin_home, f"{options['numpy_twin'].rpartition(':')[2]}_vjp", None) if twin else None
+    return plan_flex(score_mod, mask_mod, numpy_score_mod=twin, numpy_score_mod_vjp=twin_vjp,
+                     numpy_mask_mod=load(options["numpy_mask_twin"], "--numpy-mask-twin", home)[1],
+                     params=load(options["params"], "--params", home)[1],
+                     backward=load(options["backward"], "--backward", home)[1], heads=options["heads"] or 4,
+                     gqa=options["gqa"], only=options["only"], tol=options["tol"] or TOL,
+                     name=" + ".join(s for s in (options["target"], options["mask_mod"]) if s))  # fmt: skip
+
+
+def _in_child(options: dict, timeout: float):
+    """The plan and its cases in a child process (``verify_process.Child``), each case within ``timeout``: a case
+    that hangs or ends the process is an ERROR, the cases after it not run. -> (name, notes, results, CPU s)."""
+    child = Child({"kind": "flex", "options": options})
+    try:
+        try:
+            message = child.read(time.monotonic() + max(STARTUP, timeout), ("ready", 4), ("usage", 2), ("import", 2))
+        except (TimeoutError, EOFError, ValueError) as e:
+            raise CannotImport(f"loading the mods did not finish ({type(e).__name__}: {e})") from None
+        if message[0] != "ready":
+            raise (UsageError if message[0] == "usage" else CannotImport)(message[1])
+        _, name, notes, cases = message
+        results, cpu = [], 0.0
+        for i in range(len(cases)):
+            result, seconds = next_result(child, cases, i, timeout)
+            results.append(result)
+            cpu += max(seconds, 0.0)
+            if seconds < 0:  # hung or ended: the rest not run
+                results += [CaseResult(c, "ERROR", message=f"not run: the case before it {result.message[:60]}")
+                            for c in cases[i + 1 :]]  # fmt: skip
+                break
+        return name, notes, results, cpu
+    finally:
+        child.kill()
+
+
+def child(job: dict) -> None:
+    """The child process's side (``verify.child`` hands a flex job here): the plan, then a case at a time."""
+    fd = job["fd"]
+    try:
+        with exit_guard():
+            plan = _plan(job["options"])
+    except (UsageError, MissingDependency) as e:
+        return send(fd, ("usage", str(e)))
+    except ValueError as e:
+        return send(fd, ("usage", str(usage(e))))
+    except CannotImport as e:
+        return send(fd, ("import", str(e)))
+    send(fd, ("ready", plan.name, plan.notes, plan.cases))
+    for i, case in enumerate(plan.cases):
+        send(fd, ("start", i))
+        cpu = time.process_time()
+        try:
+            with exit_guard():
+                result = plan.run.case(case)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 - the mods' exit (the backward's own is caught in the case)
+            result = CaseResult(case, "ERROR", message=f"your mods raised or exited: {type(e).__name__}: {e}"[:300])
+        send(fd, ("result", i, result, time.process_time() - cpu))

@@ -51,14 +51,34 @@ from .verify import Exited, exit_guard, select
 # --------------------------------------------------------------------------- the run
 
 
-def verify_flex(score_mod=None, mask_mod=None, *, numpy_score_mod=None, numpy_mask_mod=None,
-                numpy_score_mod_vjp=None, params=None, backward=None, heads: int = 4, gqa: bool = False,
-                cases=None, only: str | None = None, tol: float = TOL, name: str | None = None):  # fmt: skip
+def verify_flex(score_mod=None, mask_mod=None, **options):
     """Check a torch FlexAttention call (its ``score_mod`` and/or ``mask_mod``) and, if given, your ``backward``
-    against ours -> a FlexReport (module docstring). numpy_score_mod, numpy_mask_mod: the twins (default: the torch
-    functions, tried on NumPy arrays); numpy_score_mod_vjp: the twin's VJP, where complex steps cannot derive it
-    (np.abs); params: {name: array or tensor} bound to the score_mod's keywords; heads: Hq of the cases; gqa: add a
-    GQA case; cases: a list of ``FlexCase`` instead; only: the cases whose id contains it; tol: the tolerance.
+    against ours -> a FlexReport (module docstring); the options are ``plan_flex``'s."""
+    plan = plan_flex(score_mod, mask_mod, **options)
+    start, cpu = time.perf_counter(), time.process_time()
+    results = [plan.run.case(c) for c in plan.cases]
+    return FlexReport(plan.name, f"{len(plan.cases)} flex", results, plan.notes, time.perf_counter() - start,
+                      time.process_time() - cpu, tol=plan.run.tol)  # fmt: skip
+
+
+@dataclass
+class FlexPlan:
+    """A ``verify_flex`` call before it runs: what runs each case, the cases, the notes, the report's name."""
+
+    run: FlexRun
+    cases: list
+    notes: list
+    name: str
+
+
+def plan_flex(score_mod=None, mask_mod=None, *, numpy_score_mod=None, numpy_mask_mod=None,
+              numpy_score_mod_vjp=None, params=None, backward=None, heads: int = 4, gqa: bool = False,
+              cases=None, only: str | None = None, tol: float = TOL, name: str | None = None) -> FlexPlan:  # fmt: skip
+    """The mods resolved and their twins found, the cases chosen -> a FlexPlan (``verify_flex`` runs it, and so does
+    ``verify --flex``'s child process, a case at a time). numpy_score_mod, numpy_mask_mod: the twins (default: the
+    torch functions, tried on NumPy arrays); numpy_score_mod_vjp: the twin's VJP, where complex steps cannot derive
+    it (np.abs); params: {name: array or tensor} bound to the score_mod's keywords; heads: Hq of the cases; gqa: add
+    a GQA case; cases: a list of ``FlexCase`` instead; only: the cases whose id contains it; tol: the tolerance.
     ValueError naming the argument for what cannot run at all; MissingDependency without torch."""
     score_mod, mask_mod, backward = (resolve(f, n) for f, n in ((score_mod, "score_mod"), (mask_mod, "mask_mod"),
                                                                  (backward, "backward")))  # fmt: skip
@@ -67,6 +87,8 @@ def verify_flex(score_mod=None, mask_mod=None, *, numpy_score_mod=None, numpy_ma
         (numpy_score_mod_vjp, "numpy_score_mod_vjp")))  # fmt: skip
     if score_mod is None and mask_mod is None:
         raise ValueError("give score_mod, mask_mod or both: torch's call to check")
+    if not isinstance(heads, int) or heads < 1:
+        raise ValueError(f"heads must be a positive integer, got {heads!r}")
     if not (isinstance(tol, (int, float)) and math.isfinite(tol) and tol > 0):
         raise ValueError(f"tol must be a positive number, got {tol!r}")
     params = read_params(params)
@@ -88,11 +110,8 @@ def verify_flex(score_mod=None, mask_mod=None, *, numpy_score_mod=None, numpy_ma
     if not any("fully masked row" in c.name for c in chosen) and mask_mod is not None and cases is None:
         notes.append("the mask_mod blocks no whole row at the shapes tried: no fully masked row was checked")
     run = FlexRun(torch, score_mod, mask_mod, np_score, np_mask, numpy_score_mod_vjp, params, backward, tol)
-    start, cpu = time.perf_counter(), time.process_time()
-    results = [run.case(c) for c in chosen]
     label = name or " + ".join(getattr(f, "__name__", "mod") for f in (score_mod, mask_mod) if f is not None)
-    return FlexReport(f"flex {label}", f"{len(chosen)} flex", results, notes, time.perf_counter() - start,
-                      time.process_time() - cpu, tol=tol)  # fmt: skip
+    return FlexPlan(run, chosen, notes, f"flex {label}")
 
 
 @dataclass
