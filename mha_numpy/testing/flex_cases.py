@@ -19,10 +19,12 @@ class FlexCase(Case):
 
     @property
     def name(self) -> str:
+        """What the case is for (its row's name; the id adds dtype and shape)."""
         return self.what
 
     @property
     def enable_gqa(self) -> bool:
+        """Whether the call needs torch's ``enable_gqa`` (fewer key heads than query heads)."""
         return self.Hkv != self.H
 
 
@@ -32,6 +34,7 @@ def flex_cases(mask_mod=None, heads: int = 4, gqa: bool = False, d: int = 8) -> 
     mask = None if mask_mod is None else "mask_mod"
 
     def case(what, B, Hkv, Lq, Lk):
+        """(the case, whether mask_mod blocks a whole row in it)."""
         blocked = mask_mod is not None and _blocks_a_row(mask_mod, (B, heads, Lq, Lk))
         what += ", a fully masked row" if blocked else ""
         return FlexCase("flex", "float64", B, heads, Hkv, Lq, Lk, d, mask=mask, what=what), blocked

@@ -21,6 +21,7 @@ class FlexReport(VerifyReport):
 
     @property
     def rule(self) -> str:
+        """The rule a tensor passes by, with this report's tolerance."""
         return RULE.replace(f"tol = {TOL:g}", f"tol = {self.tol:g}")
 
     @property
@@ -34,6 +35,7 @@ class FlexReport(VerifyReport):
         return None
 
     def rows(self) -> list[list[str]]:
+        """The table's cells, one list a case: its first wrong tensor, that one's error and allowance."""
         out = []
         for i, r in enumerate(self.results, 1):
             bad = [c for c in r.checks.values() if not c.passed]
@@ -48,6 +50,7 @@ class FlexReport(VerifyReport):
         widths[-1] = len(self.HEAD[-1])  # the message: free text
 
         def line(cells):
+            """One row of the table, its columns padded."""
             return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
 
         lines = [f"mha_numpy verify: {self.implementation}, {len(self.results)} cases", f"rule: {self.rule}"]
@@ -60,6 +63,7 @@ class FlexReport(VerifyReport):
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
+        """VerifyReport's dict for JSON, with this rule, the tolerance and ``first_wrong``."""
         first = self.first_wrong
         named = None if first is None else {"tensor": first[0], "error": first[1], "case": first[2]}
         return {**super().to_dict(), "rule": self.rule, "tol": self.tol, "first_wrong": named}

@@ -65,6 +65,7 @@ def numpy_twin(mod, twin, argument: str, option: str, params: dict, notes: list,
 
 
 def read_params(params) -> dict:
+    """{name: array or tensor} (or None) -> {name: float64 array}; ValueError naming what is not."""
     if params is None:
         return {}
     if not isinstance(params, dict):
