@@ -148,9 +148,9 @@ def verify(capsys, *argv) -> tuple[int, str, str]:
 
 
 def test_the_cli_exits_0_for_the_right_backward_and_1_naming_the_first_wrong_gradient(X, capsys):
-    code, out, _ = verify(capsys, *RIGHT, "--backward", "backward", "--gqa")
+    code, out, _ = verify(capsys, *RIGHT, "--backward", "backward", "--gqa", "--in-process")  # the child: below
     assert code == 0 and "RESULT: PASS: 3 passed" in out, out
-    code, out, _ = verify(capsys, *RIGHT, "--backward", "backward_without_tanh_prime", "--json", "-")
+    code, out, _ = verify(capsys, *RIGHT, "--backward", "backward_without_tanh_prime", "--json", "-", "--in-process")
     data = json.loads(out)
     assert code == 1 and data["first_wrong"]["tensor"] == "dq" and data["passed"] is False
 
@@ -172,7 +172,8 @@ MISTAKES = [
 
 @pytest.mark.parametrize("argv, says", MISTAKES, ids=[f"{i}: {s}" for i, (_, s) in enumerate(MISTAKES)])
 def test_a_usage_mistake_is_one_line_and_exit_2(X, argv, says, capsys):
-    code, _, err = verify(capsys, *argv)
+    """In verify's process, but the --params one, which the child process finds and reports to it."""
+    code, _, err = verify(capsys, *argv, *(() if "--params" in says else ("--in-process",)))
     assert code == 2 and len(err.strip().splitlines()) == 1 and says in err and "Traceback" not in err, err
 
 
@@ -183,7 +184,7 @@ def _run(argv, tmp_path, pythonpath):
 
 
 def test_the_cli_in_a_process_of_its_own_exits_1_and_names_dq(X, tmp_path):
-    r = _run([*RIGHT, "--backward", "backward_without_tanh_prime"], tmp_path, [str(ROOT)])
+    r = _run([*RIGHT, "--backward", "backward_without_tanh_prime", "--only", "batch 2"], tmp_path, [str(ROOT)])
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert r.stdout.splitlines()[-1].startswith("first wrong: dq (max error"), r.stdout
 
