@@ -117,6 +117,8 @@ def test_a_plain_operator_mod_runs_unchanged_and_a_torch_function_asks_for_its_t
     assert any("no backward given" in n for n in report.notes)
     with pytest.raises(ValueError, match=r"score_mod does not run on NumPy arrays.*numpy_score_mod="):
         verify_flex(X.soft_cap, params=X.PARAMS)
+    with pytest.raises(ValueError, match=r"params: 'dq' is the name of a tensor of the report"):  # its row's name
+        verify_flex(X.soft_cap, numpy_score_mod=X.soft_cap_np, params={"dq": np.ones(4)})
     assert torch.is_tensor(X.soft_cap(torch.zeros(2), 0, torch.tensor([0, 1]), 0, 0, cap=torch.ones(4)))
 
 

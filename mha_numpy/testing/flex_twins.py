@@ -70,6 +70,9 @@ def read_params(params) -> dict:
         return {}
     if not isinstance(params, dict):
         raise ValueError(f"params must be a dict {{name: array or tensor}}, got {type(params).__name__}")
+    taken = sorted(set(params) & {"out", "lse", "dq", "dk", "dv"})
+    if taken:
+        raise ValueError(f"params: {taken[0]!r} is the name of a tensor of the report: give the parameter another")
     return {name: as_float64(p, f"params[{name!r}]") for name, p in params.items()}
 
 

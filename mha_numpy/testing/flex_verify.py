@@ -208,9 +208,9 @@ class FlexRun:
                 problem[n] = f"shape {got[n].shape}, expected {ref.shape}"
             checks[n] = self.check(n, got[n], ref, list(refs.values()))
         wrong = [n for n in refs if not checks[n].passed]
-        messages = [f"wrote into its input {', '.join(written)} (a backward must leave its arguments as given)"] * bool(
-            written
-        )
+        messages = []
+        if written:
+            messages.append(f"wrote into its input {', '.join(written)} (a backward must leave its arguments as given)")
         if wrong:
             first = checks[wrong[0]]
             shape = problem.get(first.name)
