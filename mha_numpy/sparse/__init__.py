@@ -1,5 +1,5 @@
 """DeepSeek Sparse Attention (DSA, DeepSeek-V3.2) by hand: the lightning indexer, top-k selection, attention over the
-selected keys only, and the indexer's training loss, each a forward/backward pair (docs/derivation.md, § 26).
+selected keys only, and the indexer's training loss, each a forward/backward pair (docs/derivation.md, § 32).
 
     indexer.py           the indexer's queries, keys, weights and scores I = Σ_h w_h · relu(q_h · k · scale)
     topk.py              topk_select (ties by index, masked keys never) and TopKSelection, the selection as a mask
