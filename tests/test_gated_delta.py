@@ -171,24 +171,32 @@ def test_recurrent_equals_chunked(chunk_size):
 
 
 def test_an_empty_sequence_passes_the_state_through():
+    """L = 0: the final state is the initial one's value in a new array (it was the caller's array itself, so writing
+    into it changed the initial state), and its gradient passes back as a new array too."""
     x = make(L=0)
-    for impl in ("recurrent", "chunked"):
+    before = x["initial_state"].copy()
+    for impl in IMPLS:
         (o, S), cache = gated_delta_rule_forward(**x, impl=impl)
-        assert o.shape == (2, 4, 0, 3) and np.array_equal(S, x["initial_state"])
+        assert o.shape == (2, 4, 0, 3) and np.array_equal(S, before)
+        S += 1.0
+        assert np.array_equal(x["initial_state"], before)
         d_S = np.ones_like(S)
         grads = gated_delta_rule_backward(o, cache, d_S)
         assert np.array_equal(grads["initial_state"], d_S) and grads["initial_state"] is not d_S
 
 
 def test_nothing_is_modified():
-    """Inputs, upstream gradients and the initial state are read, never written; the final state is a new array."""
-    for impl in ("recurrent", "chunked"):
-        x = make(L=9, seed=7)
+    """Inputs, upstream gradients, the initial state and the cache are read, never written; the final state is a new
+    array."""
+    for impl, per_channel in [(i, p) for i in IMPLS for p in (False, True)]:
+        x = make(L=9, per_channel=per_channel, seed=7)
         before = {n: a.copy() for n, a in x.items()}
         d_o, d_S = upstream((2, 4, 9, 3), (2, 4, 4, 3))
         d_before = (d_o.copy(), d_S.copy())
         (o, S), cache = gated_delta_rule_forward(**x, impl=impl, chunk_size=4, use_qk_l2norm=True)
-        gated_delta_rule_backward(d_o, cache, d_S)
+        first = gated_delta_rule_backward(d_o, cache, d_S)
+        again = gated_delta_rule_backward(d_o, cache, d_S)  # the cache is read, not consumed
+        assert all(np.array_equal(first[n], again[n]) for n in NAMES)
         S[...] = 0.0
         for n, a in x.items():
             assert np.array_equal(a, before[n]), n
