@@ -546,6 +546,13 @@ def alibi_sample(s: Sizes, rng):
     return [Case("alibi", [("scores", scores), ("slopes", F.alibi_slopes(s.H)), ("keys", s.Lk)])]
 
 
+def log_length_scale_sample(s: Sizes, rng):
+    """check_functional's case of Llama 4's attention temperature: scores (B, H, Lq, Lk) after two cached
+    positions, scale 0.7, floor 2 (gains 1 + 0.7 · log(⌊(p + 1) / 2⌋ + 1) that differ from row to row)."""
+    scores = _randn(rng, s.B, s.H, s.Lq, s.Lk)
+    return [Case("log_length_scale", [("scores", scores), ("attn_scale", 0.7), ("floor_scale", 2.0)])]
+
+
 PAIRS: list[Pair] = [
     Pair("linear", F.linear_forward, F.linear_backward, ("x", "W", "b"), linear_cases, linear_sample),
     Pair("split_heads", F.split_heads_forward, F.split_heads_backward, ("x",), split_heads_cases, split_heads_sample),
@@ -691,6 +698,14 @@ PAIRS: list[Pair] = [
         ("contexts", "lses"),
         sample=merge_attention_sample,
     ),  # two outputs (context, lse): the backward takes d_context, cache, d_lse
+    Pair(
+        "log_length_scale_score",
+        *score_term_pair(
+            F.log_length_scale_score, F.log_length_scale_score_vjp, ("attn_scale", "floor_scale"), offset=2
+        ),
+        ("scores",),
+        sample=log_length_scale_sample,
+    ),  # fmt: skip
 ]
 
 

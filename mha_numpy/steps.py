@@ -4,10 +4,11 @@ step list of a call from the options (``build_steps``).
     Project     q, k, v = query W_qᵀ + b_q, key W_kᵀ + b_k, value W_vᵀ + b_v    (B, Lq, E), (B, Lk, Ekv) × 2
     Split       Q (B, H, Lq, d), K, V (B, Hkv, Lk, d)
     [GateQuery] Q (B, H, Lq, d): each head's first half of q's 2d features, the second its gate (Qwen3-Next)
-    [QKNorm]    Q, K normalised per head (RMSNorm with learned weights)
+    [QKNorm]    Q, K normalised per head (RMSNorm with learned weights; without them: Llama 4's)
     [Rope]      Q, K turned by the angles of their positions (the first int(d · partial_rotary_factor) features)
     [AppendToCache]  K, V appended to the KV cache: (B, Hkv, cached + Lk, d), causal within the call
     [HeadTemperature]  the scores · exp(t_h), a learned temperature per head      } score terms: ``ScoreTerm``s,
+    [LogLengthScale] each query's scores · (log(⌊(p + 1) / floor⌋ + 1) · scale + 1) at its position p (Llama 4)
     [RelativeBias]   a learned term for the scores, by head and clipped distance   } applied by every kernel to the
     [Alibi]     a fixed term for the scores, by head and distance                  } blocks of scores it holds
     [SoftCap]   the scores capped, cap · tanh(s / cap)                             } (the kernels' one score hook)
@@ -508,7 +509,11 @@ class GateQuery(Step):
 
 
 class QKNorm(Step):
-    """Q and K normalised per head by RMSNorm with learned weights q_norm, k_norm (d,), before RoPE (Qwen3)."""
+    """Q and K normalised per head by RMSNorm with learned weights q_norm, k_norm (d,), before RoPE (Qwen3).
+
+    qk_norm_weight=False: without the weights, x · rsqrt(mean(x²) + eps) (Llama 4's ``Llama4TextL2Norm``, which it
+    applies after RoPE: a rotation keeps each head's mean square, so without a weight the norm and RoPE commute and
+    the order changes no number)."""
 
     reads, writes = ("Q", "K"), ("Q", "K")
 
@@ -518,21 +523,34 @@ class QKNorm(Step):
     options = {
         "qk_norm": Option(False, _flag, example={"qk_norm": True}),
         "qk_norm_eps": Option(1e-6, _positive, requires="qk_norm"),
+        "qk_norm_weight": Option(True, _flag, requires="qk_norm", example={"qk_norm": True, "qk_norm_weight": False}),
     }
     latent = False
     not_latent = "latent attention's queries and keys have RMSNorms of their own, on the latents"
 
     def params(self):
         d = self.c.head_dim  # shared by every head: recompute's groups add their gradients
+        if not self.c.qk_norm_weight:
+            return {}
         return {name: Param((d,), None, init=lambda rng, dtype: np.ones(d, dtype)) for name in self.names}
 
+    def weights(self, f):
+        """q_norm, k_norm (d,): the learned ones, or ones (qk_norm_weight=False: x · 1 is x, exactly)."""
+        if self.c.qk_norm_weight:
+            return f.P["q_norm"], f.P["k_norm"]
+        ones = np.ones(self.c.head_dim, dtype=f.Q.dtype)
+        return ones, ones
+
     def forward(self, f, s):
-        f.Q, s["q_norm"] = F.rms_norm_forward(f.Q, f.P["q_norm"], self.c.qk_norm_eps, check=False)  # F1: (B, H, Lq, d)
-        f.K, s["k_norm"] = F.rms_norm_forward(f.K, f.P["k_norm"], self.c.qk_norm_eps, check=False)  # F2
+        w_q, w_k = self.weights(f)
+        f.Q, s["q_norm"] = F.rms_norm_forward(f.Q, w_q, self.c.qk_norm_eps, check=False)  # F1: (B, H, Lq, d)
+        f.K, s["k_norm"] = F.rms_norm_forward(f.K, w_k, self.c.qk_norm_eps, check=False)  # F2: (B, Hkv, Lk, d)
 
     def backward(self, g, s):
-        g.K, g.P["k_norm"] = F.rms_norm_backward(g.K, s["k_norm"])  # ← F2
-        g.Q, g.P["q_norm"] = F.rms_norm_backward(g.Q, s["q_norm"])  # ← F1
+        g.K, d_k_norm = F.rms_norm_backward(g.K, s["k_norm"])  # ← F2
+        g.Q, d_q_norm = F.rms_norm_backward(g.Q, s["q_norm"])  # ← F1
+        if self.c.qk_norm_weight:
+            g.P["q_norm"], g.P["k_norm"] = d_q_norm, d_k_norm
 
 
 _PARTIAL = {"rope_theta": 50.0, "partial_rotary_factor": 0.5, "head_dim": 4}  # d = 4: 2 of 4 turned (d = 2: none)
@@ -665,6 +683,25 @@ class HeadTemperature(ScoreTerm):
 
     def params(self):
         return {"head_temperature": Param((self.c.num_heads,), "q", init=_zeros((self.c.num_heads,)))}
+
+
+class LogLengthScale(ScoreTerm):
+    """Each query's scores · (log(⌊(p + 1) / floor⌋ + 1) · scale + 1) at its position p (Llama 4's temperature)."""
+
+    option = "log_length_scale"
+    place = 51  # after the head temperature, before the additive terms: it scales q·k only, as Llama 4's query does
+    options = {
+        "log_length_scale": Option(  # Llama 4's attn_scale (0.1)
+            None, _positive_or_none, example={"log_length_scale": 0.5, "log_length_floor": 1}
+        ),
+        "log_length_floor": Option(8192.0, _positive, requires="log_length_scale"),  # Llama 4's floor_scale (8192)
+    }
+    score = staticmethod(F.log_length_scale_score)
+    score_vjp = staticmethod(F.log_length_scale_score_vjp)
+
+    def constants(self, f):
+        c = self.c  # query i at position i + cached: after the KV cache's positions (0, 1, ... without one)
+        return {"attn_scale": c.log_length_scale, "floor_scale": c.log_length_floor, "offset": f.cached}
 
 
 class RelativeBias(ScoreTerm):

@@ -8,11 +8,14 @@ differences; never from our own output.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
-from helpers import require_torch
+from helpers import check_recompute_and_decoding, grad_check_self_attention, require_torch
 
-from mha_numpy import kernels, masks
+from mha_numpy import KVCache, MultiHeadAttention, MultiHeadLatentAttention, kernels, masks
+from mha_numpy import functional as F
 
 KERNELS = {
     "vectorized": "vectorized",
@@ -96,3 +99,142 @@ def test_the_chunked_kernel_skips_the_tiles_outside_the_chunks(rng):
 def test_bad_chunked_masks_are_refused_naming_the_argument(kwargs, message):
     with pytest.raises(ValueError, match=message):
         masks.chunked_causal_mask(**kwargs)
+
+
+# --------------------------------------------------------------------------- the attention temperature, the L2 norm
+
+B, H, HKV, D, L = 2, 4, 2, 4, 7
+E = H * D
+SCALE, FLOOR = 0.7, 2.0  # positions 0 ... 6: ⌊(p + 1) / 2⌋ = 0, 1, 1, 2, 2, 3, 3 (the first row unchanged)
+
+
+def gains(positions, attn_scale=SCALE, floor_scale=FLOOR) -> np.ndarray:
+    """Llama 4's attn_scales, one position at a time with math.log and math.floor."""
+    return np.array([math.log(math.floor((p + 1) / floor_scale) + 1) * attn_scale + 1 for p in positions])
+
+
+def module(impl="vectorized", **options):
+    """A module with nonzero biases (GQA 4 / 2, d = 4) and the options."""
+    kernel = KERNELS[impl]
+    mha = MultiHeadAttention(E, H, num_kv_heads=HKV, rng=0, impl=kernel, **options)
+    rng = np.random.default_rng(1)
+    for p in mha.params.values():
+        p += rng.normal(0.0, 0.3, p.shape)
+    return mha
+
+
+def rope_by_hand(x, theta=50.0):
+    """Llama's rotate_half RoPE of x (B, h, L, d) at positions 0 ... L - 1, written out."""
+    d = x.shape[-1]
+    angle = np.arange(x.shape[2])[:, None] * theta ** (-np.arange(0, d, 2) / d)  # (L, d/2)
+    cos, sin = np.cos(np.concatenate([angle] * 2, -1)), np.sin(np.concatenate([angle] * 2, -1))  # (L, d)
+    rotated = np.concatenate([-x[..., d // 2 :], x[..., : d // 2]], axis=-1)
+    return x * cos + rotated * sin
+
+
+def reference(mha, x, mask, temperature=False, l2_after_rope=False, eps=1e-6):
+    """The module written out with einsum, Llama 4's way: the query rows times their gain (NoPE layers), or RoPE
+    then x / sqrt(mean(x²) + eps) on Q and K (its L2 norm, applied after RoPE)."""
+    P = mha.params
+    q, k, v = (x @ P[f"W_{n}"].T + P[f"b_{n}"] for n in "qkv")
+    Q = q.reshape(B, L, H, D).transpose(0, 2, 1, 3)  # (B, H, L, d)
+    K, V = (a.reshape(B, L, HKV, D).transpose(0, 2, 1, 3) for a in (k, v))  # (B, Hkv, L, d)
+    if l2_after_rope:
+        Q, K = (a / np.sqrt((a * a).mean(-1, keepdims=True) + eps) for a in (rope_by_hand(Q), rope_by_hand(K)))
+    if temperature:
+        Q = Q * gains(range(L))[:, None]  # row p times g(p)
+    K, V = (a.repeat(H // HKV, axis=1) for a in (K, V))  # (B, H, L, d)
+    s = np.where(mask, np.einsum("bhid,bhjd->bhij", Q, K) / np.sqrt(D), -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    return np.einsum("bhij,bhjd->bhid", w, V).transpose(0, 2, 1, 3).reshape(B, L, E) @ P["W_o"].T + P["b_o"]
+
+
+LLAMA4_OPTIONS = {
+    "temperature": dict(log_length_scale=SCALE, log_length_floor=FLOOR),  # a NoPE layer's
+    "l2_after_rope": dict(rope_theta=50.0, qk_norm=True, qk_norm_weight=False),  # a RoPE layer's
+}
+
+
+@pytest.mark.parametrize("impl", list(KERNELS))
+@pytest.mark.parametrize("layer", list(LLAMA4_OPTIONS))
+def test_llama4s_temperature_and_l2_norm_are_its_formulas_on_every_kernel(layer, impl, rng):
+    mha = module(impl, **LLAMA4_OPTIONS[layer])
+    x, mask = rng.standard_normal((B, L, E)), masks.causal_mask(L)
+    out, _ = mha.forward(x, x, x, mask=mask)
+    ref = reference(mha, x, mask, **{layer: True})
+    assert np.abs(out - ref).max() <= 1e-13 * np.abs(ref).max()
+    plain = MultiHeadAttention(E, H, num_kv_heads=HKV, rng=0, rope_theta=mha.rope_theta)
+    plain.params.update(mha.params)
+    assert np.abs(plain.forward(x, x, x, mask=mask)[0] - out).max() > 1e-3 * np.abs(out).max()  # it does something
+    assert "q_norm" not in mha.params and "k_norm" not in mha.params  # the L2 norm has no weight
+
+
+@pytest.mark.parametrize("layer", list(LLAMA4_OPTIONS))
+def test_their_gradients_against_central_differences_recompute_and_decoding(layer, rng):
+    mha = module(**LLAMA4_OPTIONS[layer])
+    x = rng.standard_normal((B, L, E))
+    grad_check_self_attention(mha, x, masks.causal_mask(L))
+    check_recompute_and_decoding(mha, module(recompute=True, **LLAMA4_OPTIONS[layer]), x, rng)
+
+
+def test_decoding_counts_the_cached_positions_in_the_temperature(rng):
+    """A prefill of 3, then one token a call: queries at 3, 4, ... after the cached positions."""
+    mha = module(**LLAMA4_OPTIONS["temperature"])
+    x = rng.standard_normal((B, L, E))
+    full = mha.forward(x, x, x, mask=masks.causal_mask(L))[0]
+    kv = KVCache()
+    parts = [mha.forward(x[:, :3], x[:, :3], x[:, :3], kv_cache=kv)[0]]
+    parts += [mha.forward(*(x[:, t : t + 1],) * 3, kv_cache=kv)[0] for t in range(3, L)]
+    assert np.abs(np.concatenate(parts, axis=1) - full).max() <= 1e-12 * np.abs(full).max()
+
+
+def test_latent_attention_scales_its_queries_the_same_way(rng):
+    """MLA without a query bias or norm: Q is linear in the query, so scaling the query tokens is Llama 4's way."""
+    sizes = dict(kv_lora_rank=6, qk_rope_head_dim=2, qk_nope_head_dim=2, v_head_dim=3, rope_theta=30.0, rng=0)
+    mla = MultiHeadLatentAttention(E, H, **sizes, log_length_scale=SCALE, log_length_floor=FLOOR)
+    plain = MultiHeadLatentAttention(E, H, **sizes)
+    plain.params.update(mla.params)
+    x, mask = rng.standard_normal((B, L, E)), masks.causal_mask(L)
+    out = mla.forward(x, mask=mask)[0]
+    ref = plain.forward(x * gains(range(L))[:, None], key=x, mask=mask)[0]
+    assert np.abs(out - ref).max() <= 1e-13 * np.abs(ref).max()
+
+
+def test_the_temperature_pair_at_llama4s_settings():
+    """attn_scale 0.1, floor_scale 8192: 1 until position 8190, 1 + 0.1 log 2 from 8191, 1 + 0.1 log 3 from 16383;
+    float32 stays float32."""
+    positions, offset = np.array([0, 8189, 8190, 8191, 16382, 16383, 100_000]), 5  # offset: cached positions
+    score = np.full((1, 1, len(positions), 2), 2.0)  # a block: two keys per query
+    q_idx, kv_idx = (positions - offset)[:, None], np.arange(2)[None]
+    kw = dict(attn_scale=0.1, floor_scale=8192.0, offset=offset)
+    expected = 2.0 * gains(positions, 0.1, 8192)[:, None]
+    assert np.abs(F.log_length_scale_score(score, 0, 0, q_idx, kv_idx, **kw) - expected).max() <= 1e-15
+    assert list(expected[:3, 0]) == [2.0] * 3 and expected[3, 0] > 2.0
+    d_out = np.arange(score.size, dtype=float).reshape(score.shape)
+    d_score, d_params = F.log_length_scale_score_vjp(score, 0, 0, q_idx, kv_idx, d_out, **kw)
+    assert np.abs(d_score - d_out * expected / 2.0).max() <= 1e-13 and d_params == {}
+    assert F.log_length_scale_score(score.astype(np.float32), 0, 0, q_idx, kv_idx, **kw).dtype == np.float32
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(log_length_scale=0.0), "log_length_scale must be a positive finite number or None, got 0.0"),
+        (dict(log_length_scale=float("nan")), "log_length_scale must be a positive finite number"),
+        (dict(log_length_scale=0.1, log_length_floor=0), "log_length_floor must be a positive finite number, got 0"),
+        (dict(qk_norm=True, qk_norm_weight="no"), "qk_norm_weight"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_option(options, message):
+    with pytest.raises(ValueError, match=message):
+        MultiHeadAttention(E, H, **options)
+
+
+def test_the_torch_exporter_refuses_them(torch):
+    from mha_numpy.interop import to_torch_mha
+
+    with pytest.raises(ValueError, match="log_length_scale=0.1"):
+        to_torch_mha(MultiHeadAttention(E, H, log_length_scale=0.1, rng=0))
+    with pytest.raises(ValueError, match="qk_norm"):
+        to_torch_mha(MultiHeadAttention(E, H, qk_norm=True, qk_norm_weight=False, rng=0))
