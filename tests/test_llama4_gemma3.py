@@ -238,3 +238,79 @@ def test_the_torch_exporter_refuses_them(torch):
         to_torch_mha(MultiHeadAttention(E, H, log_length_scale=0.1, rng=0))
     with pytest.raises(ValueError, match="qk_norm"):
         to_torch_mha(MultiHeadAttention(E, H, qk_norm=True, qk_norm_weight=False, rng=0))
+
+
+# --------------------------------------------------------------------------- Llama 4's layers vs Llama4TextAttention
+
+LAYERS4 = {"rope, chunked": 0, "nope, full": 3}  # of 4 layers: 0-2 RoPE with chunked attention, 3 NoPE (the default)
+L4 = 8  # chunks of 3: [0, 3), [3, 6), [6, 8); the second item has its last token padded (its chunk keeps one key)
+PADDING4 = np.array([[1] * L4, [1] * (L4 - 1) + [0]])
+
+
+def llama4(layer, dtype=np.float64, **kw):
+    from mha_numpy.interop import llama4 as l4
+
+    return l4.hf_llama4_attention(16, 4, 2, 6, layer_idx=LAYERS4[layer], dtype=dtype, **kw)
+
+
+def x4(seed=1):
+    return np.random.default_rng(seed).standard_normal((2, L4, 16))
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+@pytest.mark.parametrize("layer", list(LAYERS4))
+def test_llama4_layers_match_transformers_on_every_kernel(transformers, layer, kernel):
+    from mha_numpy.interop import crosscheck_hf_llama4_attention
+
+    report = crosscheck_hf_llama4_attention(llama4(layer), x4(), attention_mask=PADDING4, kernel=KERNELS[kernel])
+    assert report.passed and report.rtol == 1e-10, str(report)
+    params = ["W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o"]
+    assert [r.name for r in report.rows] == ["mask (allowed keys)", "output", "attention weights", "Q (as attended)",
+                                             "K (as attended)", "V (as attended)", "dL/dx (q+k+v paths)",
+                                             *(f"dL/d{p}" for p in params)]  # fmt: skip
+    assert not any(r.zero for r in report.rows[1:] if r.name != "dL/db_k")  # b_k's: 0 in theory (softmax shift)
+    assert report["mask (allowed keys)"].max_abs_err == 0
+
+
+@pytest.mark.parametrize("layer", list(LAYERS4))
+def test_llama4_float32_recompute_positions_and_the_layers_options(transformers, layer):
+    from mha_numpy.interop import crosscheck_hf_llama4_attention, from_hf_llama4_attention
+
+    report = crosscheck_hf_llama4_attention(llama4(layer, np.float32), x4(2), attention_mask=PADDING4)
+    assert report.passed and report.rtol == 1e-5, str(report)
+    chunked = KERNELS["chunked"]
+    report = crosscheck_hf_llama4_attention(llama4(layer), x4(3), PADDING4, kernel=chunked, recompute=True)
+    assert report.passed, str(report)
+    positions = np.array([[0, 1, 2, 3, 4, 5, 6, 7], [40, 41, 42, 43, 300, 301, 302, 303]])
+    assert crosscheck_hf_llama4_attention(llama4(layer, seed=4), x4(4), positions=positions).passed
+    mha, rope = from_hf_llama4_attention(llama4(layer)), layer.startswith("rope")
+    assert (mha.rope_theta == 100.0, mha.qk_norm, mha.log_length_scale) == (rope, rope, None if rope else 0.7)
+    assert ("Rope" in mha.describe()) == rope and "q_norm" not in mha.params
+
+
+@pytest.mark.parametrize("chunk", [1, 2])
+@pytest.mark.parametrize("kernel", ["vectorized", "chunked"])
+@pytest.mark.parametrize("layer", list(LAYERS4))
+def test_llama4_decoding_matches_transformers_cache(transformers, layer, kernel, chunk):
+    """Prefill 3 then `chunk` a call: the chunked layer's keys cut at the chunks, the temperature counts the cache."""
+    from mha_numpy.interop import crosscheck_hf_llama4_kv_cache
+
+    report = crosscheck_hf_llama4_kv_cache(llama4(layer), x4(5), PADDING4, chunk=chunk, kernel=KERNELS[kernel])
+    assert report.passed, str(report)
+
+
+def test_llama4_without_its_options_and_bad_layers(transformers):
+    """use_qk_norm and attn_temperature_tuning off: plain RoPE and plain NoPE layers; a layer index outside the
+    config, an unknown layer type: ValueError naming them."""
+    from mha_numpy.interop import crosscheck_hf_llama4_attention, llama4_layer_mask, llama4_layer_options
+
+    for layer in LAYERS4:
+        module = llama4(layer, use_qk_norm=False, attn_temperature_tuning=False, bias=False)
+        assert crosscheck_hf_llama4_attention(module, x4(6), PADDING4).passed
+    cfg = llama4("nope, full").config
+    assert llama4_layer_options(cfg, 3) == {"rope_theta": None, "log_length_scale": 0.7, "log_length_floor": 2.0}
+    with pytest.raises(ValueError, match=r"layer_idx must be an int in \[0, 4\)"):
+        llama4_layer_options(cfg, 4)
+    cfg.layer_types = ["chunked_attention", "sliding_attention", "full_attention", "full_attention"]
+    with pytest.raises(ValueError, match=r"config.layer_types\[1\] must be one of"):
+        llama4_layer_mask(cfg, 1, 4)

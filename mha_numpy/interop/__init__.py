@@ -38,6 +38,8 @@ Today's variants: ``gqa`` (grouped-query attention vs SDPA's ``enable_gqa``), ``
 latent cache vs its ``DynamicCache``), ``gpt_oss`` (``from_hf_gpt_oss_attention``, attention sinks with sliding
 windows, GQA and RoPE vs ``GptOssAttention``), and ``diffllama``
 (``from_hf_diffllama_attention``, differential attention vs ``DiffLlamaAttention`` and its cache).
+``llama4``: Llama 4's RoPE and NoPE layers (``from_hf_llama4_attention``, ``llama4_layer_options``: chunked
+attention, the L2 QK-norm, the attention temperature) vs ``Llama4TextAttention`` and its cache.
 Whole models: ``bert_model`` (``crosscheck_bert_model``) and ``llama_model`` (``from_hf_llama_model``, the decoder
 of ``models.decoder`` vs ``LlamaModel``, ``crosscheck_hf_llama_model``), and ``seq2seq`` (``crosscheck_seq2seq``, the
 encoder–decoder of ``models.seq2seq`` vs ``torch.nn.Transformer``: logits, every gradient, the greedy decoding).
@@ -84,6 +86,14 @@ from .llama import (
     crosscheck_hf_llama_kv_cache,
     from_hf_llama_attention,
     hf_llama_attention,
+)
+from .llama4 import (
+    crosscheck_hf_llama4_attention,
+    crosscheck_hf_llama4_kv_cache,
+    from_hf_llama4_attention,
+    hf_llama4_attention,
+    llama4_layer_mask,
+    llama4_layer_options,
 )
 from .names import HF_BERT_NAME_MAP, NameMap, describe, params_from_state, torch_mha_name_map
 from .qwen3 import (
@@ -147,4 +157,10 @@ __all__ = [
     "hf_diffllama_attention",
     "crosscheck_hf_diffllama_attention",
     "crosscheck_hf_diffllama_kv_cache",
+    "from_hf_llama4_attention",
+    "hf_llama4_attention",
+    "llama4_layer_options",
+    "llama4_layer_mask",
+    "crosscheck_hf_llama4_attention",
+    "crosscheck_hf_llama4_kv_cache",
 ]
