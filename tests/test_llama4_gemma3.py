@@ -314,3 +314,58 @@ def test_llama4_without_its_options_and_bad_layers(transformers):
     cfg.layer_types = ["chunked_attention", "sliding_attention", "full_attention", "full_attention"]
     with pytest.raises(ValueError, match=r"config.layer_types\[1\] must be one of"):
         llama4_layer_mask(cfg, 1, 4)
+
+
+# --------------------------------------------------------------------------- Gemma 3's local and global layers
+
+GEMMA3_LAYERS = ("sliding_attention", "full_attention")  # layer 0 (window 3, base 10), layer 1 (base 1000)
+PADDING3 = np.array([[1] * L, [1] * (L - 2) + [0] * 2])
+
+
+def gemma3(layer, dtype=np.float64, **kw):
+    from mha_numpy.interop import hf_gemma3_attention
+
+    return hf_gemma3_attention(16, 4, 2, 6, layer=layer, dtype=dtype, **kw)
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+@pytest.mark.parametrize("layer", GEMMA3_LAYERS)
+def test_gemma3_layers_match_transformers_on_every_kernel(transformers, layer, kernel):
+    from mha_numpy.interop import crosscheck_hf_gemma3_attention
+
+    report = crosscheck_hf_gemma3_attention(gemma3(layer), x4(7)[:, :L], PADDING3, kernel=KERNELS[kernel])
+    assert report.passed and report.rtol == 1e-10, str(report)
+    assert [r.name for r in report.rows][-2:] == ["dL/dq_norm", "dL/dk_norm"] and len(report.rows) == 17
+    assert not any(r.zero for r in report.rows[1:]) and report["mask (allowed keys)"].max_abs_err == 0
+
+
+@pytest.mark.parametrize("layer", GEMMA3_LAYERS)
+def test_gemma3_float32_recompute_decoding_and_its_two_rope_bases(transformers, layer, monkeypatch):
+    """Each layer type turns by its own base (10 local, 1000 global); the other's base fails the check."""
+    from mha_numpy.interop import crosscheck_hf_gemma3_attention, crosscheck_hf_gemma3_kv_cache
+    from mha_numpy.interop import gemma3 as g3
+
+    x = x4(8)[:, :L]
+    assert crosscheck_hf_gemma3_attention(gemma3(layer, np.float32), x, PADDING3).passed
+    assert crosscheck_hf_gemma3_attention(gemma3(layer), x, PADDING3, kernel=KERNELS["chunked"], recompute=True).passed
+    report = crosscheck_hf_gemma3_kv_cache(gemma3(layer), x, PADDING3, chunk=2, kernel=KERNELS["chunked"])
+    assert report.passed, str(report)
+    assert g3.from_hf_gemma3_attention(gemma3(layer)).rope_theta == {"sliding_attention": 10.0}.get(layer, 1000.0)
+    other = 1000.0 if layer == "sliding_attention" else 10.0
+    monkeypatch.setattr(g3, "gemma3_layer_options", lambda cfg, i: {"rope_theta": other})
+    assert not crosscheck_hf_gemma3_attention(gemma3(layer), x, PADDING3).passed
+
+
+def test_gemma3_unknown_layer_types_and_scaled_ropes_are_refused(transformers):
+    from mha_numpy.interop import gemma3_layer_options
+
+    cfg = gemma3("full_attention").config
+    assert [gemma3_layer_options(cfg, i)["rope_theta"] for i in (0, 1)] == [10.0, 1000.0]
+    with pytest.raises(ValueError, match=r"layer_idx must be an int in \[0, 2\)"):
+        gemma3_layer_options(cfg, 2)
+    cfg.layer_types = ["sliding_attention", "chunked_attention"]
+    with pytest.raises(ValueError, match=r"config.layer_types\[1\] must be one of"):
+        gemma3_layer_options(cfg, 1)
+    cfg.rope_parameters["sliding_attention"] = {"rope_type": "linear", "factor": 8.0, "rope_theta": 10.0}
+    with pytest.raises(ValueError, match=r"config.rope_parameters\['sliding_attention'\] must be a 'default' rope"):
+        gemma3_layer_options(cfg, 0)

@@ -39,7 +39,9 @@ latent cache vs its ``DynamicCache``), ``gpt_oss`` (``from_hf_gpt_oss_attention`
 windows, GQA and RoPE vs ``GptOssAttention``), and ``diffllama``
 (``from_hf_diffllama_attention``, differential attention vs ``DiffLlamaAttention`` and its cache).
 ``llama4``: Llama 4's RoPE and NoPE layers (``from_hf_llama4_attention``, ``llama4_layer_options``: chunked
-attention, the L2 QK-norm, the attention temperature) vs ``Llama4TextAttention`` and its cache.
+attention, the L2 QK-norm, the attention temperature) vs ``Llama4TextAttention`` and its cache; ``gemma3``: Gemma
+3's local and global layers with their two RoPE bases (``from_hf_gemma3_attention``, ``gemma3_layer_options``) vs
+``Gemma3Attention`` and its cache.
 Whole models: ``bert_model`` (``crosscheck_bert_model``) and ``llama_model`` (``from_hf_llama_model``, the decoder
 of ``models.decoder`` vs ``LlamaModel``, ``crosscheck_hf_llama_model``), and ``seq2seq`` (``crosscheck_seq2seq``, the
 encoder–decoder of ``models.seq2seq`` vs ``torch.nn.Transformer``: logits, every gradient, the greedy decoding).
@@ -70,6 +72,13 @@ from .gemma2 import (
     crosscheck_hf_gemma2_kv_cache,
     from_hf_gemma2_attention,
     hf_gemma2_attention,
+)
+from .gemma3 import (
+    crosscheck_hf_gemma3_attention,
+    crosscheck_hf_gemma3_kv_cache,
+    from_hf_gemma3_attention,
+    gemma3_layer_options,
+    hf_gemma3_attention,
 )
 from .gpt_oss import (
     HF_GPT_OSS_NAME_MAP,
@@ -163,4 +172,9 @@ __all__ = [
     "llama4_layer_mask",
     "crosscheck_hf_llama4_attention",
     "crosscheck_hf_llama4_kv_cache",
+    "from_hf_gemma3_attention",
+    "hf_gemma3_attention",
+    "gemma3_layer_options",
+    "crosscheck_hf_gemma3_attention",
+    "crosscheck_hf_gemma3_kv_cache",
 ]

@@ -101,7 +101,8 @@ def from_llama_like(module, kind: str, name_map: dict, needs=(), scale=None, **o
     params = params_from_state(dict(module.named_parameters()), name_map)
     dropout = float(getattr(cfg, "attention_dropout", 0.0))
     dtype = numpy_dtype_of(module.q_proj.weight.dtype)
-    options = dict(num_kv_heads=Hkv, rope_theta=hf_rope_theta(cfg), head_dim=d, **options)  # d need not be E / H
+    theta = options.pop("rope_theta") if "rope_theta" in options else hf_rope_theta(cfg)  # a layer's own: Gemma 3
+    options = dict(num_kv_heads=Hkv, rope_theta=theta, head_dim=d, **options)  # d need not be E / H
     if scale is not None:
         options["scale"] = float(scale)
     return module_with_params(E, H, bias, E, E, dropout, dtype, params, **options)
