@@ -369,3 +369,112 @@ def test_gemma3_unknown_layer_types_and_scaled_ropes_are_refused(transformers):
     cfg.rope_parameters["sliding_attention"] = {"rope_type": "linear", "factor": 8.0, "rope_theta": 10.0}
     with pytest.raises(ValueError, match=r"config.rope_parameters\['sliding_attention'\] must be a 'default' rope"):
         gemma3_layer_options(cfg, 0)
+
+
+# ------------------------------------------------------------------- Gemma 3n: v_norm and cross-layer KV sharing
+
+
+def gemma3n(dtype=np.float64, **kw):
+    from mha_numpy.interop import gemma3n as g3n
+
+    return g3n.hf_gemma3n_layers(16, 4, 2, 6, dtype=dtype, **kw)  # layers 0-3: sliding, full, sliding, full
+
+
+def xs3n(seed=9):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((2, L, 16)) for _ in range(4)]
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_gemma3n_kv_sharing_matches_transformers_on_every_kernel(transformers, kernel):
+    """Layers 2 and 3 read the K and V of layers 0 and 1 (their types' last): every output, every input's gradient
+    and every parameter's, layers 0 and 1's including what their readers send back."""
+    from mha_numpy.interop import gemma3n as g3n
+
+    report = g3n.crosscheck_hf_gemma3n_layers(gemma3n(), xs3n(), PADDING3, kernel=KERNELS[kernel])
+    assert report.passed and report.rtol == 1e-10, str(report)
+    assert len(report.rows) == 4 * 2 + 2 * 10 + 2 * 5 and not any(r.zero for r in report.rows if "b_o" not in r.name)
+    assert report.title.endswith("sources [0, 1, 0, 1]")
+
+
+def test_gemma3n_float32_and_a_source_without_its_readers_gradients_fails(transformers, monkeypatch):
+    from mha_numpy.interop import gemma3n as g3n
+
+    assert g3n.crosscheck_hf_gemma3n_layers(gemma3n(np.float32), xs3n(10), PADDING3).passed
+    real = MultiHeadAttention.backward
+    monkeypatch.setattr(MultiHeadAttention, "backward", lambda self, d, c, d_shared_kv=None: real(self, d, c))
+    report = g3n.crosscheck_hf_gemma3n_layers(gemma3n(), xs3n(), PADDING3)
+    assert not report.passed and not report["layer 0: dL/dW_k"].passed and report["layer 2: dL/dW_q"].passed
+
+
+def test_v_norm_is_its_formula_with_central_differences_recompute_and_decoding(rng):
+    """The values as attended: each head of x W_vᵀ + b_v divided by sqrt(mean of its squares + eps), no weight."""
+    mha, eps = module(v_norm=True, v_norm_eps=1e-5), 1e-5
+    x, mask = rng.standard_normal((B, L, E)), masks.causal_mask(L)
+    out, cache = mha.forward(x, x, x, mask=mask)
+    v = (x @ mha.params["W_v"].T + mha.params["b_v"]).reshape(B, L, HKV, D).transpose(0, 2, 1, 3)  # (B, Hkv, L, d)
+    np.testing.assert_allclose(cache.V, v / np.sqrt((v * v).mean(-1, keepdims=True) + eps), rtol=0, atol=1e-14)
+    plain = module()
+    plain.params.update(mha.params)
+    assert np.abs(out - plain.forward(x, x, x, mask=mask)[0]).max() > 1e-3 * np.abs(out).max()  # it does something
+    grad_check_self_attention(mha, x, mask)
+    check_recompute_and_decoding(mha, module(v_norm=True, v_norm_eps=1e-5, recompute=True), x, rng)
+
+
+def test_kv_sharing_layers_decode_and_refuse_what_they_cannot_do(rng):
+    """A source decodes with its KV cache; its reader reads the cache's K, V under a bottom-right mask and gives
+    the rows of one full forward. Recompute, a reader's cache, a wrong key, gradients for a layer without readers:
+    ValueError naming the argument."""
+    from mha_numpy.kv_sharing import shared_kv_forward
+
+    kw = dict(num_kv_heads=HKV, rope_theta=50.0, qk_norm=True, v_norm=True, rng=0)
+    src, reader = MultiHeadAttention(E, H, kv_sharing="store", **kw), MultiHeadAttention(E, H, kv_sharing="reuse", **kw)
+    x1, x2 = rng.standard_normal((B, L, E)), rng.standard_normal((B, L, E))
+    (_, full), _ = shared_kv_forward([src, reader], [x1, x2], [0, 0], [masks.causal_mask(L)] * 2)
+    kv = KVCache()
+    src.forward(x1[:, :4], kv_cache=kv)
+    steps = []
+    for t in range(4, L + 1):
+        if t > 4:
+            src.forward(x1[:, t - 1 : t], kv_cache=kv)
+        mask = masks.causal_mask(1, t, align="bottom-right")
+        steps.append(reader.forward(x2[:, t - 1 : t], kv.keys, kv.values, mask=mask, positions=[t - 1])[0])
+    assert np.abs(np.concatenate(steps, axis=1) - full[:, 3:]).max() <= 1e-12 * np.abs(full).max()
+    with pytest.raises(ValueError, match="kv_sharing with recompute=True is not supported"):
+        MultiHeadAttention(E, H, kv_sharing="store", recompute=True, rng=0).forward(x1)
+    with pytest.raises(ValueError, match="kv_cache with kv_sharing is not supported"):
+        reader.forward(x2[:, :1], kv.keys, kv.values, kv_cache=KVCache())
+    with pytest.raises(ValueError, match=r"key of a kv_sharing='reuse' layer must be its source's K or V"):
+        reader.forward(x2, kv.keys[:, :, :, :2], kv.values)
+    with pytest.raises(ValueError, match="d_shared_kv is for a kv_sharing='store' module"):
+        plain = module()
+        plain.backward(np.ones((B, L, E)), plain.forward(x1, x1, x1)[1], d_shared_kv=(kv.keys, kv.values))
+    with pytest.raises(ValueError, match="kv_sharing must be None, 'store' or 'reuse'"):
+        MultiHeadAttention(E, H, kv_sharing="share")
+
+
+@pytest.mark.parametrize(
+    "sources, message",
+    [
+        ([0, 2, 1], r"sources\[1\] must be an int in \[0, 1\] \(layer 1 or an earlier one"),  # points forward
+        ([0, -1], r"sources\[1\] must be an int in \[0, 1\]"),
+        ([0, 0, 1], r"sources\[2\] = 1 points to layer 1, which reads layer 0's K and V itself"),
+        ([0, 1.0], r"sources\[1\] must be an int"),
+    ],
+)
+def test_a_kv_sharing_index_that_points_forward_or_to_a_reader_is_refused(sources, message):
+    from mha_numpy.kv_sharing import check_kv_sources
+
+    with pytest.raises(ValueError, match=message):
+        check_kv_sources(sources)
+
+
+def test_a_layer_whose_kv_sharing_does_not_fit_its_source_is_refused(rng):
+    from mha_numpy.kv_sharing import shared_kv_forward
+
+    layers = [MultiHeadAttention(E, H, rng=0), MultiHeadAttention(E, H, kv_sharing="reuse", rng=0)]
+    x = rng.standard_normal((B, L, E))
+    with pytest.raises(ValueError, match=r"layers\[0\] has kv_sharing=None; with sources\[0\] = 0 it must be 'store'"):
+        shared_kv_forward(layers, [x, x], [0, 0])
+    with pytest.raises(ValueError, match="layers, inputs, sources and masks must have one entry per layer"):
+        shared_kv_forward(layers, [x], [0, 0])

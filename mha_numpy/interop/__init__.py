@@ -41,7 +41,8 @@ windows, GQA and RoPE vs ``GptOssAttention``), and ``diffllama``
 ``llama4``: Llama 4's RoPE and NoPE layers (``from_hf_llama4_attention``, ``llama4_layer_options``: chunked
 attention, the L2 QK-norm, the attention temperature) vs ``Llama4TextAttention`` and its cache; ``gemma3``: Gemma
 3's local and global layers with their two RoPE bases (``from_hf_gemma3_attention``, ``gemma3_layer_options``) vs
-``Gemma3Attention`` and its cache.
+``Gemma3Attention`` and its cache; ``gemma3n``: Gemma 3n's cross-layer KV sharing and ``v_norm``
+(``from_hf_gemma3n_attention``, a stack of layers vs ``Gemma3nTextAttention``: ``crosscheck_hf_gemma3n_layers``).
 Whole models: ``bert_model`` (``crosscheck_bert_model``) and ``llama_model`` (``from_hf_llama_model``, the decoder
 of ``models.decoder`` vs ``LlamaModel``, ``crosscheck_hf_llama_model``), and ``seq2seq`` (``crosscheck_seq2seq``, the
 encoder–decoder of ``models.seq2seq`` vs ``torch.nn.Transformer``: logits, every gradient, the greedy decoding).
@@ -80,6 +81,7 @@ from .gemma3 import (
     gemma3_layer_options,
     hf_gemma3_attention,
 )
+from .gemma3n import crosscheck_hf_gemma3n_layers, from_hf_gemma3n_attention, gemma3n_kv_sources, hf_gemma3n_layers
 from .gpt_oss import (
     HF_GPT_OSS_NAME_MAP,
     crosscheck_hf_gpt_oss_attention,
@@ -177,4 +179,8 @@ __all__ = [
     "gemma3_layer_options",
     "crosscheck_hf_gemma3_attention",
     "crosscheck_hf_gemma3_kv_cache",
+    "from_hf_gemma3n_attention",
+    "hf_gemma3n_layers",
+    "gemma3n_kv_sources",
+    "crosscheck_hf_gemma3n_layers",
 ]
