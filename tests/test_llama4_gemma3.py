@@ -478,3 +478,15 @@ def test_a_layer_whose_kv_sharing_does_not_fit_its_source_is_refused(rng):
         shared_kv_forward(layers, [x, x], [0, 0])
     with pytest.raises(ValueError, match="layers, inputs, sources and masks must have one entry per layer"):
         shared_kv_forward(layers, [x], [0, 0])
+
+
+def test_a_gate_of_the_wrong_shape_is_refused_naming_it(rng):
+    """Qwen3-Next's gate (output_gate): a W_q without the gate half, or a gate tensor of the wrong shape."""
+    mha = MultiHeadAttention(E, H, output_gate=True, rng=0)
+    x = rng.standard_normal((B, L, E))
+    mha.params["W_q"] = mha.params["W_q"][:E]  # (H·d, E): the queries without their gates
+    with pytest.raises(ValueError, match="W_q"):
+        mha.forward(x, x, x)
+    context = rng.standard_normal((B, H, L, D))
+    with pytest.raises(ValueError, match=r"q with shape \(2, 7, 16\) must be \(B, L, 2·H·d\)"):
+        F.output_gate_forward(context, rng.standard_normal((B, L, E)))
