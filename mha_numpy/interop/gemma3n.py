@@ -30,6 +30,7 @@ from contextlib import ExitStack, contextmanager
 
 import numpy as np
 
+from .._checks import as_generator
 from ..attention import MultiHeadAttention
 from ..kv_sharing import shared_kv_backward, shared_kv_forward
 from ._lazy import require
@@ -150,16 +151,17 @@ def crosscheck_hf_gemma3n_layers(
     """A stack of transformers ``Gemma3nTextAttention`` layers (eager; one config, layers 0 ... n - 1), each on its
     own input, against ours (``from_hf_gemma3n_attention``, ``kv_sharing``) and torch autograd.
 
-    hidden_states: one (B, L, E) array per layer; attention_mask (B, L) HF style or None. Rows: each layer's output,
-    the gradient of each layer's input and of every layer's parameters (a source layer's include its readers')."""
+    hidden_states, d_outputs (None: random): one (B, L, E) array per layer; attention_mask (B, L) HF style or None.
+    Rows: each layer's output, the gradient of each layer's input and of every layer's parameters (a source layer's
+    include its readers')."""
     torch = require("torch")
     layers = [from_hf_gemma3n_attention(m) for m in modules]
     for layer in layers:
         layer.kernel = layer.kernel if kernel is None else kernel
     dtype, sources = layers[0].dtype, gemma3n_kv_sources(modules[0].config)[: len(modules)]
     xs = [np.asarray(x).astype(dtype, copy=False) for x in hidden_states]
-    d_outputs = [upstream(None if d_outputs is None else d_outputs[j], x.shape, dtype, rng + j) for j, x in
-                 enumerate(xs)] if isinstance(rng, int) else d_outputs  # fmt: skip
+    gen, given = as_generator(rng), [None] * len(xs) if d_outputs is None else d_outputs
+    d_outputs = [upstream(d, x.shape, dtype, gen) for d, x in zip(given, xs)]  # one random upstream gradient a layer
     ours = _ours_stack(layers, modules, xs, attention_mask, d_outputs, sources)
     theirs = _hf_stack(torch, modules, xs, attention_mask, d_outputs, dtype == np.float64)
     rows = [Row(_row_name(key), "module(...)" if key.startswith("output") else "autograd", key) for key in ours]
