@@ -22,6 +22,9 @@ import numpy as np
 
 from . import functional as F
 from .models import layers as LY
+from .recurrent import conv as CV
+from .recurrent import gates as GT
+from .recurrent import norms as NM
 
 
 @dataclass
@@ -368,6 +371,15 @@ def rope_interleaved_sample(s: Sizes, rng):
     return [Case("rope_interleaved", [("x", x), ("positions", None), ("theta", 100.0)])]
 
 
+def rotary_sample(s: Sizes, rng):
+    """check_functional's cases of ``rotary``: x (B, H, Lq, 2d + 1), d pairs turned by a scaled table (the last
+    feature passed through), half-split and interleaved."""
+    x, inv_freq = _randn(rng, s.B, s.H, s.Lq, 2 * s.d + 1), 1.0 / 50.0 ** (np.arange(s.d) / s.d) / 3.0
+    return [Case(label, [("x", x), ("positions", None), ("inv_freq", inv_freq), ("attention_factor", 1.3),
+                         ("interleaved", interleaved)]) for label, interleaved in (("rotary", False),
+                                                                                   ("rotary_pairs", True))]  # fmt: skip
+
+
 def concat_features_sample(s: Sizes, rng):
     """MLA's key: each head's part next to one part shared by every head (broadcast over H)."""
     return [Case("concat_features", [("a", _randn(rng, s.B, s.H, s.Lk, s.d)), ("b", _randn(rng, s.B, 1, s.Lk, 2))])]
@@ -546,6 +558,43 @@ def alibi_sample(s: Sizes, rng):
     return [Case("alibi", [("scores", scores), ("slopes", F.alibi_slopes(s.H)), ("keys", s.Lk)])]
 
 
+def causal_conv1d_sample(s: Sizes, rng):
+    """check_functional's case of the delta-rule layers' ``causal_conv1d`` (recurrent.conv): x (B, Lq, E), K = 3
+    taps, a bias, an initial state; two outputs (y, the state after the call)."""
+    C, K = s.E, 3
+    args = [("x", _randn(rng, s.B, s.Lq, C)), ("weight", _randn(rng, C, K)), ("bias", _randn(rng, C)),
+            ("initial_state", _randn(rng, s.B, K - 1, C))]  # fmt: skip
+    return [Case("causal_conv1d", args)]
+
+
+def gated_rms_norm_sample(s: Sizes, rng):
+    """check_functional's cases of ``gated_rms_norm`` (recurrent.norms): x, z (B, Lq, H, d), weight (d,); the silu
+    gate (Qwen3-Next) and the sigmoid gate (Kimi)."""
+    x, z, w = _randn(rng, s.B, s.Lq, s.H, s.d), _randn(rng, s.B, s.Lq, s.H, s.d), 1 + 0.3 * _randn(rng, s.d)
+    return [Case(f"gated_rms_norm_{act}", [("x", x), ("z", z), ("weight", w), ("eps", 1e-6), ("activation", act)])
+            for act in ("silu", "sigmoid")]  # fmt: skip
+
+
+def decay_sample(s: Sizes, rng):
+    """check_functional's cases of the delta rule's ``decay`` gate (recurrent.gates): a (B, Lq, H) with A_log,
+    dt_bias (H,) (Qwen3-Next), and a (B, Lq, H, d) with dt_bias (H, d) (Kimi's per-channel gate)."""
+    return [Case(f"decay_{label}", [("a", 2 * _randn(rng, s.B, s.Lq, *tail)), ("A_log", _randn(rng, s.H)),
+                                    ("dt_bias", _randn(rng, *tail))])
+            for label, tail in (("per_head", (s.H,)), ("per_channel", (s.H, s.d)))]  # fmt: skip
+
+
+def sigmoid_sample(s: Sizes, rng):
+    """check_functional's case of ``sigmoid`` (recurrent.gates, the write strength β): x (B, Lq, H)."""
+    return [Case("sigmoid", [("x", 3 * _randn(rng, s.B, s.Lq, s.H))])]
+
+
+def softplus_sample(s: Sizes, rng):
+    """check_functional's case of ``softplus`` (recurrent.gates): u (B, Lq, H), large entries of both signs too."""
+    u = 3 * _randn(rng, s.B, s.Lq, s.H)
+    u[0, 0, :2] = (-30.0, 30.0)[: min(2, s.H)]
+    return [Case("softplus", [("u", u)])]
+
+
 def log_length_scale_sample(s: Sizes, rng):
     """check_functional's case of Llama 4's attention temperature: scores (B, H, Lq, Lk) after two cached
     positions, scale 0.7, floor 2 (gains 1 + 0.7 · log(⌊(p + 1) / 2⌋ + 1) that differ from row to row)."""
@@ -631,6 +680,7 @@ PAIRS: list[Pair] = [
         ("x",),
         sample=rope_interleaved_sample,
     ),  # fmt: skip
+    Pair("rotary", F.rotary_forward, F.rotary_backward, ("x",), sample=rotary_sample),
     Pair(
         "concat_features",
         F.concat_features_forward,
@@ -698,6 +748,24 @@ PAIRS: list[Pair] = [
         ("contexts", "lses"),
         sample=merge_attention_sample,
     ),  # two outputs (context, lse): the backward takes d_context, cache, d_lse
+    # the pieces of the delta-rule layers (recurrent/, docs/deltanet_layer.md)
+    Pair(
+        "causal_conv1d",
+        CV.causal_conv1d_forward,
+        CV.causal_conv1d_backward,
+        ("x", "weight", "bias", "initial_state"),
+        sample=causal_conv1d_sample,
+    ),  # two outputs (y, final_state): the backward takes d_y, cache, d_final_state
+    Pair(
+        "gated_rms_norm",
+        NM.gated_rms_norm_forward,
+        NM.gated_rms_norm_backward,
+        ("x", "z", "weight"),
+        sample=gated_rms_norm_sample,
+    ),
+    Pair("decay", GT.decay_forward, GT.decay_backward, ("a", "A_log", "dt_bias"), sample=decay_sample),
+    Pair("sigmoid", GT.sigmoid_forward, GT.sigmoid_backward, ("x",), sample=sigmoid_sample),
+    Pair("softplus", GT.softplus_forward, GT.softplus_backward, ("u",), sample=softplus_sample),
     Pair(
         "log_length_scale_score",
         *score_term_pair(

@@ -143,7 +143,7 @@ def meaningful(outputs) -> list:
 
 def keep_committed(new: nbformat.NotebookNode, old: nbformat.NotebookNode) -> list[int]:
     """Give each cell of ``new`` whose outputs are ``old``'s but for noise ``old``'s outputs; the indices of the
-    code cells that really changed (all of them when the cells themselves differ)."""
+    code cells that really changed (all of them when the cells themselves differ; a cell ``old`` never ran too)."""
     changed = []
     cells = zip(new.cells, old.cells, strict=False) if len(new.cells) == len(old.cells) else []
     if not cells:
@@ -152,7 +152,8 @@ def keep_committed(new: nbformat.NotebookNode, old: nbformat.NotebookNode) -> li
         if c.cell_type != "code":
             continue
         x, y = meaningful(c.outputs), meaningful(o.outputs)
-        if c.source == o.source and len(x) == len(y) and all(map(same_output, x, y)):
+        first_run = o.execution_count is None and c.execution_count is not None  # a new notebook's silent cell
+        if not first_run and c.source == o.source and len(x) == len(y) and all(map(same_output, x, y)):
             c.outputs = copy.deepcopy(o.outputs)
             c.execution_count = o.execution_count
         else:

@@ -288,6 +288,25 @@ def test_llama4_float32_recompute_positions_and_the_layers_options(transformers,
     assert ("Rope" in mha.describe()) == rope and "q_norm" not in mha.params
 
 
+LLAMA3 = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 16}  # fmt: skip  # wavelengths 6, 29, 136: every branch of llama3's
+
+
+def test_llama4_rope_layers_turn_interleaved_pairs_by_its_llama3_scaled_table(transformers, monkeypatch):
+    """Llama 4's RoPE (its complex form: pairs (2i, 2i + 1)) with its own rope_type "llama3"; the other layout, or
+    the table without the scaling, fails the check."""
+    from mha_numpy.interop import crosscheck_hf_llama4_attention, crosscheck_hf_llama4_kv_cache
+    from mha_numpy.interop import llama4 as l4
+
+    module = llama4("rope, chunked", rope_scaling=LLAMA3)
+    assert crosscheck_hf_llama4_attention(module, x4(11), PADDING4, kernel=KERNELS["chunked"]).passed
+    assert crosscheck_hf_llama4_kv_cache(module, x4(11), PADDING4, chunk=2).passed
+    options = l4.llama4_layer_options
+    for change in ({"rope_interleave": False}, {"rope_scaling": None}):
+        monkeypatch.setattr(l4, "llama4_layer_options", lambda cfg, i, change=change: {**options(cfg, i), **change})
+        assert not crosscheck_hf_llama4_attention(module, x4(11), PADDING4).passed, change
+
+
 @pytest.mark.parametrize("chunk", [1, 2])
 @pytest.mark.parametrize("kernel", ["vectorized", "chunked"])
 @pytest.mark.parametrize("layer", list(LAYERS4))
@@ -366,9 +385,24 @@ def test_gemma3_unknown_layer_types_and_scaled_ropes_are_refused(transformers):
     cfg.layer_types = ["sliding_attention", "chunked_attention"]
     with pytest.raises(ValueError, match=r"config.layer_types\[1\] must be one of"):
         gemma3_layer_options(cfg, 1)
-    cfg.rope_parameters["sliding_attention"] = {"rope_type": "linear", "factor": 8.0, "rope_theta": 10.0}
-    with pytest.raises(ValueError, match=r"config.rope_parameters\['sliding_attention'\] must be a 'default' rope"):
+    cfg.rope_parameters["sliding_attention"] = {"rope_type": "linear", "factor": 8.0}
+    with pytest.raises(ValueError, match=r"config.rope_parameters\['sliding_attention'\] must hold the layer type's"):
         gemma3_layer_options(cfg, 0)
+
+
+def test_gemma3_global_layers_with_their_linear_scaling(transformers, monkeypatch):
+    """Gemma 3's global layers (4B and up) divide their positions by 8: "linear", imported from the layer type's
+    rope_parameters; HF's (cos, sin) come from its own rotary module, so the table without the scaling fails."""
+    from mha_numpy.interop import crosscheck_hf_gemma3_attention, crosscheck_hf_gemma3_kv_cache
+    from mha_numpy.interop import gemma3 as g3
+
+    module = gemma3("full_attention", rope_scaling={"rope_type": "linear", "factor": 8.0})
+    assert g3.gemma3_layer_options(module.config, 1)["rope_scaling"] == {"rope_type": "linear", "factor": 8.0}
+    x = x4(12)[:, :L]
+    assert crosscheck_hf_gemma3_attention(module, x, PADDING3, kernel=KERNELS["chunked"]).passed
+    assert crosscheck_hf_gemma3_kv_cache(module, x, PADDING3, chunk=2).passed
+    monkeypatch.setattr(g3, "gemma3_layer_options", lambda cfg, i: {"rope_theta": 1000.0})
+    assert not crosscheck_hf_gemma3_attention(module, x, PADDING3).passed
 
 
 # ------------------------------------------------------------------- Gemma 3n: v_norm and cross-layer KV sharing

@@ -81,3 +81,17 @@ def test_check_mode_writes_nothing_and_exits_1_on_a_real_change(tmp_path, monkey
     assert rn.main(["--check", str(path)]) == 1 and path.read_bytes() == before
     monkeypatch.setattr(rn, "execute_notebook", lambda nb, cwd, timeout: nb)  # the same outputs
     assert rn.main(["--check", str(path)]) == 0 and rn.main([str(path)]) == 0 and path.read_bytes() == before
+
+
+def test_a_silent_cell_never_run_before_takes_its_new_count():
+    """A new notebook's cell with no output (imports) was kept unexecuted, so the saved file failed
+    test_notebooks' "counts 1, 2, 3" check until it was run by another means."""
+    committed = nbformat.v4.new_notebook()
+    committed.cells = [nbformat.v4.new_code_cell("import math"), nbformat.v4.new_code_cell("print(1)")]
+    rerun = copy.deepcopy(committed)
+    rerun.cells[0].execution_count, rerun.cells[1].execution_count = 1, 2
+    rerun.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="1\n")]
+    assert rn.keep_committed(rerun, committed) == [0, 1]
+    assert [c.execution_count for c in rerun.cells] == [1, 2]
+    again = copy.deepcopy(rerun)  # run once more: nothing changed, the saved counts stay
+    assert rn.keep_committed(again, rerun) == [] and [c.execution_count for c in again.cells] == [1, 2]

@@ -67,6 +67,9 @@ SOLUTIONS = {
     "12.merge_lse": np.log(8.0),
     "13.cache_rows": (5, 8),
     "13.memory_grad_terms": 4,
+    "14.rel_bias_columns": [0, 6],  # clip(1 − 5) + 3 = −3 + 3, clip(6 − 0) + 3 = 3 + 3
+    "14.abs_complex_step": [0.0, -1.0],  # |−1.5 + iε| is real: no imaginary part; |s| = −s there
+    "14.document_blocks": (4, 7, 5),  # a 4 × 4 grid; the edge between the documents at 3 cuts block row and column 1
 }
 
 MISTAKES = {
@@ -106,4 +109,7 @@ MISTAKES = {
     "12.merge_lse": np.log(6.0),  # the larger partial's lse
     "13.cache_rows": (5, 5),  # the cross-attention keys taken for the decoder's own
     "13.memory_grad_terms": 2,  # one per layer: the value path forgotten
+    "14.rel_bias_columns": [6, 0],  # the distance i − j instead of j − i
+    "14.abs_complex_step": [-1.0, -1.0],  # trusting the complex step through np.abs
+    "14.document_blocks": (4, 0, 12),  # every block with an allowed entry taken for full
 }

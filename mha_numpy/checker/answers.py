@@ -25,6 +25,9 @@ from typing import Any
 import numpy as np
 
 from .. import functional as F
+from ..block_mask import create_block_mask
+from ..flex_derive import STEP
+from ..masks import EMPTY, FULL, PARTIAL, document_mod
 from ..models import layers
 from . import check_namespace
 
@@ -301,6 +304,16 @@ QUESTIONS: dict[str, Judge] = {
         lambda: 2 * 2,  # every decoder layer's cross-attention reads the memory twice, as its keys and its values
         "the memory is the key and the value of every decoder layer's cross-attention",
     ),
+    # 14: your own attention
+    "14.rel_bias_columns": numbers(
+        lambda: _rel_bias_columns(), "the column is clip(j − i, −R, R) + R: the distance from the query to the key"
+    ),
+    "14.abs_complex_step": numbers(
+        lambda: _abs_complex_step(), "|s + iε| is a real number; |s| falls as s rises below 0"
+    ),
+    "14.document_blocks": exactly(
+        lambda: _document_blocks(), "a block is full only when every one of its entries is allowed"
+    ),
 }
 
 
@@ -309,3 +322,23 @@ def _products(d: int, v: float, n: int = 50_000) -> np.ndarray:
     rng = np.random.default_rng(0)
     q, k = rng.normal(0.0, np.sqrt(v), (2, n, d))  # (n, d) each
     return np.einsum("nd,nd->n", q, k)  # (n,)
+
+
+def _rel_bias_columns() -> np.ndarray:
+    """The columns of the module's rel_bias (R = 3) that (i, j) = (5, 1) and (0, 6) read: its own score term on a
+    table whose entries are their column numbers."""
+    table = np.arange(7.0)[None, :]  # (1, 2R + 1): entry = column
+    q_idx, kv_idx = np.array([5, 0]), np.array([1, 6])  # (2,) each
+    return F.relative_position_score(np.zeros(2), 0, 0, q_idx, kv_idx, rel_bias=table, keys=7)  # (2,)
+
+
+def _abs_complex_step() -> list[float]:
+    """[the complex step's derivative of |s| at s = -1.5, the true one by central differences]."""
+    s, h = -1.5, 1e-6
+    return [np.abs(s + 1j * STEP).imag / STEP, (abs(s + h) - abs(s - h)) / (2 * h)]
+
+
+def _document_blocks() -> tuple[int, int, int]:
+    """(empty, partial, full) blocks of the document mask of lengths [3, 5] at L = 8 in blocks of 2 × 2."""
+    states = create_block_mask(document_mod([3, 5]), 1, 1, 8, 8, BLOCK_SIZE=2).states  # (1, 1, 4, 4)
+    return tuple(int((states == state).sum()) for state in (EMPTY, PARTIAL, FULL))

@@ -46,6 +46,8 @@ attention, the L2 QK-norm, the attention temperature) vs ``Llama4TextAttention``
 Whole models: ``bert_model`` (``crosscheck_bert_model``) and ``llama_model`` (``from_hf_llama_model``, the decoder
 of ``models.decoder`` vs ``LlamaModel``, ``crosscheck_hf_llama_model``), and ``seq2seq`` (``crosscheck_seq2seq``, the
 encoder–decoder of ``models.seq2seq`` vs ``torch.nn.Transformer``: logits, every gradient, the greedy decoding).
+The recurrent family: ``gated_delta`` (transformers' gated delta rule and Kimi Delta Attention functions with the
+float32 casts lifted, and ``torch_gated_delta_rule`` to run them on our (B, H, L, d) arrays, with autograd).
 """
 
 from __future__ import annotations

@@ -66,12 +66,15 @@ class DecoderAttention:
     rotary: str
     float64_steps: Callable = nullcontext
     float64_what: str = ""
-    rope_theta: Callable | None = None  # module -> the base HF's (cos, sin) use, read from its config; None: ours
+    cos_sin: Callable | None = None  # (torch, module, positions, dtype) -> HF's (cos, sin) from its own config
 
-    def theirs_theta(self, module, mha) -> float:
-        """The RoPE base of HF's side: from the module's config when the kind says how (Gemma 3: its layer type's,
-        so a base imported wrong fails the check), else ours."""
-        return mha.rope_theta if self.rope_theta is None else self.rope_theta(module)
+    def theirs_cos_sin(self, torch, module, mha, positions, dtype):
+        """HF's (cos, sin) (B, L, d) in float64, cast to dtype: from the module's own config when the kind says how
+        (Gemma 3: its layer type's base and scaling, so a base imported wrong fails the check), else from our base
+        (``llama.torch_cos_sin``)."""
+        if self.cos_sin is not None:
+            return self.cos_sin(torch, module, positions, dtype)
+        return torch_cos_sin(torch, positions, mha.head_dim, mha.rope_theta, dtype)
 
 
 def layer_mask(B: int, Lq: int, Lk: int, window: int | None = None, attention_mask=None) -> np.ndarray:
@@ -255,7 +258,7 @@ def crosscheck_decoder_attention(
     pos, d_output = positions_of(positions, B, L), upstream(d_output, x.shape, dtype, rng)
     mask = layer_mask(B, L, L, module.sliding_window, attention_mask)  # (B, 1, L, L)
     ours, _ = run_ours(mha, (x, x, x), d_output, mask=mask, positions=pos)
-    cos_sin = torch_cos_sin(torch, pos, mha.head_dim, kind.theirs_theta(module, mha), dtype)
+    cos_sin = kind.theirs_cos_sin(torch, module, mha, pos, dtype)
     mask_t = hf_layer_mask(torch, module, tensor(torch, x), attention_mask)
     float64 = dtype == np.float64
     theirs = _hf_call(torch, kind, module, x, cos_sin, mask_t, d_output, float64)
@@ -307,7 +310,7 @@ def _hf_decoding(torch, kind: DecoderAttention, module, mha, x, calls, am) -> di
         masks[:, :, a:b, b - seen : b] = allowed_of(mask_t, (B, 1, b - a, seen))
         return mask_t
 
-    cos_sin = torch_cos_sin(torch, positions_of(None, B, L), mha.head_dim, kind.theirs_theta(module, mha), mha.dtype)
+    cos_sin = kind.theirs_cos_sin(torch, module, mha, positions_of(None, B, L), mha.dtype)
     context = partial(in_float64, torch, kind, module, float64)
     outputs, layer = hf_decode(torch, module, x, calls, cos_sin, mask_of, context)
     return {"masks": masks, "outputs": outputs, "keys": layer.keys.numpy(), "values": layer.values.numpy()}

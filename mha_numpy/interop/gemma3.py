@@ -14,7 +14,8 @@ q_norm, k_norm          1 + q_norm.weight, k_norm       (d,): Gemma's RMSNorm sc
                                                         the gradient is the same
 qk_norm_eps             config.rms_norm_eps             before RoPE, as Qwen3's
 scale                   scaling                         query_pre_attn_scalar^-1/2
-rope_theta              the layer type's rope_theta     ``gemma3_layer_options`` ("default" rope only)
+rope_theta,             rope_parameters[layer_type]     ``gemma3_layer_options``: the base and scaling
+rope_scaling                                            of its layer type (global layers: "linear")
 (the mask)              sliding_window                  a sliding layer's window; a full layer: causal
 ======================  ==============================  ============================================
 
@@ -37,6 +38,7 @@ from .decoder_attention import DecoderAttention, crosscheck_decoder_attention, c
 from .llama import from_llama_like, llama_like_sizes
 from .qwen3 import HF_QWEN3_NAME_MAP
 from .report import CrosscheckReport
+from .rope import float64_rope, hf_rope_scaling
 
 if TYPE_CHECKING:  # annotations only
     from transformers.models.gemma3.modeling_gemma3 import Gemma3Attention
@@ -45,20 +47,20 @@ GEMMA3_LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
 def gemma3_layer_options(config, layer_idx: int) -> dict:
-    """The options of Gemma 3's layer ``layer_idx`` that depend on its type: the RoPE base of its layer type.
-    ValueError naming layer_idx (no such layer), layer_types (an unknown type) or rope_parameters (no base, or a
-    rope_type that rescales the angles)."""
+    """The options of Gemma 3's layer ``layer_idx`` that depend on its type: its layer type's RoPE base and scaling.
+    ValueError naming layer_idx (no such layer), layer_types (an unknown type) or rope_parameters (no base)."""
     types_ = list(config.layer_types)
     if isinstance(layer_idx, bool) or not isinstance(layer_idx, (int, np.integer)) or not 0 <= layer_idx < len(types_):
         raise ValueError(f"layer_idx must be an int in [0, {len(types_)}) (config.layer_types), got {layer_idx!r}")
     kind = types_[layer_idx]
     if kind not in GEMMA3_LAYER_TYPES:
         raise ValueError(f"config.layer_types[{layer_idx}] must be one of {GEMMA3_LAYER_TYPES}, got {kind!r}")
-    rope = (config.rope_parameters or {}).get(kind) or {}
-    if rope.get("rope_type", "default") != "default" or "rope_theta" not in rope:
-        raise ValueError(f"config.rope_parameters[{kind!r}] must be a 'default' rope with a rope_theta (scaled "
-                         f"ropes are not modelled here), got {rope!r}")  # fmt: skip
-    return {"rope_theta": float(rope["rope_theta"])}
+    rope = dict((config.rope_parameters or {}).get(kind) or {})
+    if "rope_theta" not in rope:
+        raise ValueError(f"config.rope_parameters[{kind!r}] must hold the layer type's rope_theta, got {rope!r}")
+    layer = types.SimpleNamespace(rope_parameters=rope, max_position_embeddings=config.max_position_embeddings)
+    scaling = hf_rope_scaling(layer)  # Gemma 3's global layers from 4B on: "linear", factor 8
+    return {"rope_theta": float(rope["rope_theta"]), **({} if scaling is None else {"rope_scaling": scaling})}
 
 
 @contextmanager
@@ -83,12 +85,19 @@ def _kind(module) -> DecoderAttention:
     bias = module.q_proj.bias is not None
     name_map = {ours: entry for ours, entry in HF_QWEN3_NAME_MAP.items() if bias or not ours.startswith("b_")}
     return DecoderAttention("Gemma3Attention", name_map, "Gemma3RotaryEmbedding", gemma_norm_in_float64,
-                            " and QK-norm", rope_theta=_hf_theta)  # fmt: skip
+                            " and QK-norm", cos_sin=_hf_cos_sin)  # fmt: skip
 
 
-def _hf_theta(module) -> float:
-    """The base Gemma3Model's rotary module turns this layer by (its layer type's), read for HF's side."""
-    return float(module.config.rope_parameters[module.layer_type]["rope_theta"])
+def _hf_cos_sin(torch, module, positions, dtype):
+    """HF's (cos, sin) for this layer from Gemma 3's own rotary module (its layer type's base and scaling, read
+    from its config) lifted to float64 (``rope.float64_rope``), cast to dtype."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
+
+    with float64_rope(torch), torch.no_grad():
+        rotary, pos = Gemma3RotaryEmbedding(module.config), torch.from_numpy(np.asarray(positions, np.int64))
+        cos, sin = rotary(torch.zeros(1, dtype=torch.float64), pos, module.layer_type)
+    tdtype = getattr(torch, np.dtype(dtype).name)
+    return cos.to(tdtype), sin.to(tdtype)
 
 
 def from_hf_gemma3_attention(module: Gemma3Attention) -> MultiHeadAttention:
@@ -172,6 +181,7 @@ def hf_gemma3_attention(
     sliding_window: int = 3,
     rope_local_base_freq: float = 10.0,
     rope_theta: float = 1000.0,
+    rope_scaling: dict | None = None,
     query_pre_attn_scalar: float = 10,
     bias: bool = True,
     dtype=np.float64,
@@ -179,7 +189,8 @@ def hf_gemma3_attention(
     init_std: float = 0.5,
 ) -> Gemma3Attention:
     """A small random ``Gemma3Attention`` (eager) of a two-layer config, sliding then full: layer 0 for
-    ``layer="sliding_attention"`` (base ``rope_local_base_freq``), 1 for "full_attention" (base ``rope_theta``).
+    ``layer="sliding_attention"`` (base ``rope_local_base_freq``), 1 for "full_attention" (base ``rope_theta``,
+    scaled by ``rope_scaling`` as Gemma 3's global layers: {"rope_type": "linear", "factor": 8.0}).
     Weights N(0, init_std²), norm weights N(0, 0.3²) (Gemma's are offsets from 1), biases N(0, 0.1²)."""
     torch = require("torch")
     require("transformers")
@@ -187,7 +198,7 @@ def hf_gemma3_attention(
     from transformers.models.gemma3.modeling_gemma3 import Gemma3Attention
 
     rope = {"sliding_attention": {"rope_type": "default", "rope_theta": rope_local_base_freq},
-            "full_attention": {"rope_type": "default", "rope_theta": rope_theta}}  # fmt: skip
+            "full_attention": {"rope_type": "default", "rope_theta": rope_theta, **(rope_scaling or {})}}  # fmt: skip
     cfg = Gemma3TextConfig(
         hidden_size=hidden_size, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, head_dim=head_dim,
         query_pre_attn_scalar=query_pre_attn_scalar, sliding_window=sliding_window, num_hidden_layers=2,

@@ -6,10 +6,10 @@ torch and transformers are imported lazily, inside the functions. A layer of Lla
 ======================  ======================================  ==============================================
 ours                    Llama4TextAttention                     RoPE layer / NoPE layer
 ======================  ======================================  ==============================================
-W_q, b_q, W_k, b_k      q_proj, k_proj                          each head's rows in the order 0, 2, 4, ...,
-                                                                1, 3, ... (below) / as they are
-W_v, b_v, W_o, b_o      v_proj, o_proj                          as they are (biases with attention_bias)
-rope_theta              config.rope_parameters                  its base ("default" rope only) / None: no RoPE
+W_q ... W_o, b_q ...    q_proj, k_proj, v_proj, o_proj          as they are (biases with attention_bias)
+rope_theta,             config.rope_parameters                  its base and scaling (Llama 4's "llama3"),
+rope_scaling,                                                   pairs (2i, 2i + 1): Llama 4's complex form /
+rope_interleave=True                                            None: no RoPE
 qk_norm,                use_qk_norm: ``Llama4TextL2Norm``       x · rsqrt(mean(x²) + rms_norm_eps) of each head
 qk_norm_weight=False    (no weight), after RoPE                 of Q, K (commutes with RoPE) / none
 log_length_scale,       attn_temperature_tuning, attn_scale,    none / each query's scores times
@@ -19,18 +19,14 @@ log_length_floor        floor_scale                             log(⌊(p + 1) /
 ======================  ======================================  ==============================================
 
 ``llama4_layer_options(config, layer_idx)`` is that decision as the module's options, ``llama4_layer_mask`` the
-layer's mask. **The rope layout.** Llama 4 turns features (2i, 2i + 1) of a head together (its complex form, the
-interleaved layout); ``MultiHeadAttention``'s ``Rope`` turns (i, i + d/2) (``rotate_half``). Turning pairs (2i,
-2i + 1) of a vector is turning pairs (i, i + d/2) of the same vector with its features reordered 0, 2, 4, ..., 1, 3,
-..., and q·k does not change when both have theirs reordered alike; so a RoPE layer is imported with each head's
-rows of W_q, b_q, W_k, b_k in that order (``interleaved_rows``), and its Q and K are Llama 4's reordered (the
-cross-check reorders them back). The L2 norm and the temperature do not see the order. The step's own
-interleaved layout (issue 38 item 1, built alongside) would import the rows as they are; ``functional.
-rope_interleaved`` already has the pair.
+layer's mask. Llama 4 turns features (2i, 2i + 1) of a head together (``view_as_complex``): ``Rope`` with
+``rope_interleave=True``, by the table of its ``rope_parameters`` (``mha_numpy.rope_scaling``). The L2 norm and the
+temperature do not see the layout.
 
-Llama 4 rounds through float32 in three places: its rotary module (float32 angles), ``apply_rotary_emb``
-(``xq.float()``, complex64) and ``Llama4TextL2Norm`` (``x.float()``), and the temperature's ``positions.float()``
-and log1p. The float64 check gives it float64 angles (``freqs_cis``) and runs the other three in float64
+Llama 4 rounds through float32 in four places: its rotary module (float32 angles), ``apply_rotary_emb``
+(``xq.float()``, complex64), ``Llama4TextL2Norm`` (``x.float()``) and the temperature's ``positions.float()`` and
+log1p. The float64 check gets its ``freqs_cis`` from its own rotary module lifted to float64 (``rope.float64_rope``:
+its table, scaling included, read from its config, not from ours) and runs the other three in float64
 (``float64_throughout``); the module as shipped is reported in a note.
 """
 
@@ -66,6 +62,7 @@ from .harness import (
 from .llama import PROJECTIONS, hf_rope_theta
 from .names import params_from_state
 from .report import CrosscheckReport, rtol_for
+from .rope import float64_rope, hf_rope_scaling
 
 if TYPE_CHECKING:  # annotations only
     from transformers.models.llama4.modeling_llama4 import Llama4TextAttention
@@ -86,7 +83,9 @@ def llama4_layer_options(config, layer_idx: int) -> dict:
             return {"rope_theta": None}
         return {"rope_theta": None, "log_length_scale": float(config.attn_scale),
                 "log_length_floor": float(config.floor_scale)}  # fmt: skip
-    options = {"rope_theta": hf_rope_theta(config)}
+    options = {"rope_theta": hf_rope_theta(config, scaled=True), "rope_interleave": True}  # pairs (2i, 2i + 1)
+    if hf_rope_scaling(config) is not None:
+        options["rope_scaling"] = hf_rope_scaling(config)  # Llama 4's own: "llama3"
     if config.use_qk_norm:
         options.update(qk_norm=True, qk_norm_weight=False, qk_norm_eps=float(config.rms_norm_eps))
     return options
@@ -111,29 +110,18 @@ def llama4_layer_mask(config, layer_idx: int, Lq: int, Lk: int | None = None, at
     return mask if am is None else mask & M.padding_mask(attention_mask=am)
 
 
-def interleaved_rows(num_heads: int, head_dim: int) -> np.ndarray:
-    """(num_heads · head_dim,) the rows of a projection, each head's in the order 0, 2, 4, ..., 1, 3, ...: Llama 4's
-    pairs (2i, 2i + 1) become our pairs (i, i + d/2)."""
-    order = np.concatenate([np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)])  # (d,)
-    return (np.arange(num_heads)[:, None] * head_dim + order).reshape(-1)  # (H·d,)
-
-
 def llama4_name_map(module) -> dict:
-    """Where each of our parameters lives in ``module``: W_q, b_q, W_k, b_k with their rows reordered per head on a
-    RoPE layer (``interleaved_rows``), everything else as it is; biases only with attention_bias."""
-    cfg, d = module.config, module.head_dim
-    q_rows = interleaved_rows(cfg.num_attention_heads, d) if module.use_rope else None
-    k_rows = interleaved_rows(cfg.num_key_value_heads, d) if module.use_rope else None
-    rows = {"q": q_rows, "k": k_rows, "v": None, "o": None}
-    out = {f"W_{x}": (f"{x}_proj.weight", rows[x]) for x in "qkvo"}
+    """Where each of our parameters lives in ``module``: every projection as it is; biases only with
+    attention_bias."""
+    out = {f"W_{x}": (f"{x}_proj.weight", None) for x in "qkvo"}
     if module.q_proj.bias is not None:
-        out.update({f"b_{x}": (f"{x}_proj.bias", rows[x]) for x in "qkvo"})
+        out.update({f"b_{x}": (f"{x}_proj.bias", None) for x in "qkvo"})
     return out
 
 
 def from_hf_llama4_attention(module: Llama4TextAttention) -> MultiHeadAttention:
     """Hugging Face ``Llama4TextAttention`` -> ``MultiHeadAttention`` with its layer's options
-    (``llama4_layer_options``) and its weights (``llama4_name_map``: a RoPE layer's query and key rows reordered).
+    (``llama4_layer_options``) and its weights (``llama4_name_map``).
 
     Self-attention with E = hidden_size, the config's head_dim, GQA from num_key_value_heads, scores scaled by
     d^-1/2. The layer's mask is not part of the module: pass ``llama4_layer_mask(config, layer_idx, L)``."""
@@ -156,11 +144,14 @@ def from_hf_llama4_attention(module: Llama4TextAttention) -> MultiHeadAttention:
 # --------------------------------------------------------------------------- Llama 4 in float64
 
 
-def torch_freqs_cis(torch, positions: np.ndarray, head_dim: int, theta: float):
-    """Llama 4's rotation (B, L, d/2) complex128, e^(i · p · inv_freq), its rotary module's formula in float64."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (d/2,)
-    freqs = torch.from_numpy(np.asarray(positions, dtype=np.float64))[..., None] * inv_freq  # (B, L, d/2)
-    return torch.polar(torch.ones_like(freqs), freqs)
+def hf_freqs_cis(torch, config, positions: np.ndarray):
+    """Llama 4's rotation (B, L, d/2) complex128 from its own ``Llama4TextRotaryEmbedding`` (its config's base and
+    scaling) lifted to float64 (``rope.float64_rope``)."""
+    from transformers.models.llama4.modeling_llama4 import Llama4TextRotaryEmbedding
+
+    with float64_rope(torch), torch.no_grad():
+        rotary = Llama4TextRotaryEmbedding(config)
+        return rotary(torch.zeros(1, dtype=torch.float64), torch.from_numpy(np.asarray(positions, np.int64)))
 
 
 @contextmanager
@@ -220,20 +211,11 @@ def _hf_call(torch, module, x, freqs, mask_t, d_output, name_map, float64: bool)
 
 
 def _ours_as_attended(mha, ours: dict, module, L: int, cached: int = 0) -> None:
-    """Our Q, K in Llama 4's feature order (a RoPE layer's reordered back), Q times the temperature's gains (ours
-    scales the scores, Llama 4 the queries: the same scores)."""
-    if module.use_rope:
-        back = np.argsort(interleaved_rows(1, mha.head_dim))  # (d,) Llama 4's feature i is our feature back[i]
-        ours["Q"], ours["K"] = ours["Q"][..., back], ours["K"][..., back]
+    """Our Q times the temperature's gains (ours scales the scores, Llama 4 the queries: the same scores)."""
     if mha.log_length_scale is not None:
         p = np.arange(cached, cached + L)
         gain = np.log1p(np.floor((p + 1) / mha.log_length_floor)) * mha.log_length_scale + 1.0  # (L,)
         ours["Q"] = ours["Q"] * gain[:, None]
-
-
-def _label(entry) -> str:
-    name, rows = entry
-    return name if rows is None else f"{name} (rows per head 0, 2, ..., 1, 3, ...)"
 
 
 def _title(module, mha, what: str) -> str:
@@ -275,7 +257,7 @@ def _rows(module, name_map) -> tuple[Row, ...]:
         Row("attention weights", "module(...)[1] (eager)", "weights"),
         *(Row(f"{n} (as attended)", f"eager_attention_forward {theirs}", n) for n, theirs in seen),
         Row("dL/dx (q+k+v paths)", "hidden_states.grad", "dx"),
-        *grad_rows(name_map, label=_label),
+        *grad_rows(name_map),
     )
 
 
@@ -308,7 +290,7 @@ def crosscheck_hf_llama4_attention(
     rope = {"positions": pos} if module.use_rope else {}  # a NoPE layer reads no position (but the temperature's)
     ours, _ = run_ours(mha, (x, x, x), d_output, mask=mask, **rope)
     _ours_as_attended(mha, ours, module, L)
-    freqs = torch_freqs_cis(torch, pos, mha.head_dim, hf_rope_theta(module.config))
+    freqs = hf_freqs_cis(torch, module.config, pos)
     mask_t, name_map = hf_layer_mask(torch, module, x, attention_mask), llama4_name_map(module)
     call = (torch, module, x, freqs, mask_t, d_output, name_map)
     theirs = _hf_call(*call, float64=mha.dtype == np.float64)
@@ -348,8 +330,7 @@ def _hf_decoding(torch, module, x, calls, am, float64: bool) -> dict:
     from transformers import DynamicCache
 
     cfg, (B, L, _) = module.config, x.shape
-    hf_cache, freqs = DynamicCache(config=cfg), torch_freqs_cis(torch, positions_of(None, B, L), module.head_dim,
-                                                                  hf_rope_theta(cfg))  # fmt: skip
+    hf_cache, freqs = DynamicCache(config=cfg), hf_freqs_cis(torch, cfg, positions_of(None, B, L))
 
     def step(a, b):
         mask_t = hf_layer_mask(torch, module, x[:, a:b], None if am is None else am[:, :b], hf_cache)
@@ -401,27 +382,27 @@ def hf_llama4_attention(
     attn_scale: float = 0.7,
     floor_scale: float = 2,
     rope_theta: float = 100.0,
+    rope_scaling: dict | None = None,
     bias: bool = True,
     dtype=np.float64,
     seed: int = 0,
     init_std: float = 0.5,
 ) -> Llama4TextAttention:
     """A small random ``Llama4TextAttention`` (eager), layer ``layer_idx`` of ``num_layers``: the last NoPE (full
-    attention, the temperature), the others RoPE (chunked attention, the L2 norm); floor_scale 2, attn_scale 0.7:
-    the temperature moves within a few positions (Llama 4's: 8192, 0.1). Weights N(0, init_std²), biases N(0, 0.1²)."""
+    attention, the temperature: floor_scale 2, attn_scale 0.7 move it within a few positions), the others RoPE
+    (chunked, the L2 norm; rope_scaling: beside the base, as Llama 4's "llama3"). Weights N(0, init_std²)."""
     torch = require("torch")
     require("transformers")
     from transformers import Llama4TextConfig
     from transformers.models.llama4.modeling_llama4 import Llama4TextAttention
 
+    rope = {"rope_type": "default", "rope_theta": rope_theta, **(rope_scaling or {})}
     cfg = Llama4TextConfig(
         hidden_size=hidden_size, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, head_dim=head_dim,
         num_hidden_layers=num_layers, no_rope_layer_interval=num_layers, attention_chunk_size=chunk_size,
         use_qk_norm=use_qk_norm, attn_temperature_tuning=attn_temperature_tuning, attn_scale=attn_scale,
-        floor_scale=floor_scale, rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
-        attention_bias=bias, vocab_size=16, intermediate_size=2 * hidden_size, intermediate_size_mlp=2 * hidden_size,
-        attn_implementation="eager",
-    )  # fmt: skip
+        floor_scale=floor_scale, rope_parameters=rope, attention_bias=bias, vocab_size=16, attn_implementation="eager",
+        intermediate_size=2 * hidden_size, intermediate_size_mlp=2 * hidden_size)  # fmt: skip
     torch.manual_seed(seed)
     module = Llama4TextAttention(cfg, layer_idx=layer_idx).to(getattr(torch, np.dtype(dtype).name))
     with torch.no_grad():

@@ -1,0 +1,132 @@
+"""The cross-check of a delta-rule layer (``qwen3_next_deltanet``, ``kimi_linear_kda``) against its transformers
+module: one call under torch autograd with a fresh cache (to read the state after it), and decoding token by token.
+
+A model file declares a ``LayerKind``: the module's class name, its name map (ours -> the torch parameter, reshaped
+to our parameter's shape), the context that runs it without its float32 casts, and the dtype its cache stores the
+recurrent state in. torch and transformers are imported lazily.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..recurrent.layer import DeltaNetState
+from ._lazy import require, to_numpy
+from .harness import Row, compare, random_like, relative, tensor
+from .report import CrosscheckReport, rtol_for
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """How one transformers layer is called and read: ``name`` (its class), ``name_map`` (ours -> its parameter),
+    ``lift`` (a context manager on the module: its forward without the float32 casts), ``config`` (a tiny config
+    whose layer 0 is a linear-attention layer: the cache is made from it)."""
+
+    name: str
+    name_map: dict[str, str]
+    lift: Callable
+    config: Callable
+
+
+def params_as_ours(named, name_map, shapes) -> dict[str, np.ndarray]:
+    """torch tensors (or their gradients) by torch name -> ours by our name, copied and reshaped to ``shapes``
+    (conv1d.weight (C, 1, K) -> (C, K); Kimi's dt_bias (H·d,) -> (H, d), A_log (1, 1, H, 1) -> (H,))."""
+    return {
+        ours: np.array(to_numpy(named[theirs]), copy=True).reshape(shapes[ours]) for ours, theirs in name_map.items()
+    }
+
+
+def hf_cache(kind: LayerKind):
+    """A transformers ``DynamicCache`` for a model whose layer 0 is the module's (a linear-attention layer)."""
+    require("transformers")
+    from transformers import DynamicCache
+
+    return DynamicCache(config=kind.config())
+
+
+def _state(cache) -> DeltaNetState:
+    """transformers' cache of layer 0 -> our state: its conv state (B, C, K) keeps the last K inputs, ours K-1."""
+    conv = to_numpy(cache.get_conv_state(0, state_idx=0).detach())
+    return DeltaNetState(
+        conv[:, :, 1:].transpose(0, 2, 1), to_numpy(cache.get_recurrent_state(0, state_idx=0).detach())
+    )
+
+
+def run_hf(kind: LayerKind, module, shapes, x, attention_mask, d_output, lifted: bool) -> dict:
+    """The module on x with a fresh cache, and torch autograd of d_output -> {"output", "dx", "conv_state",
+    "recurrent_state", "grad NAME" (ours' names and shapes)}."""
+    torch = require("torch")
+    tx, named = tensor(torch, x, grad=True), dict(module.named_parameters())
+    mask_t = None if attention_mask is None else tensor(torch, np.asarray(attention_mask).astype(np.int64))
+    cache = hf_cache(kind)
+    with kind.lift(module) if lifted else nullcontext():
+        out = module(tx, cache=cache, attention_mask=mask_t)
+    grads = torch.autograd.grad(out, [tx, *named.values()], tensor(torch, d_output))
+    state = _state(cache)
+    res = {"output": out.detach().numpy(), "dx": grads[0].numpy(), "conv_state": state.conv,
+           "recurrent_state": state.recurrent}  # fmt: skip
+    by_name = params_as_ours(dict(zip(named, grads[1:])), kind.name_map, shapes)
+    return {**res, **{f"grad {n}": g for n, g in by_name.items()}}
+
+
+def crosscheck_layer(
+    kind: LayerKind, module, layer, hidden_states, attention_mask, d_output, rng, rtol, title
+) -> CrosscheckReport:
+    """Our ``layer`` (imported from ``module``) against the module: output, the state after the call, dL/dx and
+    every parameter's gradient. float64 against the module with its casts lifted (the as-shipped gap in a note),
+    float32 against the module as shipped."""
+    x = np.asarray(hidden_states)
+    rtol = rtol_for(x.dtype, rtol)
+    d_out = random_like(x.shape, x.dtype, rng) if d_output is None else np.asarray(d_output, dtype=x.dtype)
+    (y, state), cache = layer.forward(x, attention_mask)
+    g = layer.backward(d_out, cache)
+    ours = {"output": y, "dx": g["x"], "conv_state": state.conv, "recurrent_state": state.recurrent}
+    ours.update({f"grad {name}": g[name] for name in layer.PARAM_NAMES})
+    lifted = x.dtype == np.float64
+    shapes = layer.param_shapes()
+    theirs = run_hf(kind, module, shapes, x, attention_mask, d_out, lifted)
+    rows = [
+        Row("output", "module(x)", "output"),
+        Row("state: conv", "cache conv state [:, :, 1:]", "conv_state"),
+        Row("state: recurrent", "cache recurrent state", "recurrent_state"),
+        Row("dL/dx", "autograd", "dx"),
+    ]
+    rows += [Row(f"dL/d{n}", f"{t}.grad", f"grad {n}") for n, t in kind.name_map.items()]
+    notes = []
+    if lifted:
+        shipped = run_hf(kind, module, shapes, x, attention_mask, d_out, lifted=False)
+        worst = max(relative(ours[k], shipped[k]) for k in shipped if k.startswith("grad "))
+        notes.append(f"as shipped (float32 casts inside): output {relative(y, shipped['output']):.1e}, "
+                     f"state {relative(state.recurrent, shipped['recurrent_state']):.1e}, "
+                     f"gradients up to {worst:.1e} from ours")  # fmt: skip
+    return compare(title, x.dtype, rtol, rows, ours, theirs, notes)
+
+
+def decode_hf(kind: LayerKind, module, hidden_states, prefill: int = 3, lifted: bool = True):
+    """transformers' decoding: a prefill of ``prefill`` tokens with a fresh cache, then one token a call ->
+    (outputs (B, L, E), the DeltaNetState after the last call in our layout)."""
+    torch = require("torch")
+    x = np.asarray(hidden_states)
+    if not 1 <= prefill <= x.shape[1]:
+        raise ValueError(f"prefill must lie in [1, L={x.shape[1]}], got {prefill}")
+    cache, outs = hf_cache(kind), []
+    with torch.no_grad(), kind.lift(module) if lifted else nullcontext():
+        for a, b in [(0, prefill)] + [(t, t + 1) for t in range(prefill, x.shape[1])]:
+            outs.append(module(tensor(torch, x[:, a:b]), cache=cache).numpy())
+    return np.concatenate(outs, axis=1), _state(cache)
+
+
+@contextmanager
+def method_replaced(module, forward):
+    """Within the block ``module.forward`` is ``forward`` (bound to it); the class's forward again afterwards."""
+    import types
+
+    module.forward = types.MethodType(forward, module)
+    try:
+        yield module
+    finally:
+        del module.forward
