@@ -1,0 +1,128 @@
+"""Mamba-2 against transformers' ``Mamba2Mixer``: the SSD functions and the forward with their float32 casts lifted,
+the importer, the checks.
+
+transformers (``transformers.models.mamba2.modeling_mamba2``) computes the scan in float32 whatever the module's
+dtype: ``mamba2_chunk_scan`` casts x, B, C, dt (``.float()``), ``mamba2_selective_state_update`` (one token of
+decoding) the decay ``exp(dt.float() * A.float())``, ``Mamba2Mixer.forward`` takes ``A = −exp(A_log.float())``, and
+``MambaRMSNormGated`` normalises in float32. The copies below are their torch fallbacks line for line with those casts
+removed, so the float64 check runs in float64 (as ``interop.qwen3_next_deltanet`` lifts Qwen3-Next's); the float32
+check is against the module as shipped. Other changes: none but the dtype.
+
+Layouts: theirs (B, L, H, P), B and C (B, L, G, N), the state (B, H, P, N); ours (B, H, L, P), (B, G, L, N),
+(B, H, N, P) (``recurrent.ssd``). The parameters (``recurrent.mamba2``):
+
+============  ================  ==================================================================
+ours          Mamba2Mixer       shape
+============  ================  ==================================================================
+W_in          in_proj.weight    (I + C + H, E): [z (I) | x B C (C = I + 2·G·N) | dt (H)]
+conv_weight   conv1d.weight     ours (C, K), theirs (C, 1, K)
+conv_bias     conv1d.bias       (C,)
+dt_bias       dt_bias           (H,)
+A_log         A_log             (H,)
+D             D                 (H,)
+norm_weight   norm.weight       (I,)
+W_out         out_proj.weight   (E, I)
+============  ================  ==================================================================
+
+torch and transformers are imported lazily, inside the functions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._lazy import require, to_numpy
+
+HF_MAMBA2_NAME_MAP = {
+    "W_in": "in_proj.weight",
+    "conv_weight": "conv1d.weight",
+    "conv_bias": "conv1d.bias",
+    "dt_bias": "dt_bias",
+    "A_log": "A_log",
+    "D": "D",
+    "norm_weight": "norm.weight",
+    "W_out": "out_proj.weight",
+}
+"""Our Mamba2Mixer's parameters -> transformers' (conv1d.weight (C, 1, K) is ours (C, K))."""
+
+
+# --------------------------------------------------------------------------- the SSD functions, casts lifted
+
+
+def mamba2_chunk_scan_float64(
+    hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None, dt_softplus=False,
+    dt_limit=(0.0, float("inf")), return_final_states=False, **kwargs,
+):  # fmt: skip
+    """transformers' ``mamba2_chunk_scan`` without its ``.float()`` casts (module docstring)."""
+    torch = require("torch")
+    from transformers.models.mamba2.modeling_mamba2 import pad_tensor_by_size, reshape_into_chunks, segment_sum
+
+    F = torch.nn.functional
+    batch_size, sequence_length, num_heads, head_dim = hidden_states.shape
+    num_groups = B.shape[2]
+    if dt_bias is not None:
+        dt = dt + dt_bias.to(dt.dtype)
+    if dt_softplus:
+        dt = F.softplus(dt)
+    dt = torch.clamp(dt, min=dt_limit[0], max=dt_limit[1])
+    B = B.repeat_interleave(num_heads // num_groups, dim=2, output_size=num_heads)
+    C = C.repeat_interleave(num_heads // num_groups, dim=2, output_size=num_heads)
+    pad_size = (chunk_size - sequence_length % chunk_size) % chunk_size
+    D_residual = None
+    if D is not None:
+        D_residual = D[..., None] * pad_tensor_by_size(hidden_states, pad_size)
+    hidden_states = hidden_states * dt[..., None]
+    A = A.to(hidden_states.dtype) * dt
+    hidden_states, A, B, C = [reshape_into_chunks(t, pad_size, chunk_size) for t in (hidden_states, A, B, C)]
+    A = A.permute(0, 3, 1, 2)
+    A_cumsum = torch.cumsum(A, dim=-1)
+    L = torch.exp(segment_sum(A))
+    G = torch.einsum("bclhn,bcshn->bclsh", C, B)
+    M = G * L.permute(0, 2, 3, 4, 1)
+    Y_diag = torch.einsum("bclsh,bcshp->bclhp", M, hidden_states)
+    decay_states = torch.exp(A_cumsum[:, :, :, -1:] - A_cumsum)
+    B_decay = B * decay_states.permute(0, -2, -1, 1)[..., None]
+    states = torch.einsum("bclhn,bclhp->bchpn", B_decay, hidden_states)
+    previous_states = (
+        initial_states[:, None].to(dtype=states.dtype) if initial_states is not None
+        else torch.zeros_like(states[:, :1])
+    )  # fmt: skip
+    states = torch.cat([previous_states, states], dim=1)
+    decay_chunk = torch.exp(segment_sum(F.pad(A_cumsum[:, :, :, -1], (1, 0)))).transpose(1, 3)
+    new_states = torch.einsum("bzch,bzhpn->bchpn", decay_chunk, states)
+    states, final_state = new_states[:, :-1], new_states[:, -1]
+    state_decay_out = torch.exp(A_cumsum)
+    C_times_states = torch.einsum("bclhn,bchpn->bclhp", C, states)
+    Y_off = C_times_states * state_decay_out.permute(0, 2, 3, 1)[..., None]
+    output = (Y_diag + Y_off).contiguous().reshape(batch_size, -1, num_heads, head_dim)
+    if D_residual is not None:
+        output = output + D_residual
+    if pad_size > 0:
+        output = output[:, :sequence_length]
+    return (output, final_state) if return_final_states else output
+
+
+def torch_ssd(x, dt, A, B, C, D=None, initial_state=None, chunk_size=64, d_y=None, d_final_state=None,
+              shipped=False) -> dict:  # fmt: skip
+    """transformers' chunked scan on our arrays (ours' layout in and out; dt given is the time step itself: no
+    softplus, no bias) with torch autograd of Σ d_y·y + d_final_state·S -> {"y", "final_state", and d_y given:
+    "x", "dt", "A", "B", "C", "D", "initial_state"}. ``shipped``: the function as shipped (float32 inside)."""
+    torch = require("torch")
+    from transformers.models.mamba2 import modeling_mamba2 as M
+
+    scan = M.mamba2_chunk_scan if shipped else mamba2_chunk_scan_float64
+    named = {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "initial_state": initial_state}
+    t = {n: torch.tensor(np.asarray(a), requires_grad=True) for n, a in named.items() if a is not None}
+    S0 = None if initial_state is None else t["initial_state"].transpose(-1, -2)  # ours (N, P) -> theirs (P, N)
+    y, S = scan(t["x"].transpose(1, 2), t["dt"].transpose(1, 2), t["A"], t["B"].transpose(1, 2),
+                t["C"].transpose(1, 2), chunk_size, D=t.get("D"), initial_states=S0,
+                return_final_states=True)  # fmt: skip
+    y, S = y.transpose(1, 2), S.transpose(-1, -2)  # (B, H, L, P), (B, H, N, P)
+    out = {"y": to_numpy(y), "final_state": to_numpy(S)}
+    if d_y is not None:
+        loss = (y * torch.tensor(d_y)).sum()
+        if d_final_state is not None:
+            loss = loss + (S * torch.tensor(d_final_state)).sum()
+        grads = torch.autograd.grad(loss, list(t.values()), allow_unused=True)
+        out.update({n: None if g is None else to_numpy(g) for n, g in zip(t, grads, strict=True)})
+    return out
