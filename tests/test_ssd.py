@@ -150,3 +150,49 @@ def test_ssd_inputs_are_not_modified_and_a_second_backward_agrees():
     g1, g2 = SSD.ssd_backward(np.ones_like(y), cache, d_S), SSD.ssd_backward(np.ones_like(y), cache, d_S)
     assert all(np.array_equal(case[n], copies[n]) for n in case) and np.array_equal(d_S, np.ones_like(S))
     assert all(np.array_equal(g1[n], g2[n]) for n in GRADS)
+
+
+# --------------------------------------------------------------------------- one-token decoding
+
+
+def test_ssd_step_token_by_token_equals_the_full_scan_and_transformers_update():
+    """``ssd_step`` from the initial state, one token a call: outputs and state equal one chunked call's to 1e-12,
+    and transformers' ``mamba2_selective_state_update`` (casts lifted) to 1e-10; the state passed in is untouched."""
+    require_torch()
+    import torch
+
+    from mha_numpy.interop.mamba2 import mamba2_selective_state_update_float64
+
+    case = ssd_case(np.random.default_rng(6))
+    x, dt, A, B, C, D, S0 = (case[n] for n in GRADS)
+    (y, S_full), _ = SSD.ssd_forward(**case, chunk_size=4)
+    S, outs, S0_copy = S0, [], S0.copy()
+    theirs_state, theirs = torch.tensor(S0.transpose(0, 1, 3, 2).copy()), []  # theirs (B, H, P, N)
+    P = x.shape[3]
+    for t in range(x.shape[2]):
+        y_t, S = SSD.ssd_step(x[:, :, t], dt[:, :, t], A, B[:, :, t], C[:, :, t], D, S)
+        outs.append(y_t)
+        dt_p = torch.tensor(dt[:, :, t, None]).expand(-1, -1, P)  # their layer's expansion over the head dim
+        A_p = torch.tensor(A)[:, None, None].expand(-1, P, B.shape[3])
+        theirs.append(mamba2_selective_state_update_float64(
+            theirs_state, torch.tensor(x[:, :, t]), dt_p, A_p, torch.tensor(B[:, :, t]), torch.tensor(C[:, :, t]),
+            torch.tensor(D)[:, None].expand(-1, P)).numpy())  # fmt: skip
+    outs = np.stack(outs, axis=2)
+    assert np.max(np.abs(outs - y)) <= 1e-12 * np.max(np.abs(y))
+    assert np.max(np.abs(S - S_full)) <= 1e-12 * np.max(np.abs(S_full)) and np.array_equal(S0, S0_copy)
+    assert rel_err(outs, np.stack(theirs, axis=2)) <= TOL
+    assert rel_err(S, theirs_state.numpy().transpose(0, 1, 3, 2)) <= TOL
+
+
+def test_ssd_step_bad_input_names_the_argument():
+    case = ssd_case(np.random.default_rng(7))
+    x, dt, A, B, C, D, S0 = (case[n] for n in GRADS)
+    token = dict(x_t=x[:, :, 0], dt_t=dt[:, :, 0], A=A, B_t=B[:, :, 0], C_t=C[:, :, 0], D=D, state=S0)
+    for change, match in [
+        (dict(x_t=x[:, :, :2]), r"x_t must have 3 dimensions, got shape \(2, 4, 2, 3\)"),
+        (dict(state=S0[:, :2]), r"state with shape \(2, 2, 5, 3\) must be \(B, H, N, P\)"),
+        (dict(dt_t=-dt[:, :, 0]), "dt_t must be >= 0"),
+        (dict(A=-A), "A must be <= 0"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            SSD.ssd_step(**{**token, **change})

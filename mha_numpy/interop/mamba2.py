@@ -102,6 +102,38 @@ def mamba2_chunk_scan_float64(
     return (output, final_state) if return_final_states else output
 
 
+def mamba2_selective_state_update_float64(
+    state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, z=None, **kwargs
+):
+    """transformers' ``mamba2_selective_state_update`` (one token) without its ``.float()`` casts."""
+    torch = require("torch")
+    F = torch.nn.functional
+    batch_size, num_heads, head_dim = hidden_states.shape
+    num_groups, state_size = B.shape[1], B.shape[-1]
+    if dt_bias is not None:
+        dt = dt + dt_bias.to(dt.dtype)
+    if dt_softplus:
+        dt = F.softplus(dt)
+    dt = dt[..., None]
+    dA = torch.exp(dt * A)
+    B = B.reshape(batch_size, num_groups, 1, state_size)
+    B = B.expand(batch_size, num_groups, num_heads // num_groups, state_size).contiguous()
+    B = B.reshape(batch_size, num_heads, 1, state_size)
+    dBx = dt * B * hidden_states[..., None]
+    ssm_states = state * dA + dBx
+    state.copy_(ssm_states.to(state.dtype))
+    C = C.reshape(batch_size, num_groups, 1, state_size)
+    C = C.expand(batch_size, num_groups, num_heads // num_groups, state_size).contiguous()
+    C = C.reshape(batch_size, num_heads, state_size)
+    out = torch.bmm(ssm_states.view(batch_size * num_heads, head_dim, state_size), C.view(-1, state_size, 1))
+    out = out.view(batch_size, num_heads, head_dim)
+    if D is not None:
+        out = out + hidden_states * D
+    if z is not None:
+        out = out * F.silu(z)
+    return out
+
+
 def torch_ssd(x, dt, A, B, C, D=None, initial_state=None, chunk_size=64, d_y=None, d_final_state=None,
               shipped=False) -> dict:  # fmt: skip
     """transformers' chunked scan on our arrays (ours' layout in and out; dt given is the time step itself: no

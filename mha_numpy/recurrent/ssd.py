@@ -262,3 +262,36 @@ def ssd_matrix_backward(dM, cache) -> dict:
         "C": F.repeat_kv_backward(dCh[:, :, 0], c_rc),  # ← F2
         "D": dD,
     }
+
+
+def ssd_step(x_t, dt_t, A, B_t, C_t, D=None, state=None):
+    """One token of decoding with the state: S ← e^{A·dt} S + dt B xᵀ, y = Sᵀ C + D x (transformers'
+    ``mamba2_selective_state_update``).
+
+    x_t (B, H, P), dt_t (B, H), A (H,), B_t, C_t (B, G, N), D (H,) or None, state (B, H, N, P) or None (zeros)
+    -> (y_t (B, H, P), new_state (B, H, N, P)). The inputs, ``state`` included, are not modified.
+    """
+    arrays = {"x_t": (x_t, 3), "dt_t": (dt_t, 2), "B_t": (B_t, 3), "C_t": (C_t, 3)}
+    for name, (a, ndim) in arrays.items():
+        if np.ndim(a) != ndim:
+            raise ValueError(f"{name} must have {ndim} dimensions, got shape {np.shape(a)}")
+    try:  # the sequence's checks with L = 1
+        x, dt, A, B, C, D, S = check_ssd_inputs(
+            np.asarray(x_t)[:, :, None], np.asarray(dt_t)[:, :, None], A, np.asarray(B_t)[:, :, None],
+            np.asarray(C_t)[:, :, None], D, state,
+        )  # fmt: skip
+    except ValueError as e:  # named as the caller knows them: x -> x_t, initial_state -> state
+        name, _, rest = str(e).partition(" ")
+        name = {"initial_state": "state", "A": "A", "D": "D"}.get(name, f"{name}_t")
+        raise ValueError(f"{name} {rest}") from None
+    H = x.shape[1]
+    if S is None:
+        S = np.zeros((x.shape[0], H, B.shape[3], x.shape[3]), dtype=x.dtype)
+    Bh = np.repeat(B[:, :, 0], H // B.shape[1], axis=1)  # (B, G, N) -> (B, H, N), head h <- group h // (H / G)
+    Ch = np.repeat(C[:, :, 0], H // B.shape[1], axis=1)  # (B, H, N)
+    x, dt = x[:, :, 0], dt[:, :, 0]  # (B, H, P), (B, H)
+    S = np.exp(A * dt)[..., None, None] * S + (dt[..., None] * Bh)[..., None] * x[:, :, None, :]  # (B, H, N, P)
+    y = (Ch[:, :, None, :] @ S)[:, :, 0]  # (B, H, 1, N) @ (B, H, N, P) -> (B, H, P)
+    if D is not None:
+        y = y + D[:, None] * x  # (H, 1) * (B, H, P)
+    return y, S
