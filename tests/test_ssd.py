@@ -196,3 +196,178 @@ def test_ssd_step_bad_input_names_the_argument():
     ]:
         with pytest.raises(ValueError, match=match):
             SSD.ssd_step(**{**token, **change})
+
+
+# --------------------------------------------------------------------------- the Mamba2Mixer layer
+
+
+def mixer_and_input(dtype=np.float64, B=2, L=7, seed=0, **options):
+    from mha_numpy.interop import mamba2 as MX
+
+    module = MX.hf_mamba2_mixer(dtype=dtype, seed=seed, **options)  # 4 heads in 2 groups, chunks of 4
+    x = np.random.default_rng(seed).standard_normal((B, L, module.hidden_size)).astype(dtype)
+    return MX, module, x
+
+
+@pytest.mark.parametrize("impl, padded, limit", [("chunked", False, None), ("quadratic", True, None),
+                                                 ("chunked", True, (0.2, 0.9))])  # fmt: skip
+def test_mamba2_mixer_matches_transformers_in_float64(impl, padded, limit):
+    """Output, the state after the call (conv and SSM), dL/dx and every parameter's gradient against Mamba2Mixer's
+    torch path with its float32 casts lifted, to 1e-10: batch 2, 2 groups of 2 heads, L = 7 over chunks of 4, left
+    padding in one row; a time-step limit that clamps some steps and not others."""
+    require_torch()
+    options = {} if limit is None else {"time_step_limit": limit}
+    MX, module, x = mixer_and_input(**options)
+    mask = None
+    if padded:
+        mask = np.ones(x.shape[:2], bool)
+        mask[1, :3] = False
+    report = MX.crosscheck_hf_mamba2_mixer(module, x, mask, impl=impl)
+    assert report.passed and len(report.rows) == 12 and report.rtol == TOL, str(report)
+    assert "as shipped" in report.notes[0]
+    if limit is not None:
+        _, cache = MX.from_hf_mamba2_mixer(module).forward(x, mask)
+        inside = cache.c_dt[1]
+        assert inside.any() and not inside.all()  # the clamp's gradient is 0 for some tokens, 1 for others
+
+
+def test_mamba2_mixer_float32_against_transformers_as_shipped():
+    require_torch()
+    MX, module, x = mixer_and_input(np.float32)
+    report = MX.crosscheck_hf_mamba2_mixer(module, x)
+    assert report.passed and report.rtol == 1e-5, str(report)
+    layer = MX.from_hf_mamba2_mixer(module)
+    (y, state), cache = layer.forward(x)
+    grads = layer.backward(np.ones_like(y), cache)
+    assert y.dtype == state.conv.dtype == state.recurrent.dtype == np.float32
+    assert all(grads[n].dtype == np.float32 for n in ("x", *layer.PARAM_NAMES))
+
+
+def test_mamba2_mixer_decoding_token_by_token_equals_one_call_and_transformers_cache():
+    """A prefill of 3 tokens, then one token a call with the conv and SSM state: outputs and state equal one call's
+    to 1e-12 (both forms, and with a time-step limit that binds), and transformers' decoding with its cache (casts
+    lifted; its one-token path is ``mamba2_selective_state_update``, which ignores the limit) to 1e-10."""
+    require_torch()
+    MX, module, x = mixer_and_input(L=8)
+    for impl, limit in (("chunked", None), ("quadratic", None), ("chunked", (0.2, 0.9))):
+        layer = MX.from_hf_mamba2_mixer(module, impl=impl)
+        if limit is not None:  # a limit that binds: one token a call clamps as one call does (transformers' doesn't)
+            layer = MX.Mamba2Mixer(8, 4, 4, 5, 2, 3, time_step_limit=limit, params=layer.params, chunk_size=4)
+        (y, final), _ = layer.forward(x)
+        state, outs = None, []
+        for a, b in [(0, 3)] + [(t, t + 1) for t in range(3, 8)]:
+            (y_p, state), _ = layer.forward(x[:, a:b], state=state)
+            outs.append(y_p)
+        assert np.max(np.abs(np.concatenate(outs, axis=1) - y)) <= 1e-12 * np.max(np.abs(y)), impl
+        assert np.max(np.abs(state.recurrent - final.recurrent)) <= 1e-12 * np.max(np.abs(final.recurrent)), impl
+        assert np.array_equal(state.conv, final.conv), impl
+    layer = MX.from_hf_mamba2_mixer(module)
+    (y, final), _ = layer.forward(x)
+    y_hf, state_hf = MX.decode_hf_mamba2_mixer(module, x, prefill=3)
+    assert rel_err(y, y_hf) <= TOL and rel_err(final.recurrent, state_hf.recurrent) <= TOL
+    assert rel_err(final.conv, state_hf.conv) <= TOL
+
+
+def test_mamba2_mixer_central_differences_for_every_parameter_input_and_state():
+    """Every gradient of the layer, the initial state's included (a call in the middle of a sequence), against
+    central differences; the output and both parts of the state after the call carry an upstream gradient; a
+    time-step limit that binds for some tokens."""
+    from mha_numpy.recurrent.mamba2 import Mamba2Mixer, Mamba2State
+
+    rng = np.random.default_rng(9)
+    E, H, P, N, G, K, B, L = 4, 2, 2, 3, 1, 3, 2, 5
+    sizes_ = (E, H, P, N, G, K)
+    opts = dict(chunk_size=2, time_step_limit=(0.0, 1.5))
+    base = Mamba2Mixer(*sizes_, rng=1, **opts)
+    params = {n: p + 0.2 * rng.standard_normal(p.shape) for n, p in base.params.items()}
+    params["A_log"], params["dt_bias"] = np.log([0.5, 1.0]), np.array([0.5, -0.5])  # a memory of a few tokens
+    x = rng.standard_normal((B, L, E))
+    conv0, rec0 = rng.standard_normal((B, K - 1, base.conv_dim)), 0.3 * rng.standard_normal((B, H, N, P))
+    shapes = [(B, L, E), (B, K - 1, base.conv_dim), (B, H, N, P)]
+    sizes = [int(np.prod(s)) for s in shapes]
+
+    def forward(x, conv0, rec0, **params):  # y and the state after the call, flattened side by side
+        layer = Mamba2Mixer(*sizes_, params=params, **opts)
+        (y, s), _ = layer.forward(x, state=Mamba2State(conv0, rec0))
+        return np.concatenate([y.ravel(), s.conv.ravel(), s.recurrent.ravel()])
+
+    d_out = rng.standard_normal(sum(sizes))
+    d_y, d_conv, d_rec = (d.reshape(s) for d, s in zip(np.split(d_out, np.cumsum(sizes)[:-1]), shapes))
+    layer = Mamba2Mixer(*sizes_, params=params, **opts)
+    _, cache = layer.forward(x, state=Mamba2State(conv0, rec0))
+    assert cache.c_dt[1].any() and not cache.c_dt[1].all()
+    g = layer.backward(d_y, cache, Mamba2State(d_conv, d_rec))
+    analytic = {"x": g["x"], "conv0": g["state"].conv, "rec0": g["state"].recurrent}
+    analytic.update({n: g[n] for n in Mamba2Mixer.PARAM_NAMES})
+    finite_differences(forward, analytic, {"x": x, "conv0": conv0, "rec0": rec0, **params}, d_out)
+
+
+def test_mamba2_mixer_bad_input_names_the_argument_and_nothing_is_modified():
+    from mha_numpy.recurrent.layer import DeltaNetState
+    from mha_numpy.recurrent.mamba2 import Mamba2Mixer, Mamba2State
+
+    layer = Mamba2Mixer(8, 4, 4, 3, 2, rng=0)
+    x = np.random.default_rng(10).standard_normal((2, 5, 8))
+    copies = (x.copy(), {n: p.copy() for n, p in layer.params.items()})
+    state = layer.zero_state(2)
+    (y, new_state), cache = layer.forward(x, np.ones((2, 5), bool), state)
+    layer.backward(np.ones_like(y), cache, new_state)
+    assert np.array_equal(x, copies[0]) and all(np.array_equal(layer.params[n], p) for n, p in copies[1].items())
+    assert not np.any(state.conv) and not np.any(state.recurrent) and new_state is not state
+    cases = [
+        (dict(x=x[..., :7]), r"x with shape \(2, 5, 7\) and dtype float64 must be \(B, L, E = 8\)"),
+        (dict(attention_mask=np.ones((2, 5), int)), "attention_mask must be a bool"),
+        (dict(state=Mamba2State(state.conv[:, :2], state.recurrent)), r"state.conv must be \(2, 3, 28\)"),
+        (dict(state=DeltaNetState(state.conv, state.recurrent)), "state must be a Mamba2State or None, got DeltaN"),
+    ]
+    for change, match in cases:
+        with pytest.raises(ValueError, match=match):
+            layer.forward(**{"x": x, **change})
+    with pytest.raises(ValueError, match=r"d_out must have the shape \(2, 5, 8\)"):
+        layer.backward(np.ones((2, 5, 7)), cache)
+    with pytest.raises(ValueError, match="d_state must be a Mamba2State or None"):
+        layer.backward(np.ones_like(y), cache, DeltaNetState(state.conv, state.recurrent))
+    for kwargs, match in [
+        (dict(n_groups=3), "n_groups = 3 must divide num_heads = 4"),
+        (dict(impl="recurrent"), "impl must be one of"),
+        (dict(time_step_limit=(0.5, 0.1)), "limit must be"),
+        (dict(params={"W_out": np.zeros((8, 16))}), "the weights lack 7 of the 8 tensors"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            Mamba2Mixer(**{"hidden_size": 8, "num_heads": 4, "head_dim": 4, "state_size": 3, **kwargs})
+
+
+def test_time_step_and_grouped_gated_norm_against_autograd_and_central_differences():
+    """The two pieces Mamba-2 adds: Δ = clamp(softplus(dt + dt_bias), lo, hi) and MambaRMSNormGated's order (gate,
+    then RMSNorm over groups, then the weight), each against torch (float64, 1e-10) and central differences."""
+    torch = require_torch()
+    from transformers.models.mamba2.modeling_mamba2 import MambaRMSNormGated
+
+    from mha_numpy.recurrent import gates as GT
+    from mha_numpy.recurrent import norms as NM
+
+    rng = np.random.default_rng(11)
+    dt, dt_bias = rng.standard_normal((2, 5, 4)), rng.standard_normal(4)
+    delta, cache = GT.time_step_forward(dt, dt_bias, (0.3, 1.2))
+    d = rng.standard_normal(delta.shape)
+    g_dt, g_bias = GT.time_step_backward(d, cache)
+    t_dt, t_bias = torch.tensor(dt, requires_grad=True), torch.tensor(dt_bias, requires_grad=True)
+    t_delta = torch.clamp(torch.nn.functional.softplus(t_dt + t_bias), 0.3, 1.2)
+    grads = torch.autograd.grad(t_delta, [t_dt, t_bias], torch.tensor(d))
+    assert rel_err(delta, t_delta.detach().numpy()) <= TOL
+    assert rel_err(g_dt, grads[0].numpy()) <= TOL and rel_err(g_bias, grads[1].numpy()) <= TOL
+    finite_differences(lambda dt, dt_bias: GT.time_step_forward(dt, dt_bias, (0.3, 1.2))[0],
+                       {"dt": g_dt, "dt_bias": g_bias}, {"dt": dt, "dt_bias": dt_bias}, d)  # fmt: skip
+
+    x, z, w = rng.standard_normal((2, 3, 6)), rng.standard_normal((2, 3, 6)), rng.standard_normal(6)
+    out, cache = NM.grouped_gated_rms_norm_forward(x, z, w, 3, 1e-6)
+    d = rng.standard_normal(out.shape)
+    dx, dz, dw = NM.grouped_gated_rms_norm_backward(d, cache)
+    norm = MambaRMSNormGated(6, group_size=3, eps=1e-6).double()  # float64 in, float32 inside: compared at 1e-6
+    with torch.no_grad():
+        norm.weight.copy_(torch.tensor(w))
+    assert rel_err(out, norm(torch.tensor(x), torch.tensor(z)).detach().numpy()) <= 1e-6
+    finite_differences(lambda x, z, w: NM.grouped_gated_rms_norm_forward(x, z, w, 3, 1e-6)[0],
+                       {"x": dx, "z": dz, "w": dw}, {"x": x, "z": z, "w": w}, d)  # fmt: skip
+    with pytest.raises(ValueError, match="group_size 4 must divide x's last dimension 6"):
+        NM.grouped_gated_rms_norm_forward(x, z, w, 4)
