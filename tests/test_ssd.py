@@ -152,6 +152,22 @@ def test_ssd_inputs_are_not_modified_and_a_second_backward_agrees():
     assert all(np.array_equal(g1[n], g2[n]) for n in GRADS)
 
 
+def test_an_empty_sequence_passes_the_state_and_its_gradient_through_as_new_arrays():
+    """L = 0: the final state is the initial one's value in a new array (it was the caller's array itself, so writing
+    into it changed the initial state), and its gradient comes back as a new array too; both forms."""
+    case = ssd_case(np.random.default_rng(8), L=0)
+    before = case["initial_state"].copy()
+    for impl in SSD.IMPLS:
+        (y, S), cache = SSD.ssd_forward(**case, impl=impl)
+        assert y.shape == (2, 4, 0, 3) and np.array_equal(S, before)
+        S += 1.0
+        assert np.array_equal(case["initial_state"], before), impl
+        d_S = np.ones_like(S)
+        g = SSD.ssd_backward(y, cache, d_S)
+        assert np.array_equal(g["initial_state"], d_S) and g["initial_state"] is not d_S, impl
+        assert all(not np.any(g[n]) for n in ("A", "D")) and g["B"].shape == (2, 2, 0, 5)
+
+
 # --------------------------------------------------------------------------- one-token decoding
 
 

@@ -201,7 +201,7 @@ def ssd_forward(x, dt, A, B, C, D=None, initial_state=None, chunk_size=64, impl=
     Ch, c_rc = F.repeat_kv_forward(C, H // G, check=False)  # F2
     c = max(L, 1) if impl == "quadratic" else min(chunk_size, max(L, 1))
     xc, dtc, ac, Bc, Cc = (to_chunks(t, c) for t in (x, dt, a, Bh, Ch))  # F3: (B, H, n, c, ·)
-    S0 = np.zeros((b, H, N, P), dtype=x.dtype) if initial_state is None else initial_state
+    S0 = np.zeros((b, H, N, P), dtype=x.dtype) if initial_state is None else initial_state.copy()  # L = 0 returns it
     (yc, S), c_core = chunks_forward(xc, dtc, ac, Bc, Cc, D, S0)  # F4
     y = yc.reshape(b, H, -1, P)[:, :, :L]  # F5: (B, H, n·c, P) -> (B, H, L, P)
     return (y, S), (c_core, c_rb, c_rc, A, dt, initial_state is not None, y.shape, S.shape, x.dtype)
@@ -214,7 +214,7 @@ def ssd_backward(d_y, cache, d_final_state=None) -> dict:
     d_y = check_like(d_y, "d_y", y_shape, dtype, "y")
     if d_final_state is None:
         d_final_state = np.zeros(S_shape, dtype=dtype)
-    d_final_state = check_like(d_final_state, "d_final_state", S_shape, dtype, "final_state")
+    d_final_state = check_like(d_final_state, "d_final_state", S_shape, dtype, "final_state").copy()  # as S0
     b, H, L, P = y_shape
     c = c_core[0].shape[3]
     dx, ddt, da, dBh, dCh, dD, dS0 = chunks_backward(to_chunks(d_y, c), d_final_state, c_core)  # ← F5, F4
