@@ -8,6 +8,7 @@ kernels, docs/derivation.md § 30).
   and its backward.
 - ``linear``: causal linear attention with the elu+1 feature map, recurrent and chunked.
 - ``decayed``: a chunk's products weighted by the decay between positions (one gate a head, or one a channel).
+- ``ssd``: Mamba-2's SSD, the chunked scan, its (L, L) matrix form and ``ssd_step``; ``mamba2``: its layer.
 - ``features``: the maps of q and k (l2norm, elu+1), each a pair. ``checks``: the family's argument checks.
 """
 
