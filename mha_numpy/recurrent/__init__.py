@@ -14,6 +14,8 @@ kernels, docs/derivation.md § 30).
 
 from .gated_delta import gated_delta_rule_backward, gated_delta_rule_forward, gated_delta_rule_step
 from .linear import linear_attention_backward, linear_attention_forward
+from .ssd import ssd_backward, ssd_forward, ssd_matrix_backward, ssd_matrix_forward, ssd_step
 
 __all__ = ["gated_delta_rule_forward", "gated_delta_rule_backward", "gated_delta_rule_step"]
 __all__ += ["linear_attention_forward", "linear_attention_backward"]
+__all__ += ["ssd_forward", "ssd_backward", "ssd_matrix_forward", "ssd_matrix_backward", "ssd_step"]

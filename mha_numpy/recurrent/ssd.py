@@ -64,7 +64,7 @@ def check_ssd_inputs(x, dt, A, B, C, D, initial_state):
         raise ValueError(f"dt with shape {dt.shape} must be (B, H, L) = {(b, H, L)} for x with shape {x.shape}")
     A = as_float_array(A, "A", ndim=1)
     if A.shape != (H,):
-        raise ValueError(f"A with shape {A.shape} must be (H,) = ({H},) for x with shape {x.shape}")
+        raise ValueError(f"A with shape {A.shape} must be (H,) = ({H},), one rate a head")
     B = as_float_array(B, "B", ndim=4)
     if B.shape[0] != b or B.shape[2] != L or B.shape[1] == 0 or H % B.shape[1]:
         raise ValueError(f"B with shape {B.shape} must be (B, G, L, N) = ({b}, G, {L}, N) with H = {H} a multiple "
@@ -76,7 +76,7 @@ def check_ssd_inputs(x, dt, A, B, C, D, initial_state):
     if D is not None:
         D = named["D"] = as_float_array(D, "D", ndim=1)
         if D.shape != (H,):
-            raise ValueError(f"D with shape {D.shape} must be (H,) = ({H},) for x with shape {x.shape}")
+            raise ValueError(f"D with shape {D.shape} must be (H,) = ({H},), one skip a head")
     if initial_state is not None:
         initial_state = named["initial_state"] = as_float_array(initial_state, "initial_state", ndim=4)
         if initial_state.shape != (b, H, B.shape[3], P):
