@@ -22,6 +22,7 @@ import numpy as np
 
 from ._checks import (
     as_array,
+    as_bool,
     as_float_array,
     as_generator,
     as_int,
@@ -536,24 +537,86 @@ def partial_rope_backward(d_out: np.ndarray, cache):
     return np.concatenate([d_turned, d_out[..., r:]], axis=-1)  # (B, H, L, d)
 
 
-def rope_interleaved_forward(x: np.ndarray, positions=None, theta: float = 10000.0, check: bool = True):
-    """RoPE on features paired as (0, 1), (2, 3), ... (DeepSeek's layout; HF's ``apply_rotary_pos_emb_interleave``).
+def rope_interleaved_forward(x: np.ndarray, positions=None, theta: float = 10000.0, check: bool = True,
+                             inv_freq=None, attention_factor: float = 1.0):  # fmt: skip
+    """RoPE on features paired as (0, 1), (2, 3), ... gathered into halves (DeepSeek's layout; HF's
+    ``apply_rotary_pos_emb_interleave``).
 
     x: (B, H, L, d), d even   ->   out: (B, H, L, d). The pairs are gathered into halves [x0, x2, ..., x1, x3, ...]
-    and turned as ``rope_forward`` turns (i, i + d/2); the output stays in halves, as HF's does.
+    and turned as ``rotary_forward`` turns (i, i + d/2); the output stays in halves, as HF's does (the same scores
+    as GPT-J's layout, ``rotary_forward(..., interleaved=True)``, whose output keeps the pairs in place: q and k
+    permuted alike). inv_freq (d/2,), attention_factor: a scaled table (``rope_scaling``); None: theta's.
     """
     if check:
         x, positions = _check_rope(x, positions, theta)
+    if inv_freq is None:
+        inv_freq = 1.0 / theta ** (np.arange(0, x.shape[-1], 2) / x.shape[-1])  # (d/2,) RoPE's own table
     halves = np.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)  # F1: (B, H, L, d), pair i at (i, i + d/2)
-    return rope_forward(halves, positions, theta, check=False)  # F2: (B, H, L, d)
+    return rotary_forward(halves, positions, inv_freq, attention_factor, check=check)  # F2: (B, H, L, d)
 
 
 def rope_interleaved_backward(d_out: np.ndarray, cache):
     """d_out: (B, H, L, d) -> dx: (B, H, L, d): the inverse rotation, then each half back to its pairs' places."""
-    d_halves = rope_backward(d_out, cache)  # ← F2
+    d_halves = rotary_backward(d_out, cache)  # ← F2
     half = d_out.shape[-1] // 2
     dx = np.empty_like(d_halves)
     dx[..., 0::2], dx[..., 1::2] = d_halves[..., :half], d_halves[..., half:]  # ← F1: a permutation's inverse
+    return dx
+
+
+def rotary_cos_sin(positions: np.ndarray, inv_freq: np.ndarray, attention_factor: float = 1.0):
+    """positions (L,) or (B, L), inv_freq (n,) -> cos, sin (L, n) or (B, L, n), float64: the angles
+    position · inv_freq[i] of the n turned pairs, each times ``attention_factor`` (transformers scales cos, sin)."""
+    angles = np.asarray(positions, dtype=np.float64)[..., None] * inv_freq  # (..., L, 1) * (n,) -> (..., L, n)
+    return np.cos(angles) * attention_factor, np.sin(angles) * attention_factor
+
+
+def _pair_slices(n: int, interleaved: bool) -> tuple[slice, slice]:
+    """The two features of each turned pair: (i, i + n) (half-split) or (2i, 2i + 1) (interleaved), i < n."""
+    return (slice(0, 2 * n, 2), slice(1, 2 * n, 2)) if interleaved else (slice(0, n), slice(n, 2 * n))
+
+
+def rotary_forward(x: np.ndarray, positions=None, inv_freq=None, attention_factor: float = 1.0,
+                   interleaved: bool = False, check: bool = True):  # fmt: skip
+    """RoPE by a frequency table: pair i of the first 2n features of each head turned by position · inv_freq[i]
+    and scaled by ``attention_factor``, the other features passed through (transformers' cos and sin of any
+    ``rope_type``: ``mha_numpy.rope_scaling``).
+
+    x: (B, H, L, d)   positions: None (0 ... L-1), (L,) or (B, L)   inv_freq: (n,), 2n ≤ d   ->   out: (B, H, L, d)
+    The pairs: (i, i + n), half-split, Llama's ``rotate_half`` (``interleaved=False``); or (2i, 2i + 1), GPT-J's
+    ``rotate_every_two`` and Llama 4's complex form (``interleaved=True``). The output keeps the input's layout.
+    With a, b the two features of a pair, c = f cos, s = f sin:  a' = a c - b s,  b' = b c + a s.
+    """
+    if check:
+        x = as_float_array(x, "x", ndim=4)
+        inv_freq = as_float_array(inv_freq, "inv_freq", ndim=1)
+        if 2 * inv_freq.size > x.shape[-1] or not np.all(np.isfinite(inv_freq)):
+            raise ValueError(f"inv_freq {inv_freq.shape} must be finite and turn 2n ≤ d features (x {x.shape})")
+        attention_factor = as_number(attention_factor, "attention_factor", positive=True)
+        interleaved = as_bool(interleaved, "interleaved")
+        positions = np.arange(x.shape[2]) if positions is None else check_positions(positions, x.shape[0], x.shape[2])
+    n = inv_freq.size
+    c, s = rotary_cos_sin(np.arange(x.shape[2]) if positions is None else positions, inv_freq, attention_factor)
+    if c.ndim == 3:
+        c, s = c[:, None], s[:, None]  # (B, 1, L, n): one rotation shared by the heads
+    c, s = c.astype(x.dtype, copy=False), s.astype(x.dtype, copy=False)
+    ia, ib = _pair_slices(n, interleaved)
+    a, b = x[..., ia], x[..., ib]  # (B, H, L, n) each: the pairs' two features
+    out = x.copy()  # the features past 2n pass through
+    out[..., ia] = a * c - b * s  # F1: (B, H, L, n)
+    out[..., ib] = b * c + a * s  # F2
+    return out, (c, s, n, interleaved)
+
+
+def rotary_backward(d_out: np.ndarray, cache):
+    """d_out: (B, H, L, d) -> dx: (B, H, L, d): each pair turned back (the transposed rotation, times the same
+    factor): da = da' c + db' s, db = db' c - da' s; the untouched features' gradient passes through."""
+    c, s, n, interleaved = cache
+    ia, ib = _pair_slices(n, interleaved)
+    da_out, db_out = d_out[..., ia], d_out[..., ib]
+    dx = d_out.copy()
+    dx[..., ia] = da_out * c + db_out * s  # ← F1, F2
+    dx[..., ib] = db_out * c - da_out * s  # ← F2, F1
     return dx
 
 

@@ -33,7 +33,7 @@ import warnings
 import numpy as np
 
 from . import functional as F
-from ._checks import as_bool, as_int, as_number
+from ._checks import as_int, as_number
 from .kv_cache import LatentCache, StreamingKVCache
 from .steps import AppendToCache, AttentionConfig, Option, Param, Rope, Step, build_steps
 
@@ -215,26 +215,33 @@ class DecoupledRope(Rope):
     option = None  # always in MLA's data path
     names = ("q_rope_split", "q_rope", "q_rope_join", "k_rope")
     place, family = 40, "latent"
-    options = {"rope_interleave": Option(True, lambda v, n, o: as_bool(v, n), requires="kv_lora_rank")}
+    # rope_interleave is Rope's option (declared once), True by default here: DeepSeek's layout
 
-    def turn(self):
-        """The RoPE pair of the config's layout: pairs (0, 1), (2, 3), ... (interleaved) or (i, i + dr/2)."""
+    def turn(self, x, positions, table):
+        """x turned by the call's table (``Rope.table`` of the dr rope features) in the config's layout: pairs
+        (0, 1), (2, 3), ... gathered into halves as DeepSeek's (``rope_interleave``), or (i, i + dr/2)."""
+        inv_freq, factor = table
         if self.c.rope_interleave:
-            return F.rope_interleaved_forward, F.rope_interleaved_backward
-        return F.rope_forward, F.rope_backward
+            return F.rope_interleaved_forward(x, positions, inv_freq=inv_freq, attention_factor=factor, check=False)
+        return F.rotary_forward(x, positions, inv_freq, factor, check=False)
+
+    def turn_back(self, d_out, cache):
+        """The inverse rotation of ``turn``'s layout."""
+        return (F.rope_interleaved_backward if self.c.rope_interleave else F.rotary_backward)(d_out, cache)
 
     def forward(self, f, s):
         """The rope part of each query head and the rope key turned at their positions."""
-        c, (rope, _) = self.c, self.turn()
+        c = self.c
+        table = self.table(f, head_dim=c.qk_rope_head_dim, partial_rotary_factor=1.0)  # (dr/2,), attention factor
         sizes = (c.qk_nope_head_dim, c.qk_rope_head_dim)
         (Q_nope, Q_rope), s["q_rope_split"] = F.split_features_forward(f.Q, sizes, check=False)  # F1: (B, H, Lq, ·)
-        Q_rope, s["q_rope"] = rope(Q_rope, f.pos_q, c.rope_theta, check=False)  # F2: (B, H, Lq, dr)
+        Q_rope, s["q_rope"] = self.turn(Q_rope, f.pos_q, table)  # F2: (B, H, Lq, dr)
         f.Q, s["q_rope_join"] = F.concat_features_forward(Q_nope, Q_rope)  # F3: (B, H, Lq, dqk)
-        f.k_rope, s["k_rope"] = rope(f.k_rope, f.pos_k, c.rope_theta, check=False)  # F4: (B, 1, Lk, dr)
+        f.k_rope, s["k_rope"] = self.turn(f.k_rope, f.pos_k, table)  # F4: (B, 1, Lk, dr)
 
     def backward(self, g, s):
         """← F4 ... F1: the inverse rotations."""
-        _, rope_backward = self.turn()
+        rope_backward = self.turn_back
         g.k_rope = rope_backward(g.k_rope, s["k_rope"])  # ← F4: the inverse rotation
         dQ_nope, dQ_rope = F.concat_features_backward(g.Q, s["q_rope_join"])  # ← F3
         dQ_rope = rope_backward(dQ_rope, s["q_rope"])  # ← F2

@@ -371,6 +371,15 @@ def rope_interleaved_sample(s: Sizes, rng):
     return [Case("rope_interleaved", [("x", x), ("positions", None), ("theta", 100.0)])]
 
 
+def rotary_sample(s: Sizes, rng):
+    """check_functional's cases of ``rotary``: x (B, H, Lq, 2d + 1), d pairs turned by a scaled table (the last
+    feature passed through), half-split and interleaved."""
+    x, inv_freq = _randn(rng, s.B, s.H, s.Lq, 2 * s.d + 1), 1.0 / 50.0 ** (np.arange(s.d) / s.d) / 3.0
+    return [Case(label, [("x", x), ("positions", None), ("inv_freq", inv_freq), ("attention_factor", 1.3),
+                         ("interleaved", interleaved)]) for label, interleaved in (("rotary", False),
+                                                                                   ("rotary_pairs", True))]  # fmt: skip
+
+
 def concat_features_sample(s: Sizes, rng):
     """MLA's key: each head's part next to one part shared by every head (broadcast over H)."""
     return [Case("concat_features", [("a", _randn(rng, s.B, s.H, s.Lk, s.d)), ("b", _randn(rng, s.B, 1, s.Lk, 2))])]
@@ -664,6 +673,7 @@ PAIRS: list[Pair] = [
         ("x",),
         sample=rope_interleaved_sample,
     ),  # fmt: skip
+    Pair("rotary", F.rotary_forward, F.rotary_backward, ("x",), sample=rotary_sample),
     Pair(
         "concat_features",
         F.concat_features_forward,

@@ -5,7 +5,8 @@ step list of a call from the options (``build_steps``).
     Split       Q (B, H, Lq, d), K, V (B, Hkv, Lk, d)
     [GateQuery] Q (B, H, Lq, d): each head's first half of q's 2d features, the second its gate (Qwen3-Next)
     [QKNorm]    Q, K normalised per head (RMSNorm with learned weights)
-    [Rope]      Q, K turned by the angles of their positions (the first int(d · partial_rotary_factor) features)
+    [Rope]      Q, K turned by the angles of their positions (the first int(d · partial_rotary_factor) features;
+                rope_scaling's table; pairs (i, i + n) or, rope_interleave, (2i, 2i + 1))
     [AppendToCache]  K, V appended to the KV cache: (B, Hkv, cached + Lk, d), causal within the call
     [HeadTemperature]  the scores · exp(t_h), a learned temperature per head      } score terms: ``ScoreTerm``s,
     [RelativeBias]   a learned term for the scores, by head and clipped distance   } applied by every kernel to the
@@ -60,6 +61,7 @@ import numpy as np
 
 from . import functional as F
 from . import masks
+from . import rope_scaling as RS
 from ._checks import as_bool, as_float_dtype, as_int, as_number, check_probability
 from .kernels import ScoreMod
 from .kv_cache import KVCache
@@ -337,6 +339,22 @@ def _partial_rotary_factor(value, name, o):
     return factor
 
 
+def _rope_interleave(value, name, o):
+    if value is None:  # the pairs' layout of the family: DeepSeek's MLA interleaved, Llama's half-split
+        return o["kv_lora_rank"] is not None
+    return as_bool(value, name)
+
+
+def _rope_scaling(value, name, o):
+    if value is None:
+        return None
+    if o["rope_theta"] is None:
+        raise ValueError(f"{name} scales RoPE's frequencies: it needs rope_theta")
+    latent = o["kv_lora_rank"] is not None  # MLA turns its qk_rope_head_dim part, all of it
+    d, factor = (o["qk_rope_head_dim"], 1.0) if latent else (o["head_dim"], o["partial_rotary_factor"])
+    return RS.check_rope_scaling(value, name, o["rope_theta"], d, factor)  # ValueError naming rope_scaling[field]
+
+
 class Step:
     """Base of every step: what a step declares, and the defaults (no parameters, nothing to check)."""
 
@@ -536,10 +554,15 @@ class QKNorm(Step):
 
 
 _PARTIAL = {"rope_theta": 50.0, "partial_rotary_factor": 0.5, "head_dim": 4}  # d = 4: 2 of 4 turned (d = 2: none)
+_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2}  # the 2·pairs' mscale 1.14
+_INTERLEAVED = {"rope_theta": 50.0, "rope_interleave": True, "head_dim": 4}  # d = 2: one pair, the same both ways
 
 
 class Rope(Step):
-    """Q, K turned pair by pair by the angles of their positions (RoPE, Hugging Face Llama's convention)."""
+    """Q, K turned pair by pair by the angles of their positions (RoPE, Hugging Face Llama's convention).
+
+    The pairs (i, i + n), Llama's rotate_half, or with ``rope_interleave`` (2i, 2i + 1), GPT-J's and Llama 4's; the
+    angles position · inv_freq[i] of ``rope_scaling``'s table (``mha_numpy/rope_scaling.py``), n = turned / 2."""
 
     reads, writes = ("Q", "K"), ("Q", "K")
 
@@ -550,6 +573,12 @@ class Rope(Step):
         "rope_theta": Option(None, _rope_theta, example={"rope_theta": 50.0}),  # RoPE's base (MLA: its rope part's)
         # the fraction of each head turned, its first int(d · factor) features (Hugging Face's name and rule)
         "partial_rotary_factor": Option(1.0, _partial_rotary_factor, requires="rope_theta", example=_PARTIAL),
+        # transformers' rope_parameters: the frequency table and attention factor of a rope_type (rope_scaling.py)
+        "rope_scaling": Option(
+            None, _rope_scaling, requires="rope_theta", example={"rope_theta": 50.0, "rope_scaling": _YARN}
+        ),
+        # the pairs: (2i, 2i + 1) (GPT-J, Llama 4; DeepSeek's MLA, its default there) or (i, i + n) (Llama)
+        "rope_interleave": Option(None, _rope_interleave, requires="rope_theta", example=_INTERLEAVED),
     }
 
     def check(self, f):
@@ -558,15 +587,26 @@ class Rope(Step):
                 raise ValueError(f"positions= is for self-attention: query length {f.Lq} and key length {f.Lk} differ")
             F.check_positions(f.positions, f.B, f.Lq)
 
-    def forward(self, f, s):
+    def table(self, f, head_dim=None, partial_rotary_factor=None):
+        """The call's frequency table and attention factor (``rope_scaling.rope_frequencies``): n = turned / 2
+        pairs of the first int(d · partial_rotary_factor) features (the whole head for rope_type "proportional");
+        a length-dependent rope_type (dynamic, longrope) reads the largest position of the call + 1."""
         c = self.c
-        turned = int(c.head_dim * c.partial_rotary_factor)  # the first features of each head RoPE turns (all: d)
-        f.Q, s["q_rope"] = F.partial_rope_forward(f.Q, f.pos_q, c.rope_theta, turned, check=False)  # F1: (B, H, Lq, d)
-        f.K, s["k_rope"] = F.partial_rope_forward(f.K, f.pos_k, c.rope_theta, turned, check=False)  # F2
+        seq_len = None
+        if RS.reads_length(c.rope_scaling):
+            seq_len = 1 + max((float(np.max(p)) for p in (f.pos_q, f.pos_k) if np.size(p)), default=-1.0)
+        d = c.head_dim if head_dim is None else head_dim
+        p = c.partial_rotary_factor if partial_rotary_factor is None else partial_rotary_factor
+        return RS.rope_frequencies(c.rope_scaling, c.rope_theta, d, p, seq_len)
+
+    def forward(self, f, s):
+        (inv_freq, factor), pairs = self.table(f), self.c.rope_interleave  # (n,), n = turned / 2 (all: d / 2)
+        f.Q, s["q_rope"] = F.rotary_forward(f.Q, f.pos_q, inv_freq, factor, pairs, check=False)  # F1: (B, H, Lq, d)
+        f.K, s["k_rope"] = F.rotary_forward(f.K, f.pos_k, inv_freq, factor, pairs, check=False)  # F2: (B, Hkv, Lk, d)
 
     def backward(self, g, s):
-        g.Q = F.partial_rope_backward(g.Q, s["q_rope"])  # ← F1: the inverse rotation
-        g.K = F.partial_rope_backward(g.K, s["k_rope"])  # ← F2
+        g.Q = F.rotary_backward(g.Q, s["q_rope"])  # ← F1: the inverse rotation
+        g.K = F.rotary_backward(g.K, s["k_rope"])  # ← F2
 
 
 class AppendToCache(Step):

@@ -218,12 +218,13 @@ def test_functions_of_unknown_pairs_are_listed_not_failed():
 
 def test_the_checker_grades_the_registry_pairs_with_the_registry_functions():
     """One registry: each pair of mha_numpy.pairs with course cases is graded (the same object, so the same
-    reference functions and cases); the only course-only pairs are self-attention and exercise 13's flash pair."""
+    reference functions and cases); the only course-only pairs are self-attention, exercise 13's flash pair and
+    exercise 14's delta rule."""
     from mha_numpy import pairs
 
     graded = {p.name: p for p in PAIRS}
     assert all(graded[p.name] is p for p in pairs.PAIRS if p.cases is not None)
-    assert set(graded) - {p.name for p in pairs.PAIRS} == {"self_attention", "flash_attention"}
+    assert set(graded) - {p.name for p in pairs.PAIRS} == {"self_attention", "flash_attention", "delta_rule_recurrent"}
 
 
 def _sdpa(backward):

@@ -1,7 +1,9 @@
 """``mha_numpy.flex``: torch's FlexAttention on NumPy arrays, with its backward.
 
-The score_mod and mask_mod lists of PyTorch's own ``test/inductor/test_flex_attention.py`` (test_score_mods,
-test_score_mask_mod_map, _trig, _trig2, the captured ``head_offset`` buffer, test_Hq_Hkv, test_Bq_Bkv), each written
+The score_mod and mask_mod lists of PyTorch's own ``test/inductor/test_flex_attention.py`` at commit
+00125ef3dad64a9f8dd8768e81326a34ed7ba91d (``TORCH_COMMIT``: test_score_mods, test_score_mask_mod_map with its
+noop_mask, _causal_mask and _inverse_causal_mask, _trig, _trig2, the captured ``head_offset`` buffer, test_Hq_Hkv,
+test_Bq_Bkv; ``test_every_entry_of_torchs_lists_is_here`` keeps the list whole), each written
 once for both libraries (``xp`` = numpy or torch), plus a learned per-query multiplier and a batch-dependent mask:
 the output and lse against torch 2.13's eager ``flex_attention`` on the CPU in float64, and every gradient (query,
 key, value, each learned parameter) against torch autograd of a dense float64 reference (torch's flex_attention
@@ -81,6 +83,16 @@ def clipped(xp):  # not torch's: a piecewise mod (np.clip keeps the complex step
     return lambda score, b, h, m, n: xp.clip(score, -0.5, 0.5) + 0.5 * score
 
 
+def noop(xp):  # torch's noop_mask (batch.new_ones(...)) does not run on NumPy arrays: ours there
+    if xp is np:
+        from mha_numpy.block_mask import noop_mask
+
+        return noop_mask
+    from torch.nn.attention.flex_attention import noop_mask
+
+    return noop_mask
+
+
 def causal_mask(xp):
     return lambda b, h, m, n: m >= n
 
@@ -89,21 +101,37 @@ def inverse_causal_mask(xp):
     return lambda b, h, m, n: m <= n
 
 
-MODS = {  # name: (score_mod, mask_mod or None, {param: shape})
-    "identity": (identity, None, {}),
-    "times_two": (times_two, None, {}),
-    "squared": (squared, None, {}),
+MODS = {  # name: (score_mod, mask_mod or None, {param: shape}); torch's test_score_mask_mod_map's pairs first
+    "identity": (identity, noop, {}),
+    "times_two": (times_two, noop, {}),
+    "squared": (squared, noop, {}),
     "causal": (causal, causal_mask, {}),
     "inverse_causal": (inverse_causal, inverse_causal_mask, {}),
-    "rel_bias": (rel_bias, None, {}),
+    "rel_bias": (rel_bias, noop, {}),
     "rel_causal": (rel_causal, causal_mask, {}),
-    "alibi": (alibi, None, {}),
+    "alibi": (alibi, noop, {}),
     "trig": (trig, None, {}),
     "trig2": (trig2, None, {}),
     "head_offset": (head_offset, None, {"head_offset": (H,)}),
     "q_multiplier": (q_multiplier, causal_mask, {"multiplier": (LQ,)}),
     "clipped": (clipped, None, {}),
 }
+
+
+TORCH_COMMIT = "00125ef3dad64a9f8dd8768e81326a34ed7ba91d"  # pytorch/pytorch, test/inductor/test_flex_attention.py
+TORCH_SCORE_MASK_MOD_MAP = {  # its test_score_mask_mod_map (whose keys are its test_score_mods), read at TORCH_COMMIT
+    "identity": "noop", "times_two": "noop", "squared": "noop", "causal": "causal_mask",
+    "inverse_causal": "inverse_causal_mask", "rel_bias": "noop", "rel_causal": "causal_mask", "alibi": "noop",
+}  # fmt: skip
+TORCH_OTHER_MODS = ("trig", "trig2", "head_offset")  # its _trig, _trig2 and captured_buffers_map's _head_offset
+
+
+def test_every_entry_of_torchs_lists_is_here():
+    """Every score_mod of torch's lists at TORCH_COMMIT is in MODS, paired with the mask_mod torch pairs it with (so
+    each runs against torch's forward and autograd in the test below)."""
+    for name, mask in TORCH_SCORE_MASK_MOD_MAP.items():
+        assert name in MODS and MODS[name][1] is not None and MODS[name][1].__name__ == mask, name
+    assert set(TORCH_OTHER_MODS) <= set(MODS)
 
 
 def inputs(seed=0, b=B, hq=H, hkv=H, bkv=None):

@@ -361,7 +361,7 @@ def test_decoding_against_gpt_oss_dynamic_cache(impl, window):
     assert report.passed, str(report)
 
 
-def test_the_importer_refuses_what_it_does_not_model():
+def test_the_importer_refuses_what_it_does_not_model_and_takes_yarn():
     pytest.importorskip("transformers")
     import torch
     from transformers import GptOssConfig
@@ -371,9 +371,8 @@ def test_the_importer_refuses_what_it_does_not_model():
 
     cfg = GptOssConfig(hidden_size=16, num_attention_heads=4, num_key_value_heads=2, head_dim=4, num_hidden_layers=2,
                        vocab_size=16, intermediate_size=8, num_local_experts=2, num_experts_per_tok=1)  # fmt: skip
-    yarn = GptOssAttention(cfg, 0)  # gpt-oss's default rope_type is "yarn"
-    with pytest.raises(ValueError, match="yarn"):
-        from_hf_gpt_oss_attention(yarn)
+    yarn = GptOssAttention(cfg, 0)  # gpt-oss's default rope_type is "yarn": imported (tests/test_rope_scaling.py)
+    assert from_hf_gpt_oss_attention(yarn).config.rope_scaling.rope_type == "yarn"
     with pytest.raises(ValueError, match="GptOssAttention"):
         from_hf_gpt_oss_attention(torch.nn.Linear(2, 2))
 

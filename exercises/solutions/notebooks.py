@@ -70,6 +70,9 @@ SOLUTIONS = {
     "14.rel_bias_columns": [0, 6],  # clip(1 − 5) + 3 = −3 + 3, clip(6 − 0) + 3 = 3 + 3
     "14.abs_complex_step": [0.0, -1.0],  # |−1.5 + iε| is real: no imaginary part; |s| = −s there
     "14.document_blocks": (4, 7, 5),  # a 4 × 4 grid; the edge between the documents at 3 cuts block row and column 1
+    "15.half_step": [0.25, 0.5],  # S_1 = ½ k v_1ᵀ; u_2 = v_2 − ½ v_1; S_2ᵀk = ½ v_1 + ½ (v_2 − ½ v_1) = ¼ v_1 + ½ v_2
+    "15.decay_entry": np.exp(-1.5),  # orthonormal keys: no correction; decayed by g_2, g_3, g_4 (not g_1)
+    "15.state_floats": 6 * 4 * 3 + 3 * (2 * 2 * 4 + 6 * 3),  # S: Hv·dk·dv = 72; conv: (K − 1)·(2·Hk·dk + Hv·dv) = 102
 }
 
 MISTAKES = {
@@ -112,4 +115,7 @@ MISTAKES = {
     "14.rel_bias_columns": [6, 0],  # the distance i − j instead of j − i
     "14.abs_complex_step": [-1.0, -1.0],  # trusting the complex step through np.abs
     "14.document_blocks": (4, 0, 12),  # every block with an allowed entry taken for full
+    "15.half_step": [0.5, 0.5],  # linear attention's sum of β-weighted writes: the correction forgotten
+    "15.decay_entry": np.exp(-2.0),  # token 1's write decayed by its own g_1 too
+    "15.state_floats": 6 * 4 * 3,  # S only: the conv's state forgotten
 }

@@ -29,6 +29,8 @@ from ..block_mask import create_block_mask
 from ..flex_derive import STEP
 from ..masks import EMPTY, FULL, PARTIAL, document_mod
 from ..models import layers
+from ..recurrent import gated_delta_rule_forward
+from ..recurrent.qwen3_next import GatedDeltaNet
 from . import check_namespace
 
 NOT_ANSWERED = "not answered yet"
@@ -314,6 +316,16 @@ QUESTIONS: dict[str, Judge] = {
     "14.document_blocks": exactly(
         lambda: _document_blocks(), "a block is full only when every one of its entries is allowed"
     ),
+    # 15: attention as a recurrence
+    "15.half_step": numbers(
+        lambda: _half_step(), "the second write adds β·k·uᵀ with u = v_2 − S_1ᵀk: it first removes half of what is in"
+    ),
+    "15.decay_entry": numbers(
+        lambda: _decay_entry(), "token j's write is decayed by the tokens after it, j < s ≤ t, not by its own g_j"
+    ),
+    "15.state_floats": exactly(
+        lambda: _state_floats(), "the state is the conv's last K − 1 inputs of every channel and S of every value head"
+    ),
 }
 
 
@@ -342,3 +354,34 @@ def _document_blocks() -> tuple[int, int, int]:
     """(empty, partial, full) blocks of the document mask of lengths [3, 5] at L = 8 in blocks of 2 × 2."""
     states = create_block_mask(document_mod([3, 5]), 1, 1, 8, 8, BLOCK_SIZE=2).states  # (1, 1, 4, 4)
     return tuple(int((states == state).sum()) for state in (EMPTY, PARTIAL, FULL))
+
+
+def _delta_final_state(keys, values, g, beta) -> np.ndarray:
+    """The delta rule's final state (d_k, d_v) after writing values (L, d_v) at keys (L, d_k), one head."""
+    K, V = (np.asarray(a, dtype=np.float64)[None, None] for a in (keys, values))  # (1, 1, L, d)
+    (_, S), _ = gated_delta_rule_forward(K, K, V, np.asarray(g)[None, None], np.asarray(beta)[None, None], scale=1.0)
+    return S[0, 0]
+
+
+def _half_step() -> np.ndarray:
+    """S_2ᵀk after writing [1, 0] then [0, 1] at the same unit key with β = 1/2, g = 0 (the key: any unit vector)."""
+    k = np.array([0.6, 0.8])
+    S = _delta_final_state([k, k], [[1.0, 0.0], [0.0, 1.0]], np.zeros(2), np.full(2, 0.5))
+    return S.T @ k  # (d_v, d_k) @ (d_k,)
+
+
+def _decay_entry() -> float:
+    """A[4, 1] of the delta rule with orthonormal keys, β = 1, g = −0.5 and q_4 = k_1: read off the recurrence with
+    the identity as the values (o_4 = row 4 of A)."""
+    keys = np.eye(5)  # (L, d_k): orthonormal
+    q = np.zeros((5, 5))
+    q[4] = keys[1]
+    Q, K, V = (a[None, None] for a in (q, keys, np.eye(5)))  # (1, 1, 5, 5)
+    (o, _), _ = gated_delta_rule_forward(Q, K, V, np.full((1, 1, 5), -0.5), np.ones((1, 1, 5)), scale=1.0)
+    return float(o[0, 0, 4, 1])
+
+
+def _state_floats() -> int:
+    """The floats of GatedDeltaNet's decoding state (B = 1) for notebook 15's sizes: its zero state's arrays."""
+    state = GatedDeltaNet(16, 2, 6, 4, 3, conv_kernel_size=4).zero_state(1)
+    return int(state.conv.size + state.recurrent.size)

@@ -4,7 +4,8 @@ The checker recognises a student's mistake by running these variants on the same
 finding the one the student's output matches (or, for a ``by_error`` bug such as ``.T`` on a 4-D array, the
 one that raises the error the student's function raised); the bug gallery (notebooks/10_bug_gallery.ipynb)
 switches them on one at a time and measures which checks catch them. ``BUGS`` lists them all (BERT's steps,
-then ``_MORE``, then ``_NEW``: exercises 11-13's RoPE, repeat_kv, relative bias, soft-cap, sinks and flash);
+then ``_MORE``, then ``_NEW``: exercises 11-13's RoPE, repeat_kv, relative bias, soft-cap, sinks and flash, then
+``_DELTA``: exercise 14's delta rule backward, its variants in ``checker.delta_rule``);
 ``sdpa_pair(key)`` is attention (softmax(q kᵀ·scale + mask) v) composed from the reference
 pairs with the step that ``key`` names replaced by its buggy variant.
 """
@@ -18,6 +19,7 @@ import numpy as np
 
 from .. import functional as F
 from ..models import layers as LY
+from . import delta_rule as DR
 from . import reference as R
 
 
@@ -901,6 +903,47 @@ _NEW = [
     ),
 ]
 
+_DELTA = [  # exercise 14: the gated delta rule's backward through time (checker.delta_rule)
+    Bug(
+        "delta_state_not_carried",
+        "delta_rule_recurrent_backward",
+        "The state's gradient is not carried back through time",
+        "`dS = q_t do_tᵀ` at each token (a fresh dS per step)",
+        "S_t is read by every later output, so its gradient is the sum of q_s do_sᵀ over s ≥ t carried back through "
+        "R3…R1: start from dS = 0 (the final state's gradient) before the loop, add q_t do_tᵀ, and end each step with "
+        "dS = a_t · dS̃, the gradient of S_{t−1}. dq is right, dk and dv of every token but the last are not",
+        DR.delta_backward_with(carry=False),
+    ),
+    Bug(
+        "delta_beta_without_error",
+        "delta_rule_recurrent_backward",
+        "β's gradient taken from v_t instead of the error u_t = v_t − S̃_tᵀk_t",
+        "`d_beta_t = k_t · (dS @ v_t)`",
+        "R3 writes β_t k_t u_tᵀ with u_t = v_t − S̃_tᵀk_t (what the memory got wrong), not β_t k_t v_tᵀ: "
+        "dβ_t = k_tᵀ dS u_t. Every other gradient is right",
+        DR.delta_backward_with(beta_error=False),
+    ),
+    Bug(
+        "delta_decay_wrong_side",
+        "delta_rule_recurrent_backward",
+        "The decay applied to the gradient on the wrong side of the write",
+        "`dS = a_t * dS` before the backward of R3 (the decay treated as coming after the write)",
+        "R1 decays S_{t−1} before R2–R3 read and write it, so the write's gradients (dv_t, dβ_t, dk_t) come from dS "
+        "undecayed and only dS̃ is multiplied by a_t on its way to S_{t−1}. Yours are a_t times too large there; dq "
+        "and the carried state's gradient are right",
+        DR.delta_backward_with(decay_after=False),
+    ),
+    Bug(
+        "delta_key_read_missing",
+        "delta_rule_recurrent_backward",
+        "dk without the read of R2",
+        "`dk_t = β_t dS u_t` only",
+        "k_t is used twice: to write (R3, β_t dS u_t) and to read what the decayed memory predicts (R2, "
+        "u_t = v_t − S̃_tᵀk_t, which gives −S̃_t du_t). Add both",
+        DR.delta_backward_with(key_read=False),
+    ),
+]
+
 BUGS: list[Bug] = [
     *_STEP_LIST,
     _sdpa_bug("softmax_diagonal", "backward", "check softmax_backward on its own (it sums to 0 over each row)"),
@@ -942,8 +985,9 @@ BUGS: list[Bug] = [
     ),
     *_MORE,
     *_NEW,
+    *_DELTA,
 ]
-EXTRA: list[Bug] = [*_MORE, *_NEW]  # diagnosed by the checker, not (yet) in notebook 10's gallery table
+EXTRA: list[Bug] = [*_MORE, *_NEW, *_DELTA]  # diagnosed by the checker, not (yet) in notebook 10's gallery table
 
 
 def find(key: str, function: str | None = None) -> Bug:

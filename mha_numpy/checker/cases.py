@@ -1,8 +1,9 @@
 """The pairs the course checker grades, and the cases of the two checks that are not a library pair.
 
-``PAIRS``: every pair of the registry (``mha_numpy.pairs``) that has course cases, then two course pairs whose
-references live in ``checker.reference``: self-attention (on ``MultiHeadAttention``) and exercise 13's
-FlashAttention pair (the key-block loop, its cache holding m and 1/ℓ). ``online_softmax_cases``
+``PAIRS``: every pair of the registry (``mha_numpy.pairs``) that has course cases, then the course pairs whose
+references live in the checker: self-attention (on ``MultiHeadAttention``) and exercise 13's
+FlashAttention pair (the key-block loop, its cache holding m and 1/ℓ) in ``checker.reference``, exercise 14's gated
+delta rule token by token in ``checker.delta_rule``. ``online_softmax_cases``
 are the calls of the online-softmax update (exercise 7), which is a step, not a pair.
 """
 
@@ -12,6 +13,7 @@ import numpy as np
 
 from .. import pairs
 from ..pairs import Case, Pair
+from . import delta_rule as DR
 from . import reference as R
 
 
@@ -64,6 +66,28 @@ def flash_attention_cases(rng):
     ]
 
 
+def delta_rule_cases(rng):
+    """Exercise 14: an initial state given and not, dk ≠ dv and dk = dv, unit keys (as Qwen3-Next's l2norm), decays
+    and write strengths away from their bounds (so central differences stay inside g ≤ 0, β in [0, 1])."""
+
+    def inputs(B, H, L, dk, dv):
+        k = rng.standard_normal((B, H, L, dk))
+        k /= np.linalg.norm(k, axis=-1, keepdims=True)  # (B, H, L, dk): unit keys
+        q = rng.standard_normal((B, H, L, dk))
+        return [("q", q), ("k", k), ("v", rng.standard_normal((B, H, L, dv)))] + [
+            ("g", -rng.uniform(0.05, 0.7, (B, H, L))),
+            ("beta", rng.uniform(0.2, 0.9, (B, H, L))),
+        ]
+
+    return [
+        Case(
+            "q, k (2, 2, 5, 3), v (2, 2, 5, 4), an initial state",
+            [*inputs(2, 2, 5, 3, 4), ("initial_state", rng.standard_normal((2, 2, 3, 4)))],
+        ),
+        Case("q, k (1, 2, 4, 3), v (1, 2, 4, 3), no initial state", [*inputs(1, 2, 4, 3, 3), ("initial_state", None)]),
+    ]
+
+
 FLASH_ATTENTION = Pair(
     "flash_attention", R.flash_attention_forward, R.flash_attention_backward, ("q", "k", "v"), flash_attention_cases
 )
@@ -74,7 +98,14 @@ SELF_ATTENTION = Pair(
     ("x", "W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o"),
     self_attention_cases,
 )
-PAIRS: list[Pair] = [p for p in pairs.PAIRS if p.cases is not None] + [SELF_ATTENTION, FLASH_ATTENTION]
+DELTA_RULE = Pair(
+    "delta_rule_recurrent",
+    DR.delta_rule_recurrent_forward,
+    DR.delta_rule_recurrent_backward,
+    ("q", "k", "v", "g", "beta", "initial_state"),
+    delta_rule_cases,
+)
+PAIRS: list[Pair] = [p for p in pairs.PAIRS if p.cases is not None] + [SELF_ATTENTION, FLASH_ATTENTION, DELTA_RULE]
 ONLINE_SOFTMAX = "online_softmax_update"  # the one checked function that is not half of a pair
 
 

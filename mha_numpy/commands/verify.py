@@ -6,20 +6,28 @@ function's exit, crash or hang is its case's failure and this process always pri
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
-import json
 import os
 import pickle
 import sys
 import time
 from pathlib import Path
 
-from ..testing.verify import Exited, exit_guard
-from ._args import UsageError, positive_float, writing
+from ..testing.verify import exit_guard
+from . import verify_flex as flex_command
+from ._args import UsageError, positive_float
+from .verify_load import (  # noqa: F401 - EXIT_USAGE: the exit codes are verify's
+    EXIT_CANNOT_IMPORT,
+    EXIT_FAILED,
+    EXIT_PASSED,
+    EXIT_USAGE,
+    attribute,
+    check_output,
+    import_target,
+    is_file,
+    write_report,
+)
 from .verify_process import DEFAULT_TIMEOUT, CannotImport, run_cases, send
 
-EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_CANNOT_IMPORT = 0, 1, 2, 3
 EXIT_CODES = (
     "exit codes: 0 = every case ran passed (n/a cases, which the function does not take, do not count); 1 = a case "
     "failed, or the function raised, exited, wrote into its inputs or ran past --timeout on it; 2 = usage error (a "
@@ -51,9 +59,8 @@ def add_parser(sub) -> None:
         "if MODULE has one (or --vjp).",
         epilog=EXIT_CODES,
     )
-    p.add_argument(
-        "target", metavar="MODULE:FUNCTION", help="e.g. my_kernels:attention or examples/verify/x.py:attention"
-    )
+    p.add_argument("target", metavar="MODULE:FUNCTION", nargs="?",
+                   help="e.g. my_kernels:attention or examples/verify/x.py:attention (--flex: score_mod)")  # fmt: skip
     kind = p.add_mutually_exclusive_group()
     kind.add_argument("--torch", action="store_true", help="FUNCTION takes torch tensors (autograd for the backward); "
                       "also torch.nn:MultiheadAttention and Hugging Face attention functions")  # fmt: skip
@@ -72,14 +79,15 @@ def add_parser(sub) -> None:
     p.add_argument("--device", help="torch device for --torch (default cpu)")
     p.add_argument("--sdpa-backend", choices=["math", "flash_attention", "efficient_attention", "cudnn_attention"],
                    help="run a --torch function under torch.nn.attention.sdpa_kernel(this backend)")  # fmt: skip
-    p.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-                   help="the time a case may take, the function and its judging (default %(default)g s; "
+    p.add_argument("--timeout", type=positive_float, metavar="SECONDS",
+                   help=f"the time a case may take, the function and its judging (default {DEFAULT_TIMEOUT:g} s; "
                    "the judging takes under 3 s on the full matrix): a case still running then is a failure, its "
                    "process killed, the cases after it not run")  # fmt: skip
     p.add_argument("--in-process", action="store_true", help="run the function in verify's own process (for a "
                    "debugger): no time limit, and a crash or an exit from C code ends verify")  # fmt: skip
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON (- : to stdout, instead of the table)")
     p.add_argument("--html", metavar="FILE", help="also write the report as one HTML page")
+    flex_command.add_arguments(p)
     p.set_defaults(run=run)
 
 
@@ -89,10 +97,15 @@ def run(args: argparse.Namespace) -> int:
     from ..testing import VerifyReport, matrix, verify_attention
     from ..testing.verify import select
 
+    flex_command.check_options(args)
+    if args.flex:
+        return flex_command.run(args)
+    if args.target is None:
+        raise UsageError("argument MODULE:FUNCTION: give the function to verify (or --flex with --mask-mod)")
     for option, path in (("--json", args.json), ("--html", args.html)):
-        _check_output(option, path)
+        check_output(option, path)
     module_part = _module_part(args.target)
-    library = "numpy" if _is_file(module_part) else LIBRARIES.get(module_part.split(".")[0], "numpy")
+    library = "numpy" if is_file(module_part) else LIBRARIES.get(module_part.split(".")[0], "numpy")
     kind = "torch" if args.torch else "jax" if args.jax else library
     options = {k: v for k, v in (("layout", args.layout), ("mask_convention", args.mask_convention),
                ("dtypes", args.dtypes), ("without", args.without or None)) if v is not None}  # fmt: skip
@@ -111,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             cases = select(matrix(args.cases), args.only)
             start = time.perf_counter()
-            name, notes, results, cpu = run_cases(job, cases, args.timeout, progress)
+            name, notes, results, cpu = run_cases(job, cases, args.timeout or DEFAULT_TIMEOUT, progress)
             report = VerifyReport(name, args.cases, results, notes, time.perf_counter() - start, cpu)
     except ValueError as e:  # --only matching nothing
         raise _usage(e) from None
@@ -120,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_CANNOT_IMPORT
     if args.json != "-":
         print(report)
-    _write(args, report)
+    write_report(args, report)
     return EXIT_PASSED if report.passed else EXIT_FAILED
 
 
@@ -160,8 +173,10 @@ def child() -> None:
     from ..testing import run_case
 
     job = pickle.load(sys.stdin.buffer)
-    fd, cases = job["fd"], job["cases"]
     sys.path[:] = job["path"]  # the parent's: a module name resolves as it would there
+    if job["kind"] == "flex":
+        return flex_command.child(job)
+    fd, cases = job["fd"], job["cases"]
     try:
         with exit_guard():
             impl = adapt(job)
@@ -181,13 +196,9 @@ def _module_part(target: str) -> str:
     module_part, sep, attr = target.rpartition(":")
     if not sep or not module_part or not attr:
         raise UsageError(f"argument MODULE:FUNCTION: expected e.g. my_kernels:attention, got {target!r}")
-    if _is_file(module_part) and not Path(module_part).is_file():
+    if is_file(module_part) and not Path(module_part).is_file():
         raise UsageError(f"argument MODULE:FUNCTION: no such file: {module_part}")
     return module_part
-
-
-def _is_file(module_part: str) -> bool:
-    return module_part.endswith(".py") or "/" in module_part
 
 
 def load_target(target: str, vjp_name: str | None):
@@ -195,10 +206,10 @@ def load_target(target: str, vjp_name: str | None):
     module raises (or exits) while being imported."""
     module_part = _module_part(target)
     attr = target.rpartition(":")[2]
-    module = _import(module_part)
-    obj = _attribute(module, module_part, attr)
+    module = import_target(module_part)
+    obj = attribute(module, module_part, attr)
     if vjp_name is not None:
-        vjp = _attribute(module, module_part, vjp_name, "--vjp")
+        vjp = attribute(module, module_part, vjp_name, "--vjp")
     else:
         vjp = getattr(module, f"{attr}_vjp", None)
     if not callable(obj) and not _is_implementation(obj):
@@ -210,73 +221,6 @@ def _is_implementation(obj) -> bool:
     from ..testing import Implementation
 
     return isinstance(obj, Implementation)
-
-
-def _import(module_part: str):
-    path = Path(module_part)
-    if _is_file(module_part):
-        name = "_verify_target_" + "".join(c if c.isalnum() else "_" for c in path.stem)
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        sys.path.insert(0, str(path.resolve().parent))  # its own helper modules next to it
-        runner = lambda: spec.loader.exec_module(module)  # noqa: E731
-    else:
-        runner, module = None, None
-    try:
-        if runner is not None:
-            runner()
-            return module
-        return importlib.import_module(module_part)
-    except ModuleNotFoundError as e:
-        if runner is None and e.name and module_part.startswith(e.name):
-            raise UsageError(f"argument MODULE:FUNCTION: no module named {e.name!r}") from None
-        _cannot_import(module_part, e)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as e:  # noqa: BLE001 - whatever it raises (SystemExit too) while importing: one line, exit 3
-        _cannot_import(module_part, e)
-
-
-def _cannot_import(module_part: str, e: BaseException):
-    if isinstance(e, (SystemExit, Exited)):
-        how = "os._exit" if isinstance(e, Exited) else "sys.exit"
-        raise CannotImport(f"importing {module_part} called {how}({e.code!r})")
-    message = " ".join(str(e).split())[:200]
-    raise CannotImport(f"importing {module_part} raised {type(e).__name__}: {message}")
-
-
-def _attribute(module, module_part: str, attr: str, option: str = "MODULE:FUNCTION"):
-    obj = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise UsageError(f"argument {option}: {module_part} has no {attr!r}")
-        obj = getattr(obj, part)
-    return obj
-
-
-def _check_output(option: str, path: str | None) -> None:
-    """A file to write must be writable before the run: not a directory, its directory existing."""
-    if path is None or path == "-":
-        return
-    p = Path(path)
-    if p.is_dir():
-        raise UsageError(f"argument {option}: {path!r} is a directory, give a file name")
-    if not p.parent.is_dir():
-        raise UsageError(f"argument {option}: the directory of {path!r} does not exist")
-
-
-def _write(args, report) -> None:
-    if args.json == "-":
-        print(json.dumps(report.to_dict(), indent=1))
-    elif args.json:
-        with writing("--json", args.json):
-            Path(args.json).write_text(json.dumps(report.to_dict(), indent=1))
-        print(f"wrote {args.json}")
-    if args.html:
-        with writing("--html", args.html):
-            Path(args.html).write_text(report.to_html(), encoding="utf-8")
-        print(f"wrote {args.html}", file=sys.stderr if args.json == "-" else sys.stdout)
 
 
 def _progress(i: int, n: int, result) -> None:

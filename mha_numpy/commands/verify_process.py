@@ -141,7 +141,7 @@ def run_cases(job: dict, cases: list, timeout: float = DEFAULT_TIMEOUT, progress
                 break
             name, notes = message[1], message[2]
             while len(results) < len(cases):
-                result, seconds = _next(child, cases, len(results), timeout)
+                result, seconds = next_result(child, cases, len(results), timeout)
                 results.append(result)
                 cpu += max(seconds, 0.0)
                 if progress is not None:
@@ -180,7 +180,7 @@ def _ready(child: Child, module: str, timeout: float, restart: bool) -> tuple:
     raise error
 
 
-def _next(child: Child, cases: list, i: int, timeout: float) -> tuple[CaseResult, float]:
+def next_result(child: Child, cases: list, i: int, timeout: float) -> tuple[CaseResult, float]:
     """Case i's result and its CPU seconds; an ERROR and -1 when the child hung or ended on it."""
     try:
         message = child.read(time.monotonic() + STARTUP, ("start", 2))  # sent at once

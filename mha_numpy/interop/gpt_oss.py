@@ -12,7 +12,8 @@ W_k, b_k           k_proj              (Hkv·d, E), (Hkv·d,)
 W_v, b_v           v_proj              (Hkv·d, E), (Hkv·d,)
 W_o, b_o           o_proj              (E, H·d), (E,)  (biases with attention_bias=True, gpt-oss's default)
 sinks              sinks               (H,)  (``sinks=True``)
-rope_theta         config.rope_parameters["rope_theta"]  (rope_type "default" only)
+rope_theta         config.rope_parameters["rope_theta"]
+rope_scaling       config.rope_parameters  (gpt-oss's YaRN; ``rope.hf_rope_scaling``)
 =================  ==================  ==========================================
 
 What differs from Llama, read in transformers' modeling_gpt_oss.py:
@@ -22,10 +23,12 @@ What differs from Llama, read in transformers' modeling_gpt_oss.py:
   keys', as ours);
 - its rotary embedding turns the same pairs (i, i + d/2) as Llama's, written with (cos, sin) of d/2 columns and
   the two halves (``_apply_rotary_emb``) rather than duplicated columns and ``rotate_half``: the same rotation,
-  our ``Rope``. Its default config rescales the angles with YaRN (``rope_type="yarn"``, factor 32, and cos, sin
-  multiplied by an attention factor): not modelled, refused; the cross-checks use ``rope_type="default"``.
-  ``GptOssRotaryEmbedding`` computes its angles in float32, so the checks pass (cos, sin) built in float64 with
-  torch ops (the module takes them as an argument) and note how far HF's float32 angles are;
+  our ``Rope``. Its default config rescales the angles with YaRN (``rope_type="yarn"``, factor 32, beta_fast 32,
+  beta_slow 1, truncate False, original length 4096, and cos, sin multiplied by the attention factor
+  0.1 · ln 32 + 1): our ``rope_scaling=`` (``mha_numpy.rope_scaling.yarn_frequencies``), imported from the config.
+  ``GptOssRotaryEmbedding`` computes its angles in float32, so the checks pass it (cos, sin) from the same
+  ``GptOssRotaryEmbedding`` run in float64 (``rope.float64_rope``; the module takes them as an argument) and note
+  how far HF's float32 angles are;
 - its eager softmax runs in the logits' dtype (``F.softmax(..., dtype=combined_logits.dtype)``), after subtracting
   the row max of [scores, sink]: float64 stays float64 (Llama's eager attention rounds through float32);
 - every other layer is a sliding-window layer (``config.layer_types``, ``sliding_window`` = 128 by default): its
@@ -63,6 +66,7 @@ from .harness import (
 from .llama import LLAMA_ROWS, from_llama_like, hf_qk_after_rope, hidden, ours_qk_after_rope
 from .names import HF_LLAMA_NAME_MAP
 from .report import CrosscheckReport, rtol_for
+from .rope import float64_rope
 
 if TYPE_CHECKING:  # annotations only
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssAttention
@@ -77,8 +81,7 @@ def from_hf_gpt_oss_attention(module: GptOssAttention) -> MultiHeadAttention:
     The same weights and sinks. Causality and the sliding window are not part of the module: pass ``layer_mask``'s
     mask (or decode with a ``KVCache`` and that mask), as GptOssModel's masks do.
     """
-    # hf_rope_theta refuses YaRN's rope scaling
-    return from_llama_like(module, "GptOssAttention", HF_GPT_OSS_NAME_MAP, needs=("sinks",), sinks=True)
+    return from_llama_like(module, "GptOssAttention", HF_GPT_OSS_NAME_MAP, needs=("sinks",), scaled=True, sinks=True)
 
 
 def layer_mask(module: GptOssAttention, Lq: int, Lk: int | None = None, attention_mask=None) -> np.ndarray:
@@ -95,11 +98,24 @@ def layer_mask(module: GptOssAttention, Lq: int, Lk: int | None = None, attentio
 
 
 def torch_cos_sin_halves(torch, positions: np.ndarray, head_dim: int, theta: float, dtype):
-    """GptOssRotaryEmbedding's (cos, sin) (B, L, d/2), its formula in float64 with torch ops, cast to dtype."""
+    """The default RoPE's (cos, sin) (B, L, d/2) as GptOssRotaryEmbedding writes it, in float64 with torch ops, cast
+    to dtype (the cross-checks now take any rope_type's from the module itself: ``hf_cos_sin_halves``)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (d/2,)
     freqs = torch.from_numpy(np.asarray(positions, dtype=np.float64))[..., None] * inv_freq  # (B, L, d/2)
     tdtype = getattr(torch, np.dtype(dtype).name)
     return freqs.cos().to(tdtype), freqs.sin().to(tdtype)
+
+
+def hf_cos_sin_halves(torch, config, positions: np.ndarray, dtype):
+    """GptOssRotaryEmbedding's own (cos, sin) (B, L, d/2) (its rope_type's table and attention factor), computed
+    in float64 (``float64_rope``), cast to dtype."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRotaryEmbedding
+
+    tdtype = getattr(torch, np.dtype(dtype).name)
+    with float64_rope(torch):
+        rotary = GptOssRotaryEmbedding(config)
+        cos, sin = rotary(torch.zeros(1, dtype=torch.float64), torch.from_numpy(np.asarray(positions)))
+    return cos.to(tdtype), sin.to(tdtype)
 
 
 def _hf_rope_note(torch, module, x, mask_t, positions: np.ndarray, cos_t, out) -> str:
@@ -182,7 +198,7 @@ def _hf_call(torch, module, mha, x, mask_t, d_output, name_map) -> dict:
     from transformers.models.gpt_oss.modeling_gpt_oss import apply_rotary_pos_emb
 
     pos = positions_of(None, *x.shape[:2])
-    cos_sin = torch_cos_sin_halves(torch, pos, mha.head_dim, mha.rope_theta, mha.dtype)
+    cos_sin = hf_cos_sin_halves(torch, module.config, pos, mha.dtype)
     theirs = run_hf_attention(torch, module, x, cos_sin, mask_t, d_output, name_map)
     theirs.update(hf_qk_after_rope(torch, module, x, cos_sin, apply_rotary_pos_emb), mask_t=mask_t, cos=cos_sin[0])
     theirs["mask"] = mask_t.numpy() > np.finfo(mha.dtype).min / 2  # (B, 1, L, L) True where 0 was added
@@ -212,7 +228,7 @@ def crosscheck_hf_gpt_oss_kv_cache(
     ours = {"outputs": decode(calls, lambda a, b: mha.forward(*(x[:, a:b],) * 3, mask=layer_mask(module, b - a, b),
                                                               kv_cache=kv)[0])}  # fmt: skip
     ours["full"] = mha.forward(x, x, x, mask=layer_mask(module, L))[0]
-    cos_sin = torch_cos_sin_halves(torch, positions_of(None, B, L), mha.head_dim, mha.rope_theta, dtype)
+    cos_sin = hf_cos_sin_halves(torch, module.config, positions_of(None, B, L), dtype)
     outputs, layer = hf_decode(torch, module, x, calls, cos_sin, partial(_hf_cache_mask, torch, module, dtype))
     theirs, kept = {"outputs": outputs, "keys": layer.keys.numpy(), "values": layer.values.numpy()}, layer.keys.shape[2]
     ours.update(keys=kv.keys[:, :, L - kept :], values=kv.values[:, :, L - kept :])
@@ -244,8 +260,11 @@ def hf_gpt_oss_attention(
     bias: bool = True,
     dtype=np.float64,
     seed: int = 0,
+    rope_parameters: dict | None = None,
+    max_position_embeddings: int = 131072,
 ) -> GptOssAttention:
-    """A small random transformers ``GptOssAttention`` for the cross-checks (eager attention, ``rope_type="default"``):
+    """A small random transformers ``GptOssAttention`` for the cross-checks (eager attention, ``rope_type="default"``
+    unless ``rope_parameters`` is given; ``rope_parameters="gpt-oss"``: GptOssConfig's own default, YaRN):
     layer 0, a sliding-window layer of ``sliding_window`` positions, or layer 1 (full attention) when it is None.
     Sinks drawn from N(0, 1) (HF leaves them uninitialised until its model's init), nonzero biases when ``bias``."""
     torch = require("torch")
@@ -258,8 +277,8 @@ def hf_gpt_oss_attention(
         head_dim=head_dim or hidden_size // num_heads, sliding_window=sliding_window or 4,
         num_hidden_layers=2,  # layer 0 sliding, layer 1 full: GptOssConfig's alternation
         vocab_size=16, intermediate_size=8, num_local_experts=2, num_experts_per_tok=1,
-        rope_parameters={"rope_type": "default", "rope_theta": float(rope_theta)}, attention_bias=bias,
-        attn_implementation="eager",
+        rope_parameters=_rope_parameters(rope_parameters, rope_theta), attention_bias=bias,
+        max_position_embeddings=max_position_embeddings, attn_implementation="eager",
     )  # fmt: skip
     torch.manual_seed(seed)
     module = GptOssAttention(cfg, layer_idx=0 if sliding_window else 1).to(getattr(torch, np.dtype(dtype).name))
@@ -269,3 +288,11 @@ def hf_gpt_oss_attention(
             if name.endswith("bias"):
                 p.normal_(0.0, 0.1)  # zero biases would hide bias bugs
     return module
+
+
+def _rope_parameters(given, rope_theta: float) -> dict | None:
+    """The builder's rope_parameters: the default RoPE of rope_theta, GptOssConfig's own ("gpt-oss": None, its
+    YaRN), or the dict given (a copy: transformers fills it in)."""
+    if given is None:
+        return {"rope_type": "default", "rope_theta": float(rope_theta)}
+    return None if given == "gpt-oss" else dict(given)

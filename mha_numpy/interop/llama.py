@@ -32,6 +32,7 @@ from .. import functional as F
 from .. import masks as M
 from ..attention import MultiHeadAttention
 from ..kv_cache import KVCache
+from ..rope_scaling import rope_frequencies
 from ._lazy import require
 from .convert import module_with_params, numpy_dtype_of
 from .harness import (
@@ -50,6 +51,7 @@ from .harness import (
 )
 from .names import HF_LLAMA_NAME_MAP, params_from_state
 from .report import CrosscheckReport, rtol_for
+from .rope import hf_rope_scaling
 
 if TYPE_CHECKING:  # annotations only
     from transformers.models.llama.modeling_llama import LlamaAttention
@@ -57,12 +59,13 @@ if TYPE_CHECKING:  # annotations only
 # --------------------------------------------------------------------------- Hugging Face LlamaAttention
 
 
-def hf_rope_theta(config) -> float:
-    """rope_theta of a LlamaConfig (transformers v5 ``rope_parameters``, or the older ``rope_theta``)."""
+def hf_rope_theta(config, scaled: bool = False) -> float:
+    """rope_theta of a LlamaConfig (transformers v5 ``rope_parameters``, or the older ``rope_theta``). A rope_type
+    other than "default" is refused unless ``scaled`` (the importer then passes ``hf_rope_scaling(config)``)."""
     params = getattr(config, "rope_parameters", None) or {}
     kind = params.get("rope_type", "default")
-    if kind != "default":
-        raise ValueError(f"rope_type={kind!r} rescales the angles; only the 'default' RoPE is modelled")
+    if kind != "default" and not scaled:
+        raise ValueError(f"rope_type={kind!r} rescales the angles; only the 'default' RoPE is modelled here")
     theta = params.get("rope_theta", getattr(config, "rope_theta", None))
     if theta is None:
         raise ValueError("the config has no rope_theta")
@@ -83,11 +86,14 @@ def llama_like_sizes(module, kind: str, needs: tuple[str, ...] = ()) -> tuple:
     return cfg, module.q_proj.in_features, cfg.num_attention_heads, cfg.num_key_value_heads, module.head_dim
 
 
-def from_llama_like(module, kind: str, name_map: dict, needs=(), scale=None, **options) -> MultiHeadAttention:
+def from_llama_like(
+    module, kind: str, name_map: dict, needs=(), scale=None, scaled=False, **options
+) -> MultiHeadAttention:
     """What every Llama-like importer shares: the module checked (``llama_like_sizes(module, kind, needs)``); the
     scaling 1/√d unless ``scale`` is given (then it is the module's ``scale=``); the projections' biases all
     present or all absent; the weights through ``name_map`` (its b_* entries only with biases); GQA, RoPE and
-    head_dim from the config, with ``options`` (the model's own steps)."""
+    head_dim from the config (with ``scaled``, its rope scaling too: ``hf_rope_scaling``), with ``options`` (the
+    model's own steps)."""
     cfg, E, H, Hkv, d = llama_like_sizes(module, kind, needs)
     if scale is None and not np.isclose(module.scaling, d**-0.5, rtol=1e-15):
         raise ValueError(f"{kind}.scaling={module.scaling} is not 1/sqrt(head_dim); not modelled")
@@ -101,7 +107,9 @@ def from_llama_like(module, kind: str, name_map: dict, needs=(), scale=None, **o
     params = params_from_state(dict(module.named_parameters()), name_map)
     dropout = float(getattr(cfg, "attention_dropout", 0.0))
     dtype = numpy_dtype_of(module.q_proj.weight.dtype)
-    options = dict(num_kv_heads=Hkv, rope_theta=hf_rope_theta(cfg), head_dim=d, **options)  # d need not be E / H
+    options = dict(num_kv_heads=Hkv, rope_theta=hf_rope_theta(cfg, scaled), head_dim=d, **options)  # d: any
+    if scaled and hf_rope_scaling(cfg) is not None:
+        options["rope_scaling"] = hf_rope_scaling(cfg)
     if scale is not None:
         options["scale"] = float(scale)
     return module_with_params(E, H, bias, E, E, dropout, dtype, params, **options)
@@ -146,11 +154,14 @@ def rope_note(torch, rotary, config, positions: np.ndarray, cos_t) -> str:
 
 
 def ours_qk_after_rope(mha: MultiHeadAttention, x: np.ndarray, pos: np.ndarray) -> dict:
-    """Our Q (B, H, L, d) and K (B, Hkv, L, d) after RoPE, from the pairs: projection, head split, rotation."""
-    P = mha.params
+    """Our Q (B, H, L, d) and K (B, Hkv, L, d) after RoPE, from the pairs: projection, head split, rotation by the
+    module's table (``rope_scaling.rope_frequencies``: its rope_scaling and partial_rotary_factor)."""
+    P, c = mha.params, mha.config
     q = F.split_heads_forward(F.linear_forward(x, P["W_q"], P.get("b_q"))[0], mha.num_heads)[0]  # (B, H, L, d)
     k = F.split_heads_forward(F.linear_forward(x, P["W_k"], P.get("b_k"))[0], mha.num_kv_heads)[0]  # (B, Hkv, L, d)
-    return {"Q_rope": F.rope_forward(q, pos, mha.rope_theta)[0], "K_rope": F.rope_forward(k, pos, mha.rope_theta)[0]}
+    seq_len = int(np.max(pos)) + 1
+    table = rope_frequencies(c.rope_scaling, c.rope_theta, c.head_dim, c.partial_rotary_factor, seq_len)
+    return {"Q_rope": F.rotary_forward(q, pos, *table)[0], "K_rope": F.rotary_forward(k, pos, *table)[0]}
 
 
 def hf_qk_after_rope(torch, module, x: np.ndarray, cos_sin, apply_rotary_pos_emb) -> dict:

@@ -1,12 +1,13 @@
-"""Mamba-2 against transformers' ``Mamba2Mixer``: the SSD functions and the forward with their float32 casts lifted,
-the importer, the checks.
+"""Mamba-2 against transformers' ``Mamba2Mixer``: the SSD functions with their float32 casts lifted, the module's
+forward run in float64, the importer, the checks (``delta_layers``).
 
 transformers (``transformers.models.mamba2.modeling_mamba2``) computes the scan in float32 whatever the module's
 dtype: ``mamba2_chunk_scan`` casts x, B, C, dt (``.float()``), ``mamba2_selective_state_update`` (one token of
 decoding) the decay ``exp(dt.float() * A.float())``, ``Mamba2Mixer.forward`` takes ``A = −exp(A_log.float())``, and
-``MambaRMSNormGated`` normalises in float32. The copies below are their torch fallbacks line for line with those casts
-removed, so the float64 check runs in float64 (as ``interop.qwen3_next_deltanet`` lifts Qwen3-Next's); the float32
-check is against the module as shipped. Other changes: none but the dtype.
+``MambaRMSNormGated`` normalises in float32. The ``*_float64`` copies below are its two scan functions line for line
+with those casts removed; the module runs its own forward with float32 meaning float64 (``mamba2_in_float64``,
+``lift.float32_is_float64``, as ``interop.qwen3_next_deltanet`` does). The float32 check is against the module as
+shipped.
 
 Noticed (transformers 5.24): the one-token path (``mamba2_selective_state_update``) does not clamp the time step to
 ``time_step_limit``, the chunked path does; with a limit that binds, its decoding differs from its own full forward
@@ -38,7 +39,9 @@ import numpy as np
 
 from ..recurrent.mamba2 import Mamba2Mixer, Mamba2State
 from ._lazy import require, to_numpy
-from .delta_layers import LayerKind, crosscheck_layer, decode_hf, method_replaced, params_as_ours
+from .delta_layers import LayerKind, decode_hf, layer_sides, params_as_ours
+from .harness import compare
+from .lift import float32_is_float64
 from .report import CrosscheckReport
 
 HF_MAMBA2_NAME_MAP = {
@@ -230,74 +233,10 @@ def from_hf_mamba2_mixer(module, chunk_size: int | None = None, impl: str = "chu
     return Mamba2Mixer(*sizes, params=params, dtype=params["W_out"].dtype, **options)
 
 
-def _norm_without_casts(norm, hidden_states, gate):
-    """``MambaRMSNormGated.forward`` without its float32 round trip."""
-    torch = require("torch")
-    hidden_states = hidden_states * torch.nn.functional.silu(gate)
-    *prefix_dims, last_dim = hidden_states.shape
-    group = hidden_states.view(*prefix_dims, last_dim // norm.group_size, norm.group_size)
-    group = group * torch.rsqrt(group.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * group.view(*prefix_dims, last_dim)
-
-
-def _forward_without_casts(self, hidden_states, cache=None, attention_mask=None, **kwargs):
-    """``Mamba2Mixer.forward``'s torch path line for line, without its float32 casts (module docstring)."""
-    torch = require("torch")
-    from transformers.models.mamba2 import modeling_mamba2 as M
-
-    batch_size, seq_len, _ = hidden_states.shape
-    if cache is not None:
-        conv_state = cache.get_conv_state(self.layer_idx, state_idx=0)
-        recurrent_state = cache.get_recurrent_state(self.layer_idx, state_idx=0)
-    else:
-        conv_state, recurrent_state = None, None
-    hidden_states = M.apply_mask_to_padding_states(hidden_states, attention_mask)
-    projected_states = self.in_proj(hidden_states)
-    A = -torch.exp(self.A_log)  # lifted: no .float()
-    gate, hidden_states_B_C, dt = projected_states.split([self.intermediate_size, self.conv_dim, self.num_heads], -1)
-    hidden_states_B_C = hidden_states_B_C.transpose(1, 2)
-    weight = self.conv1d.weight.squeeze(1)
-    if conv_state is not None and seq_len == 1 and not cache.is_recording_past(self.layer_idx):
-        hidden_states_B_C = M.causal_conv1d_update(hidden_states_B_C, conv_state, weight, self.conv1d.bias,
-                                                   activation=self.activation)  # fmt: skip
-    else:
-        if cache is not None:
-            hidden_states_B_C = cache.update_conv_state(hidden_states_B_C, self.layer_idx,
-                                                        conv_kernel_size=self.conv_kernel_size)  # fmt: skip
-        hidden_states_B_C = M.causal_conv1d_fn(hidden_states_B_C, weight, self.conv1d.bias, activation=self.activation)
-        if cache is not None:
-            hidden_states_B_C = hidden_states_B_C[:, :, -seq_len:]
-    hidden_states_B_C = M.apply_mask_to_padding_states(hidden_states_B_C.transpose(1, 2), attention_mask)
-    gn = self.n_groups * self.ssm_state_size
-    hidden_states, B, C = torch.split(hidden_states_B_C, [self.intermediate_size, gn, gn], dim=-1)
-    if recurrent_state is not None and seq_len == 1:
-        hidden_states = hidden_states.view(batch_size, self.num_heads, self.head_dim)
-        dt = dt.transpose(1, 2).expand(-1, -1, self.head_dim)
-        A = A[:, None, None].expand(-1, self.head_dim, self.ssm_state_size)
-        B = B.view(batch_size, self.n_groups, self.ssm_state_size)
-        C = C.view(batch_size, self.n_groups, self.ssm_state_size)
-        D = self.D[:, None].expand(-1, self.head_dim)
-        dt_bias = self.dt_bias[:, None].expand(-1, self.head_dim)
-        scan_output = mamba2_selective_state_update_float64(recurrent_state, hidden_states, dt, A, B, C, D, z=None,
-                                                            dt_bias=dt_bias, dt_softplus=True)  # fmt: skip
-        scan_output = scan_output.view(batch_size, 1, -1)
-    else:
-        scan_output, final_state = mamba2_chunk_scan_float64(
-            hidden_states.view(batch_size, seq_len, self.num_heads, self.head_dim), dt, A,
-            B.view(batch_size, seq_len, self.n_groups, self.ssm_state_size),
-            C.view(batch_size, seq_len, self.n_groups, self.ssm_state_size), chunk_size=self.chunk_size, D=self.D,
-            return_final_states=True, dt_bias=self.dt_bias, dt_softplus=True, initial_states=recurrent_state,
-            dt_limit=self.time_step_limit,
-        )  # fmt: skip
-        if cache is not None:
-            cache.update_recurrent_state(final_state, layer_idx=self.layer_idx)
-        scan_output = scan_output.reshape(batch_size, seq_len, -1)
-    return self.out_proj(_norm_without_casts(self.norm, scan_output, gate))
-
-
 def mamba2_in_float64(module):
-    """Within the block the module runs ``_forward_without_casts``; the class's forward again afterwards."""
-    return method_replaced(module, _forward_without_casts)
+    """Within the block the module computes in float64 where it says float32 (``lift.float32_is_float64``; the
+    module is not edited): transformers' own forward, chunked scan, one-token update and gated RMSNorm, unedited."""
+    return float32_is_float64(require("torch"))
 
 
 def _config():
@@ -306,9 +245,7 @@ def _config():
     return Mamba2Config(num_hidden_layers=1)
 
 
-KIND = LayerKind(
-    "Mamba2Mixer", HF_MAMBA2_NAME_MAP, mamba2_in_float64, _config, Mamba2State, lambda s: s.transpose(0, 1, 3, 2)
-)
+KIND = LayerKind("Mamba2Mixer", HF_MAMBA2_NAME_MAP, _config, Mamba2State, lambda s: s.transpose(0, 1, 3, 2))
 
 
 def crosscheck_hf_mamba2_mixer(
@@ -326,7 +263,7 @@ def crosscheck_hf_mamba2_mixer(
     title = (f"ours vs transformers Mamba2Mixer (H={layer.num_heads}, P={layer.head_dim}, N={layer.state_size}, "
              f"G={layer.n_groups}, K={layer.conv_kernel_size}, {impl}"
              f"{', padding' if attention_mask is not None else ''})")  # fmt: skip
-    return crosscheck_layer(KIND, module, layer, hidden_states, attention_mask, d_output, rng, rtol, title)
+    return compare(title, *layer_sides(KIND, module, layer, hidden_states, attention_mask, d_output, rng, rtol))
 
 
 def decode_hf_mamba2_mixer(module, hidden_states, prefill: int = 3, lifted: bool = True):

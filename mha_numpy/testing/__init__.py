@@ -17,6 +17,8 @@ of conventions are in docs/verify.md. One job a file:
     torch_adapters  torch functions (autograd), torch.nn.MultiheadAttention, Hugging Face attention functions
     jax_adapter  JAX functions (jax.vjp)
     verify       the run and the detection;  report  the table, JSON, HTML;  ci  pytest helpers
+    flex_verify  a torch FlexAttention call and your backward against mha_numpy.flex (``verify_flex``), with
+                 flex_cases (its cases), flex_twins (the mods' NumPy twins), flex_report (its report)
 
 torch and JAX are imported only inside the adapters' functions: ``import mha_numpy.testing`` needs NumPy alone.
 """
@@ -27,6 +29,9 @@ from .adapters import MASK_CONVENTIONS, Call, Implementation, NotSupported, Outc
 from .cases import FEATURES, MASK_KINDS, Case, CaseInputs, matrix, shrink
 from .ci import assert_attention_close, attention_cases
 from .conventions import ALTERNATIVES, Convention, reference
+from .flex_cases import FlexCase, flex_cases
+from .flex_report import FlexReport
+from .flex_verify import verify_flex
 from .jax_adapter import from_jax
 from .report import CaseResult, VerifyReport
 from .tolerance import Check, K
@@ -36,4 +41,5 @@ from .verify import run_case, verify_attention
 __all__ = ["verify_attention", "run_case", "attention_cases", "assert_attention_close", "from_numpy", "from_torch",
            "torch_function", "torch_mha", "hf_attention", "from_jax", "kernel", "Implementation", "Call", "Outcome",
            "NotSupported", "Case", "CaseInputs", "matrix", "shrink", "MASK_KINDS", "FEATURES", "MASK_CONVENTIONS",
-           "ALTERNATIVES", "Convention", "reference", "K", "Check", "CaseResult", "VerifyReport"]  # fmt: skip
+           "ALTERNATIVES", "Convention", "reference", "K", "Check", "CaseResult", "VerifyReport", "verify_flex",
+           "FlexCase", "flex_cases", "FlexReport"]  # fmt: skip
