@@ -120,6 +120,29 @@ def test_ssd_float32_stays_float32_near_transformers_as_shipped():
     assert all(rel_err(g[n], theirs[n]) <= 1e-5 for n in GRADS)
 
 
+def test_transformers_scan_lifted_to_float64_is_float64_or_says_so(monkeypatch):
+    """``mamba2_chunk_scan_float64`` runs transformers' own scan with float32 meaning float64: float64 out and torch
+    restored; a float32 input refused naming it; a cast the lift cannot reach a TypeError, not a float32 result."""
+    require_torch()
+    import torch
+    from transformers.models.mamba2 import modeling_mamba2
+
+    from mha_numpy.interop.mamba2 import mamba2_chunk_scan_float64
+
+    case = {n: torch.from_numpy(a) for n, a in ssd_case(np.random.default_rng(8)).items()}
+    args = (case["x"].transpose(1, 2), case["dt"].transpose(1, 2), case["A"], case["B"].transpose(1, 2),
+            case["C"].transpose(1, 2), 4)  # fmt: skip
+    y, S = mamba2_chunk_scan_float64(*args, D=case["D"], return_final_states=True)
+    assert y.dtype == S.dtype == torch.float64 and torch.float32 is not torch.float64
+    assert torch.get_default_dtype() == torch.float32
+    with pytest.raises(ValueError, match=r"float64 tensors, got torch.float32 for argument 'D'"):
+        mamba2_chunk_scan_float64(*args, D=case["D"].float())
+    fixed = torch.float32  # read before the block: the lift cannot change it
+    monkeypatch.setattr(modeling_mamba2, "mamba2_chunk_scan", lambda *a, **k: a[0].to(fixed))
+    with pytest.raises(TypeError, match="a cast the lift does not reach"):
+        mamba2_chunk_scan_float64(*args)
+
+
 @pytest.mark.parametrize(
     "change, match",
     [

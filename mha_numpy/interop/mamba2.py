@@ -1,13 +1,13 @@
-"""Mamba-2 against transformers' ``Mamba2Mixer``: the SSD functions with their float32 casts lifted, the module's
-forward run in float64, the importer, the checks (``delta_layers``).
+"""Mamba-2 against transformers' ``Mamba2Mixer``: its SSD functions and forward run in float64, the importer, the
+checks (``delta_layers``).
 
 transformers (``transformers.models.mamba2.modeling_mamba2``) computes the scan in float32 whatever the module's
 dtype: ``mamba2_chunk_scan`` casts x, B, C, dt (``.float()``), ``mamba2_selective_state_update`` (one token of
 decoding) the decay ``exp(dt.float() * A.float())``, ``Mamba2Mixer.forward`` takes ``A = −exp(A_log.float())``, and
-``MambaRMSNormGated`` normalises in float32. The ``*_float64`` copies below are its two scan functions line for line
-with those casts removed; the module runs its own forward with float32 meaning float64 (``mamba2_in_float64``,
-``lift.float32_is_float64``, as ``interop.qwen3_next_deltanet`` does). The float32 check is against the module as
-shipped.
+``MambaRMSNormGated`` normalises in float32 (``.to(torch.float32)``). The ``*_float64`` names and
+``mamba2_in_float64`` run that code itself, unedited, with float32 meaning float64 for the call
+(``lift.float32_is_float64``, as ``interop.gated_delta`` and ``interop.qwen3_next_deltanet`` do), their results
+checked to be float64; the float32 check is against the module as shipped.
 
 Noticed (transformers 5.24): the one-token path (``mamba2_selective_state_update``) does not clamp the time step to
 ``time_step_limit``, the chunked path does; with a limit that binds, its decoding differs from its own full forward
@@ -41,7 +41,7 @@ from ..recurrent.mamba2 import Mamba2Mixer, Mamba2State
 from ._lazy import require, to_numpy
 from .delta_layers import LayerKind, decode_hf, layer_sides, params_as_ours
 from .harness import compare
-from .lift import float32_is_float64
+from .lift import call_in_float64, float32_is_float64
 from .report import CrosscheckReport
 
 HF_MAMBA2_NAME_MAP = {
@@ -60,89 +60,26 @@ HF_MAMBA2_NAME_MAP = {
 # --------------------------------------------------------------------------- the SSD functions, casts lifted
 
 
-def mamba2_chunk_scan_float64(
-    hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None, dt_softplus=False,
-    dt_limit=(0.0, float("inf")), return_final_states=False, **kwargs,
-):  # fmt: skip
-    """transformers' ``mamba2_chunk_scan`` without its ``.float()`` casts (module docstring)."""
+def in_float64(name: str, *args, **kwargs):
+    """transformers' function ``name`` of ``modeling_mamba2`` called with float32 meaning float64 -> its result,
+    every tensor of it float64 (``lift.call_in_float64``: TypeError for a cast the lift did not reach, ValueError
+    for a tensor argument that is not float64)."""
     torch = require("torch")
-    from transformers.models.mamba2.modeling_mamba2 import pad_tensor_by_size, reshape_into_chunks, segment_sum
+    require("transformers")
+    from transformers.models.mamba2 import modeling_mamba2
 
-    F = torch.nn.functional
-    batch_size, sequence_length, num_heads, head_dim = hidden_states.shape
-    num_groups = B.shape[2]
-    if dt_bias is not None:
-        dt = dt + dt_bias.to(dt.dtype)
-    if dt_softplus:
-        dt = F.softplus(dt)
-    dt = torch.clamp(dt, min=dt_limit[0], max=dt_limit[1])
-    B = B.repeat_interleave(num_heads // num_groups, dim=2, output_size=num_heads)
-    C = C.repeat_interleave(num_heads // num_groups, dim=2, output_size=num_heads)
-    pad_size = (chunk_size - sequence_length % chunk_size) % chunk_size
-    D_residual = None
-    if D is not None:
-        D_residual = D[..., None] * pad_tensor_by_size(hidden_states, pad_size)
-    hidden_states = hidden_states * dt[..., None]
-    A = A.to(hidden_states.dtype) * dt
-    hidden_states, A, B, C = [reshape_into_chunks(t, pad_size, chunk_size) for t in (hidden_states, A, B, C)]
-    A = A.permute(0, 3, 1, 2)
-    A_cumsum = torch.cumsum(A, dim=-1)
-    L = torch.exp(segment_sum(A))
-    G = torch.einsum("bclhn,bcshn->bclsh", C, B)
-    M = G * L.permute(0, 2, 3, 4, 1)
-    Y_diag = torch.einsum("bclsh,bcshp->bclhp", M, hidden_states)
-    decay_states = torch.exp(A_cumsum[:, :, :, -1:] - A_cumsum)
-    B_decay = B * decay_states.permute(0, -2, -1, 1)[..., None]
-    states = torch.einsum("bclhn,bclhp->bchpn", B_decay, hidden_states)
-    previous_states = (
-        initial_states[:, None].to(dtype=states.dtype) if initial_states is not None
-        else torch.zeros_like(states[:, :1])
-    )  # fmt: skip
-    states = torch.cat([previous_states, states], dim=1)
-    decay_chunk = torch.exp(segment_sum(F.pad(A_cumsum[:, :, :, -1], (1, 0)))).transpose(1, 3)
-    new_states = torch.einsum("bzch,bzhpn->bchpn", decay_chunk, states)
-    states, final_state = new_states[:, :-1], new_states[:, -1]
-    state_decay_out = torch.exp(A_cumsum)
-    C_times_states = torch.einsum("bclhn,bchpn->bclhp", C, states)
-    Y_off = C_times_states * state_decay_out.permute(0, 2, 3, 1)[..., None]
-    output = (Y_diag + Y_off).contiguous().reshape(batch_size, -1, num_heads, head_dim)
-    if D_residual is not None:
-        output = output + D_residual
-    if pad_size > 0:
-        output = output[:, :sequence_length]
-    return (output, final_state) if return_final_states else output
+    return call_in_float64(torch, getattr(modeling_mamba2, name), *args, **kwargs)
 
 
-def mamba2_selective_state_update_float64(
-    state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, z=None, **kwargs
-):
-    """transformers' ``mamba2_selective_state_update`` (one token) without its ``.float()`` casts."""
-    torch = require("torch")
-    F = torch.nn.functional
-    batch_size, num_heads, head_dim = hidden_states.shape
-    num_groups, state_size = B.shape[1], B.shape[-1]
-    if dt_bias is not None:
-        dt = dt + dt_bias.to(dt.dtype)
-    if dt_softplus:
-        dt = F.softplus(dt)
-    dt = dt[..., None]
-    dA = torch.exp(dt * A)
-    B = B.reshape(batch_size, num_groups, 1, state_size)
-    B = B.expand(batch_size, num_groups, num_heads // num_groups, state_size).contiguous()
-    B = B.reshape(batch_size, num_heads, 1, state_size)
-    dBx = dt * B * hidden_states[..., None]
-    ssm_states = state * dA + dBx
-    state.copy_(ssm_states.to(state.dtype))
-    C = C.reshape(batch_size, num_groups, 1, state_size)
-    C = C.expand(batch_size, num_groups, num_heads // num_groups, state_size).contiguous()
-    C = C.reshape(batch_size, num_heads, state_size)
-    out = torch.bmm(ssm_states.view(batch_size * num_heads, head_dim, state_size), C.view(-1, state_size, 1))
-    out = out.view(batch_size, num_heads, head_dim)
-    if D is not None:
-        out = out + hidden_states * D
-    if z is not None:
-        out = out * F.silu(z)
-    return out
+def mamba2_chunk_scan_float64(*args, **kwargs):
+    """transformers' ``mamba2_chunk_scan`` in float64 (its casts lifted; its arguments and layout, module docstring)."""
+    return in_float64("mamba2_chunk_scan", *args, **kwargs)
+
+
+def mamba2_selective_state_update_float64(*args, **kwargs):
+    """transformers' ``mamba2_selective_state_update`` (one token, the state updated in place) in float64 (its casts
+    lifted)."""
+    return in_float64("mamba2_selective_state_update", *args, **kwargs)
 
 
 def torch_ssd(x, dt, A, B, C, D=None, initial_state=None, chunk_size=64, d_y=None, d_final_state=None,
@@ -153,7 +90,7 @@ def torch_ssd(x, dt, A, B, C, D=None, initial_state=None, chunk_size=64, d_y=Non
     torch = require("torch")
     from transformers.models.mamba2 import modeling_mamba2 as M
 
-    scan = M.mamba2_chunk_scan if shipped else mamba2_chunk_scan_float64
+    scan = M.mamba2_chunk_scan if shipped else mamba2_chunk_scan_float64  # lifted: float64 tensors in
     named = {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "initial_state": initial_state}
     t = {n: torch.tensor(np.asarray(a), requires_grad=True) for n, a in named.items() if a is not None}
     S0 = None if initial_state is None else t["initial_state"].transpose(-1, -2)  # ours (N, P) -> theirs (P, N)
