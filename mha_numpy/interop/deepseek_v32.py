@@ -164,6 +164,20 @@ def indexer_scores_lifted(indexer, hidden_states, q_resid, position_embeddings, 
 _SAME_DTYPE_EAGER = "mha_numpy_v32_eager_same_dtype"
 
 
+def _eager_same_dtype(module, query, key, value, attention_mask, scaling, dropout=0.0, indices=None, **kwargs):
+    """The eager attention ``float64_throughout`` registers: its softmax in the query's dtype, not float32."""
+    torch = require("torch")
+    if indices is not None:  # under its own name the module passes the indices: fold them as its eager branch
+        index_mask = torch.ones((*indices.shape[:2], key.shape[2]), dtype=torch.bool).scatter(-1, indices.long(),
+                                                                                            False)  # fmt: skip
+        attention_mask = attention_mask.masked_fill(index_mask.unsqueeze(1), torch.finfo(query.dtype).min)
+    weights = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, H, S, T); Hkv = H (the importer's)
+    if attention_mask is not None:
+        weights = weights + attention_mask
+    weights = torch.nn.functional.softmax(weights, dim=-1, dtype=query.dtype)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
 @contextmanager
 def float64_throughout(module: DeepseekV32Attention, chosen: list | None = None):
     """Within the block, ``module`` runs its RMSNorms and its eager softmax in its own dtype, and its indexer as
@@ -174,17 +188,6 @@ def float64_throughout(module: DeepseekV32Attention, chosen: list | None = None)
 
     def rms_norm(self, x):  # DeepseekV32RMSNorm.forward without the float32 round trip
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-    def eager(module, query, key, value, attention_mask, scaling, dropout=0.0, indices=None, **kwargs):  # one dtype
-        if indices is not None:  # under its own name the module passes the indices: fold them as its eager branch
-            index_mask = torch.ones((*indices.shape[:2], key.shape[2]), dtype=torch.bool).scatter(-1, indices.long(),
-                                                                                                False)  # fmt: skip
-            attention_mask = attention_mask.masked_fill(index_mask.unsqueeze(1), torch.finfo(query.dtype).min)
-        weights = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, H, S, T); Hkv = H (the importer's)
-        if attention_mask is not None:
-            weights = weights + attention_mask
-        weights = torch.nn.functional.softmax(weights, dim=-1, dtype=query.dtype)
-        return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
     def indexer(self, hidden_states, q_resid, position_embeddings, attention_mask, position_ids=None, cache=None):
         with torch.no_grad():  # as shipped
@@ -199,7 +202,7 @@ def float64_throughout(module: DeepseekV32Attention, chosen: list | None = None)
     for m in norms:
         m.forward = types.MethodType(rms_norm, m)
     module.indexer.forward = types.MethodType(indexer, module.indexer)
-    ALL_ATTENTION_FUNCTIONS[_SAME_DTYPE_EAGER] = eager
+    ALL_ATTENTION_FUNCTIONS[_SAME_DTYPE_EAGER] = _eager_same_dtype
     module.config._attn_implementation = _SAME_DTYPE_EAGER
     try:
         yield module
