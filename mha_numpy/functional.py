@@ -772,6 +772,22 @@ def head_temperature_score_vjp(score, b, h, q_idx, kv_idx, d_out, *, head_temper
     return d_out * gain, {"head_temperature": d_t.astype(head_temperature.dtype)}
 
 
+def log_length_scale_score(score, b, h, q_idx, kv_idx, *, attn_scale, floor_scale, offset: int = 0):
+    """score · (log(⌊(p + 1) / floor_scale⌋ + 1) · attn_scale + 1), p = q_idx + offset the query's position (offset:
+    the positions cached before the call): Llama 4's attention temperature tuning, a constant gain per query row.
+    Llama 4 multiplies the query states by it, which multiplies the row's scores q·k by the same number."""
+    p = np.asarray(q_idx + offset)  # the queries' positions, broadcastable to the block
+    gain = np.log1p(np.floor((p + 1) / floor_scale)) * attn_scale + 1.0  # F1: (…, Lq, 1)-like, float64
+    return score * gain.astype(score.dtype)  # F2
+
+
+def log_length_scale_score_vjp(score, b, h, q_idx, kv_idx, d_out, *, attn_scale, floor_scale, offset: int = 0):
+    """-> (d_out · gain, {}): a constant gain per row, no parameter."""
+    p = np.asarray(q_idx + offset)
+    gain = np.log1p(np.floor((p + 1) / floor_scale)) * attn_scale + 1.0  # ← F1
+    return d_out * gain.astype(d_out.dtype), {}  # ← F2
+
+
 def append_positions_forward(x: np.ndarray, extra: np.ndarray):
     """Append positions to a sequence of heads: a learned key/value (torch MHA's ``add_bias_kv``) or a zero one
     (``add_zero_attn``).

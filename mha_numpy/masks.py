@@ -149,6 +149,44 @@ def prefix_lm_mask(L: int, prefix, structured: bool = False):
     return m if as_bool(structured, "structured") else _dense_2d(m)
 
 
+def chunked_causal_mask(
+    Lq: int, Lk: int | None = None, chunk_size: int = 8192, left_padding=0, align: str = "top-left",
+    structured: bool = False,
+):  # fmt: skip
+    """Chunked attention (Llama 4's "chunked_attention" layers): (Lq, Lk) bool, True where key j <= p_i lies in the
+    same chunk of ``chunk_size`` positions as query i's position p_i, or (B, 1, Lq, Lk) with one ``left_padding``
+    per batch item. The chunks are counted from each item's first real token, after ``left_padding`` pad tokens
+    (transformers' ``create_chunked_causal_mask``: chunk (j - pad) // chunk_size); the pads' own rows and keys are
+    left to the padding mask (``& padding_mask(...)``), as there.
+
+    It is document masking, causal inside, with documents of chunk_size tokens (the first cut at left_padding):
+    a ``StructuredMask`` with ``documents=`` (structured=True), whose tiles outside the chunks the chunked kernel
+    skips. align="bottom-right": the Lq queries are the last of the Lk positions (decoding after a KV cache).
+    A query past the last key would need a chunk the keys do not reach: ValueError naming Lq.
+    """
+    Lq = as_int(Lq, "Lq", minimum=1)
+    Lk = Lq if Lk is None else as_int(Lk, "Lk", minimum=1)
+    C = as_int(chunk_size, "chunk_size", minimum=1)
+    if Lq > Lk and align == "top-left":
+        raise ValueError(f"Lq={Lq} queries at positions 0 ... {Lq - 1} go past the Lk={Lk} keys: give Lk >= Lq")
+    if np.ndim(left_padding) == 0:
+        documents = _chunk_lengths(as_int(left_padding, "left_padding", minimum=0), C, Lk)  # shared by the batch
+    else:
+        pads = _per_item(left_padding, "left_padding")[0][0]  # (B,) non-negative ints
+        if pads.size == 0:
+            raise ValueError("left_padding must be an int or one int per batch item (B,), got an empty array")
+        documents = [_chunk_lengths(int(p), C, Lk) for p in pads]  # one list of chunk lengths per batch item
+    m = StructuredMask(Lq, Lk, causal=True, align=align, documents=documents)
+    return m if as_bool(structured, "structured") else _dense_2d(m)
+
+
+def _chunk_lengths(pad: int, C: int, Lk: int) -> np.ndarray:
+    """The lengths of the chunks of positions 0 ... Lk - 1 cut at pad + m · C (every integer m): (n,) ints."""
+    cuts = np.arange(pad % C, Lk, C)  # pad + m·C inside [0, Lk)
+    bounds = np.unique(np.concatenate([[0], cuts, [Lk]]))
+    return np.diff(bounds)
+
+
 def _dense_2d(m: StructuredMask) -> np.ndarray:
     """The entries of ``m``: (Lq, Lk) when it is the same for every batch item, else (B, 1, Lq, Lk)."""
     dense = np.asarray(m)  # (b, 1, Lq, Lk)
@@ -214,6 +252,21 @@ def prefix_lm_mod(prefix):
         return (kv_idx < (P if isinstance(P, int) else P[b])) | (kv_idx <= q_idx)
 
     return prefix_lm
+
+
+def chunked_causal_mod(chunk_size: int, left_padding=0):
+    """The mask_mod of ``chunked_causal_mask(Lq, Lk, chunk_size, left_padding)`` (top-left): key j <= i in query
+    i's chunk, (j - pad) // chunk_size == (i - pad) // chunk_size, transformers' ``chunked_causal_mask_function``.
+    left_padding: an int, or one per batch item (B,) (then indexed by b)."""
+    C = as_int(chunk_size, "chunk_size", minimum=1)
+    pad = as_int(left_padding, "left_padding", minimum=0) if np.ndim(left_padding) == 0 else None
+    pads = None if pad is not None else _per_item(left_padding, "left_padding")[0][0]  # (B,) non-negative ints
+
+    def chunked_causal(b, h, q_idx, kv_idx):
+        p = pad if pads is None else pads[b]
+        return ((kv_idx - p) // C == (q_idx - p) // C) & (kv_idx <= q_idx)
+
+    return chunked_causal
 
 
 # --------------------------------------------------------------------------- structured masks
