@@ -884,10 +884,12 @@ class SoftCap(ScoreTerm):
     option = "softcap"
     place = 56
     options = {"softcap": Option(None, _positive_or_none, example={"softcap": 1.5})}  # the cap (Gemma 2: 50)
+    score = staticmethod(F.soft_cap_score)
+    score_vjp = staticmethod(F.soft_cap_score_vjp)
 
-    def forward(self, f, s):
-        pair = partial(F.soft_cap_forward, cap=self.c.softcap), F.soft_cap_backward
-        f.args = f.args.add_score_mod(ScoreMod.elementwise("softcap", *pair))  # F1: an elementwise pair as a mod
+    def constants(self, f):
+        """The cap."""
+        return {"cap": self.c.softcap}
 
 
 class Sinks(Step):

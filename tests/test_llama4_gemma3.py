@@ -375,7 +375,7 @@ def test_gemma3_float32_recompute_decoding_and_its_two_rope_bases(transformers, 
     assert not crosscheck_hf_gemma3_attention(gemma3(layer), x, PADDING3).passed
 
 
-def test_gemma3_unknown_layer_types_and_scaled_ropes_are_refused(transformers):
+def test_gemma3_unknown_layer_types_and_a_rope_without_its_base_are_refused(transformers):
     from mha_numpy.interop import gemma3_layer_options
 
     cfg = gemma3("full_attention").config

@@ -100,14 +100,8 @@ from .llama import (
     from_hf_llama_attention,
     hf_llama_attention,
 )
-from .llama4 import (
-    crosscheck_hf_llama4_attention,
-    crosscheck_hf_llama4_kv_cache,
-    from_hf_llama4_attention,
-    hf_llama4_attention,
-    llama4_layer_mask,
-    llama4_layer_options,
-)
+from .llama4 import from_hf_llama4_attention, hf_llama4_attention, llama4_layer_mask, llama4_layer_options
+from .llama4_check import crosscheck_hf_llama4_attention, crosscheck_hf_llama4_kv_cache
 from .names import HF_BERT_NAME_MAP, NameMap, describe, params_from_state, torch_mha_name_map
 from .qwen3 import (
     HF_QWEN3_NAME_MAP,
