@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from .. import functional as F
+from .. import rope_scaling as RS
 from ..block_mask import create_block_mask
 from ..flex_derive import STEP
-from ..masks import EMPTY, FULL, PARTIAL, document_mod
+from ..masks import EMPTY, FULL, PARTIAL, chunked_causal_mask, document_mod
 from ..models import layers
 from ..recurrent import gated_delta_rule_forward
 from ..recurrent.qwen3_next import GatedDeltaNet
@@ -326,6 +327,21 @@ QUESTIONS: dict[str, Judge] = {
     "15.state_floats": exactly(
         lambda: _state_floats(), "the state is the conv's last K − 1 inputs of every channel and S of every value head"
     ),
+    # 16: today's attention, part three
+    "16.interleave_order": exactly(
+        lambda: _interleave_order(),
+        "the features of pair i: (2i, 2i + 1) interleaved, (i, i + 4) half-split; order[j] says which x goes to j",
+    ),
+    "16.yarn_scores": numbers(
+        lambda: _yarn_scores(), "the factor multiplies cos and sin, so every turned feature of q and of k"
+    ),
+    "16.llama3_pairs": exactly(
+        lambda: _llama3_pairs(), "λ_i < 2048 kept, λ_i > 8192 divided, the pairs between mixed: solve for i"
+    ),
+    "16.chunk_pairs": exactly(
+        lambda: int(chunked_causal_mask(8, chunk_size=3).sum()),
+        "the chunks are positions 0-2, 3-5, 6-7, each causal inside",
+    ),
 }
 
 
@@ -385,3 +401,34 @@ def _state_floats() -> int:
     """The floats of GatedDeltaNet's decoding state (B = 1) for notebook 15's sizes: its zero state's arrays."""
     state = GatedDeltaNet(16, 2, 6, 4, 3, conv_kernel_size=4).zero_state(1)
     return int(state.conv.size + state.recurrent.size)
+
+
+def _interleave_order() -> np.ndarray:
+    """The order in which ``rope_interleaved_forward`` gathers a head's features into halves (pair i at (i, i + 4)),
+    read off its output at position 0 (no turn) for the features numbered 0 ... 7."""
+    out, _ = F.rope_interleaved_forward(np.arange(8.0)[None, None, None, :], np.array([0]))  # (1, 1, 1, 8)
+    return out.ravel().astype(int)
+
+
+def _yarn_scores() -> list[float]:
+    """[YaRN's attention factor at factor 16, q·k turned with it / q·k turned by the same table with factor 1]."""
+    scaling = RS.check_rope_scaling({"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 4096})
+    inv_freq, factor = RS.rope_frequencies(scaling, 10000.0, 64)
+    q, k = np.random.default_rng(0).standard_normal((2, 1, 1, 1, 64))  # (1, 1, 1, 64) each
+
+    def score(f):
+        rq, _ = F.rotary_forward(q, np.array([5000]), inv_freq, f)
+        rk, _ = F.rotary_forward(k, np.array([3000]), inv_freq, f)
+        return float(rq.ravel() @ rk.ravel())
+
+    return [factor, score(factor) / score(1.0)]
+
+
+def _llama3_pairs() -> tuple[int, int, int]:
+    """(kept, mixed, divided) pairs of Llama 3.1's table (d = 128, θ = 500000, N = 8192, factor 8, low 1, high 4)."""
+    fields = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192,
+              "low_freq_factor": 1.0, "high_freq_factor": 4.0}  # fmt: skip
+    scaled, _ = RS.rope_frequencies(RS.check_rope_scaling(fields), 500000.0, 128)
+    ratio = scaled / RS.default_frequencies(500000.0, 128)  # (64,): 1, between, or 1/8
+    kept, divided = int(np.isclose(ratio, 1.0, rtol=1e-12).sum()), int(np.isclose(ratio, 1 / 8, rtol=1e-12).sum())
+    return kept, ratio.size - kept - divided, divided
