@@ -274,6 +274,21 @@ def loss_cases(dsa, x):
             ("sparse", indexer_target(sparse_w, call.selection), call.selection)]  # fmt: skip
 
 
+def gathered_case(dsa, x):
+    """The sparse stage slot by slot, O(L · k): (index (B, L, k), the target (B, L, k) from the sparse attention's
+    selected weights)."""
+    _, call = dsa.forward(x)
+    index = call.selection.index
+    return index, indexer_target(call.mla.attention.selected_weights(), index >= 0)
+
+
+def gathered_loss(dsa, x, q_resid, params, index, target, block_size=None):
+    """The sparse stage's loss and the indexer's gradients on the gathered path (scores (B, L, k) only)."""
+    scores, s_cache = indexer_forward(x, q_resid, params, dsa.indexer, index=index, block_size=block_size)
+    loss, l_cache = indexer_loss_forward(scores, target, index >= 0)
+    return loss, (s_cache, l_cache)
+
+
 def test_indexer_loss_against_torch_autograd_dense_and_sparse():
     """The whole chain (indexer lines of transformers, casts lifted -> KL) under torch autograd: the loss and the
     gradients of the indexer's parameters to 1e-12 in both stages."""
@@ -303,6 +318,13 @@ def test_indexer_loss_against_torch_autograd_dense_and_sparse():
         assert abs(loss - t_loss.item()) < 1e-12 * abs(t_loss.item()), stage
         for name, tg in zip(INDEXER_PARAMS, t_grads):
             assert rel_err(grads[name], tg.numpy()) < 1e-12, (stage, name)
+        if stage == "sparse":  # the same loss and gradients gathered, scores (B, L, k), blocks of 3 queries
+            index, target_sel = gathered_case(dsa, x)
+            loss, (s_cache, l_cache) = gathered_loss(dsa, x, q_resid, dsa.indexer_params, index, target_sel, 3)
+            grads = indexer_backward(indexer_loss_backward(1.0, l_cache), s_cache)
+            assert abs(loss - t_loss.item()) < 1e-12 * abs(t_loss.item())
+            for name, tg in zip(INDEXER_PARAMS, t_grads):
+                assert rel_err(grads[name], tg.numpy()) < 1e-12, ("gathered", name)
 
 
 def test_indexer_loss_by_central_differences():
@@ -321,6 +343,36 @@ def test_indexer_loss_by_central_differences():
             return tuple(g[n] for n in INDEXER_PARAMS)
 
         grad_check(forward, backward, dict(dsa.indexer_params), list(INDEXER_PARAMS))
+    index, target = gathered_case(dsa, x)
+
+    def gathered(**params):
+        loss, caches = gathered_loss(dsa, x, q_resid, params, index, target, block_size=4)
+        return np.asarray(loss), caches
+
+    grad_check(gathered, backward, dict(dsa.indexer_params), list(INDEXER_PARAMS))
+
+
+def test_sparse_stage_indexer_loss_memory_is_o_of_l_times_k_not_l_squared():
+    """The sparse stage's loss + backward on the gathered path, k = 16: its peak grows with L (x 4 from L = 1024 to
+    4096, not x 16) and stays far below one (L, L) float64 array (128 MiB at L = 4096; the dense stage's scores, their
+    softmax and relu each hold one)."""
+    c = IndexerConfig(num_heads=2, head_dim=8, rope_dim=4)
+    peaks = {}
+    for L_ in (1024, 4096):
+        rng = np.random.default_rng(0)
+        p = c.init_params(8, 4, rng)
+        x, q_resid = rng.standard_normal((1, L_, 8)), rng.standard_normal((1, L_, 4))
+        index = np.sort(rng.integers(0, L_, (1, L_, 64)), axis=-1)[..., ::4]  # (1, L, 16) ascending
+        index = np.where(np.diff(index, axis=-1, prepend=-1) > 0, index, -1)  # a repeat -> -1
+        target = np.where(index >= 0, rng.random(index.shape), 0.0)
+        target /= target.sum(axis=-1, keepdims=True)
+        tracemalloc.start()
+        scores, s_cache = indexer_forward(x, q_resid, p, c, index=index, block_size=32)
+        _, l_cache = indexer_loss_forward(scores, target, index >= 0)
+        indexer_backward(indexer_loss_backward(1.0, l_cache), s_cache)
+        peaks[L_] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert peaks[4096] < 4.5 * peaks[1024] and peaks[4096] < 4096**2 * 8 / 16, peaks
 
 
 def test_indexer_target_sums_heads_and_normalises_over_the_allowed_keys():
