@@ -73,6 +73,9 @@ SOLUTIONS = {
     "15.half_step": [0.25, 0.5],  # S_1 = ½ k v_1ᵀ; u_2 = v_2 − ½ v_1; S_2ᵀk = ½ v_1 + ½ (v_2 − ½ v_1) = ¼ v_1 + ½ v_2
     "15.decay_entry": np.exp(-1.5),  # orthonormal keys: no correction; decayed by g_2, g_3, g_4 (not g_1)
     "15.state_floats": 6 * 4 * 3 + 3 * (2 * 2 * 4 + 6 * 3),  # S: Hv·dk·dv = 72; conv: (K − 1)·(2·Hk·dk + Hv·dv) = 102
+    "17.topk_keys": [0, 2],  # keys 5, 6 masked; of 0 ... 4 the best score 3 is held by 0, 2, 4: the lower two
+    "17.loss_grad": np.array([0.25, 0.25, 0.5]) - np.array([0.5, 0.5, 0.0]),  # softmax(I) = [1/4, 1/4, 1/2], Σp = 1
+    "17.selected_scores": 1 + 2 + 6 * 3,  # queries 0 and 1 have 1 and 2 keys; the other six fill their 3 slots
 }
 
 MISTAKES = {
@@ -118,4 +121,7 @@ MISTAKES = {
     "15.half_step": [0.5, 0.5],  # linear attention's sum of β-weighted writes: the correction forgotten
     "15.decay_entry": np.exp(-2.0),  # token 1's write decayed by its own g_1 too
     "15.state_floats": 6 * 4 * 3,  # S only: the conv's state forgotten
+    "17.topk_keys": [5, 6],  # the highest scores, but the mask blocks them
+    "17.loss_grad": np.array([0.5, 0.5, 0.0]) - np.array([0.25, 0.25, 0.5]),  # p − softmax(I): the sign flipped
+    "17.selected_scores": 8 * 3,  # L · k: the -1 slots of the first queries counted
 }
