@@ -244,6 +244,52 @@ def test_deepseek_sparse_attention_matches_deepseek_v32_attention():
     assert sum(1 for r in report.rows if r.name.startswith("dL/d")) == 11  # dx and the 10 MLA parameters
 
 
+def test_deepseek_sparse_attention_matches_deepseek_v32_attention_as_shipped_in_float32():
+    """float32, DeepseekV32Attention as shipped (its casts, the indexer's .float() and the norms' and softmax's float32,
+    are no-ops there): output, the indexer's scores, the selection, dL/dx and every MLA gradient to 1e-5 relative;
+    ours stays float32 throughout."""
+    require_torch()
+    pytest.importorskip("transformers")
+    from mha_numpy.interop.deepseek_v32 import (
+        crosscheck_hf_deepseek_v32_attention,
+        from_hf_deepseek_v32_attention,
+        hf_deepseek_v32_attention,
+        selection_margin,
+    )
+
+    module = hf_deepseek_v32_attention(index_topk=4, dtype=np.float32)
+    x = np.random.default_rng(1).standard_normal((2, 10, 16)).astype(np.float32)
+    report = crosscheck_hf_deepseek_v32_attention(module, x, rtol=1e-5)
+    assert report.passed, str(report)
+    dsa = from_hf_deepseek_v32_attention(module)
+    scores, _ = indexer_forward(x, dsa.query_latent(x), dsa.indexer_params, dsa.indexer)
+    assert selection_margin(scores, M.causal_mask(10), 4) > 1e-2  # far above float32's rounding: one selection
+    out, call = dsa.forward(x)
+    grads = dsa.backward(np.ones_like(out), call)
+    assert out.dtype == np.float32 and all(g.dtype == np.float32 for g in grads.values())
+
+
+def test_float32_stays_float32_through_the_indexer_loss():
+    """Both stages (the gathered sparse one too): the loss and every gradient float32, near float64's."""
+    results = {}
+    for dtype in (np.float64, np.float32):
+        dsa = DeepSeekSparseAttention(12, 2, 6, 4, 3, 4, 5, index_n_heads=3, index_head_dim=6, index_topk=3, rng=0,
+                                      dtype=dtype)  # fmt: skip
+        x = np.random.default_rng(5).standard_normal((2, 8, 12)).astype(dtype)
+        q_resid = dsa.query_latent(x)
+        index, target = gathered_case(dsa, x)
+        dense = loss_cases(dsa, x)[0]
+        scores, s_dense = indexer_forward(x, q_resid, dsa.indexer_params, dsa.indexer)
+        loss_d, l_dense = indexer_loss_forward(scores, dense[1], dense[2])
+        loss_s, (s_sparse, l_sparse) = gathered_loss(dsa, x, q_resid, dsa.indexer_params, index, target)
+        results[dtype] = [(loss_d, indexer_backward(indexer_loss_backward(1.0, l_dense), s_dense)),
+                          (loss_s, indexer_backward(indexer_loss_backward(1.0, l_sparse), s_sparse))]  # fmt: skip
+    for (loss32, g32), (loss64, g64) in zip(results[np.float32], results[np.float64]):
+        assert loss32.dtype == np.float32 and abs(loss32 - loss64) < 1e-5 * abs(loss64)
+        for name, g in g32.items():
+            assert g.dtype == np.float32 and rel_err(g, g64[name]) < 1e-4, name
+
+
 def test_deepseek_sparse_attention_gradients_by_central_differences():
     """MLA on the sparse kernel with the indexer's selection fixed: dL/dx and every MLA parameter's gradient."""
     dsa = small_dsa(seed=3)
