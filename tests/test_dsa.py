@@ -197,6 +197,19 @@ def test_sparse_attention_memory_is_o_of_l_times_k_not_l_squared():
     assert peaks[4096] < 4.5 * peaks[1024] and peaks[4096] < 4096**2 * 8 / 32, peaks
 
 
+def test_the_index_is_stored_as_int32():
+    """topk_select, TopKSelection (from an int64 index too), the sparse cache and DSA's selection keep int32 (half of
+    int64's bytes; transformers' indexer returns int32), and an int32 index goes through the kernel uncopied."""
+    q, k, v, index = sparse_case()
+    assert index.dtype == np.int32
+    sel = TopKSelection(index.astype(np.int64), k.shape[2])
+    assert sel.index.dtype == np.int32 and sel.nbytes == index.size * 4
+    _, cache = sparse_attention_forward(q, k, v, index)
+    assert cache.index.dtype == np.int32 and np.shares_memory(cache.index, index)
+    _, call = small_dsa().forward(np.random.default_rng(0).standard_normal((2, 5, 12)))
+    assert call.selection.index.dtype == np.int32 and call.mla.attention.index.dtype == np.int32
+
+
 def test_float32_stays_float32():
     q, k, v, index = sparse_case(dtype=np.float32)
     context, cache = sparse_attention_forward(q, k, v, index)
