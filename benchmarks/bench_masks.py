@@ -1,6 +1,8 @@
 """Time and memory of the chunked kernel with a mask given by its entries (a dense bool (L, L) array) against the
 same mask given by its rule (``masks.StructuredMask``): a causal sliding window of 1024 at L = 4096 ... 65536 and
-full causal at L = 4096 ... 32768 (a benchmark, never a test).
+full causal at L = 4096 ... 32768; and documents of 4096 tokens, causal within each, given by its entries against
+FlexAttention's ``BlockMask`` (``create_block_mask(and_masks(document_mod, causal_mod), ...)``, BLOCK_SIZE 128 or
+512: its blocks are the kernel's tiles) at L = 4096 ... 32768 (issue 36) (a benchmark, never a test).
 
 Both give the same outputs and gradients, bit for bit (``tests/test_structured_masks.py``; checked here on the
 outputs too); what differs is what the caller and the kernel must build, hold and read. With the entries the
@@ -11,6 +13,7 @@ allow (``key_range`` / ``query_range``): with a window, O(L · w) work and O(L �
 
     python benchmarks/bench_masks.py --quick            # L = 4096, 8192, one round: seconds, into out/bench/
     python benchmarks/bench_masks.py --write-results    # the full run, 3 interleaved rounds: ~8 minutes idle
+    python benchmarks/bench_masks.py --write-results --families document document512  # masks_results_document_...
 
 Each round times, for every mask and L, the dense and the structured mask one after the other on the same inputs,
 alternating which goes first (interleaved, so a load that comes and goes hits both); a row whose first run takes
@@ -39,6 +42,7 @@ import statistics
 import sys
 import time
 import tracemalloc
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -53,9 +57,10 @@ from flops import attention_core, causal_entries, window_entries  # noqa: E402
 from gemm_peak import gemm_peak, pct  # noqa: E402
 
 from mha_numpy import kernels, masks  # noqa: E402
+from mha_numpy.block_mask import and_masks, create_block_mask  # noqa: E402
 
 GiB = 2**30
-H, D, WINDOW = 2, 64, 1024
+H, D, WINDOW, DOC = 2, 64, 1024, 4096
 KINDS = ("dense", "structured")
 FAMILIES = {  # name -> (title, the mask at L given as entries or as its rule, its lengths)
     "window": (f"causal sliding window of {WINDOW}",
@@ -63,8 +68,26 @@ FAMILIES = {  # name -> (title, the mask at L given as entries or as its rule, i
                (4096, 8192, 16384, 32768, 65536)),
     "causal": ("causal", lambda L, structured: masks.causal_mask(L, structured=structured),
                (4096, 8192, 16384, 32768)),
+    "document": (f"documents of {DOC}, causal in each: the structured row is a BlockMask, BLOCK_SIZE 128 (torch's "
+                 "default; the kernel's tiles 128 × 128)", lambda L, structured: document_mask(L, structured, 128),
+                 (4096, 8192, 16384, 32768)),
+    "document512": (f"documents of {DOC}, causal in each: the structured row is a BlockMask, BLOCK_SIZE 512 (the "
+                    "kernel's float32 tile)", lambda L, structured: document_mask(L, structured, 512),
+                    (4096, 8192, 16384, 32768)),
 }  # fmt: skip
-ENTRIES = {"window": lambda L: window_entries(L, WINDOW), "causal": causal_entries}  # allowed pairs at L
+ENTRIES = {"window": lambda L: window_entries(L, WINDOW), "causal": causal_entries,
+           "document": lambda L: L // DOC * causal_entries(DOC)}  # allowed pairs at L  # fmt: skip
+ENTRIES["document512"] = ENTRIES["document"]
+
+
+def document_mask(L: int, block: bool, block_size: int):
+    """Documents of DOC tokens packed to L, causal in each: the dense (L, L) bool, or the BlockMask of the mask_mods
+    (``create_block_mask``, evaluated one block row at a time: no (L, L) array)."""
+    lengths = [DOC] * (L // DOC)
+    if not block:
+        return masks.document_mask(lengths, causal=True)  # (L, L)
+    mod = and_masks(masks.document_mod(lengths), masks.causal_mod)
+    return create_block_mask(mod, None, None, L, L, BLOCK_SIZE=block_size)
 
 
 def fwd_bwd_flops(family: str, L: int) -> float:
@@ -136,7 +159,7 @@ def best(xs) -> str:
 
 def measure(args) -> tuple[dict, dict, list[float]]:
     """-> rows {(family, kind, L): times per round, peak, ...}, skipped {(family, L): reason}, loads while timing."""
-    plan = [(f, L) for f in FAMILIES for L in FAMILIES[f][2] if L <= args.max_len]
+    plan = [(f, L) for f in args.families for L in FAMILIES[f][2] if L <= args.max_len]
     rows, skipped, loads, slow = {}, {}, [], set()
     for r in range(args.rounds):
         for family, L in plan:
@@ -160,7 +183,9 @@ def measure(args) -> tuple[dict, dict, list[float]]:
                 print(f"round {r} {family} L={L} {kind}: mask {res['t_mask']:.3f} s, forward {res['t_fwd']:.3f} s, "
                       f"backward {res['t_bwd']:.3f} s (load {loads[-1]:.2f})", flush=True)  # fmt: skip
             if len(ctx) == 2:
-                assert np.array_equal(ctx["dense"], ctx["structured"]), (family, L)  # the same numbers, bit for bit
+                tiles = family.startswith("document")  # other tiles: the same numbers to float32 rounding
+                same = partial(np.allclose, rtol=1e-5, atol=1e-6) if tiles else np.array_equal  # else bit for bit
+                assert same(ctx["dense"], ctx["structured"]), (family, L)
     for (family, kind, L), row in rows.items():
         row["peak"] = peak_mib(family, kind, L, inputs(L))
         print(f"peak {family} L={L} {kind}: {row['peak']:.0f} MiB", flush=True)
@@ -180,10 +205,15 @@ def report(args, env: dict, rows: dict, skipped: dict, loads: list, elapsed: flo
     """The markdown; ``peak``: the ``gemm_peak.Peak`` of the shares (default: this run's float32 peak)."""
     peak = peak or gemm_peak(np.float32, args.threads)
     cmd = "python benchmarks/bench_masks.py" + (" --quick" if args.quick else " --write-results" * args.write_results)
-    lines = ["# The chunked kernel with a dense mask vs a StructuredMask", ""]
+    cmd += "" if args.families == list(FAMILIES) else " --families " + " ".join(args.families)
+    lines = [
+        "# The chunked kernel with a dense mask vs a StructuredMask" + " (a BlockMask)" * ("document" in args.families),
+        "",
+    ]
     lines += [f"Made by `{cmd}` in {elapsed / 60:.1f} min: {args.rounds} interleaved round(s) (a row whose first "
               f"forward + backward took over {args.max_seconds:g} s: one round), then one tracemalloc run per row. "
-              f"`ChunkedKernel()` (512 × 512 float32 tiles, {env['threads']} threads), q, k, v (1, {H}, L, {D}) "
+              f"`ChunkedKernel()` (512 × 512 float32 tiles, a BlockMask's blocks; {env['threads']} threads), "
+              f"q, k, v (1, {H}, L, {D}) "
               "float32. Times in seconds: the best of the rounds (+ the spread, max / min - 1); ratio: structured / "
               "dense of mask + forward + backward per round, median (min..max). Peak: tracemalloc of building the "
               "mask + forward + backward, MiB, and in units of one (L, H·d) float32 array (the output and the three "
@@ -193,7 +223,8 @@ def report(args, env: dict, rows: dict, skipped: dict, loads: list, elapsed: flo
     lines += ["| | |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in env.items()]
     lines += [f"| load average while timing | {min(loads):.2f} .. {max(loads):.2f} (median "
               f"{statistics.median(loads):.2f}) |", f"| wall time | {elapsed / 60:.1f} min |", ""]  # fmt: skip
-    for family, (title, _, lengths) in FAMILIES.items():
+    for family in args.families:
+        title, _, lengths = FAMILIES[family]
         lines += [f"## {title}", ""]
         lines += ["| L | mask | rounds | build mask (s) | forward (s) | backward (s) | mask + fwd + bwd (s) | "
                   "structured / dense | fwd + bwd % peak | peak MiB | peak / (L, H·d) | mask MiB | tiles classified |",
@@ -217,13 +248,13 @@ def report(args, env: dict, rows: dict, skipped: dict, loads: list, elapsed: flo
     return lines
 
 
-def write_csv(path: Path, rows: dict, skipped: dict) -> None:
+def write_csv(path: Path, rows: dict, skipped: dict, families) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["family", "L", "mask", "rounds", "t_mask_min", "t_fwd_min", "t_bwd_min", "total_min", "total_max",
                     "peak_mib", "mask_mib", "tiles", "skipped"])  # fmt: skip
-        for family, (_, _, lengths) in FAMILIES.items():
-            for L in lengths:
+        for family in families:
+            for L in FAMILIES[family][2]:
                 for kind in KINDS:
                     row = rows.get((family, kind, L))
                     if row is None:
@@ -244,8 +275,9 @@ def plot(rows: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4), dpi=90)
-    colors = {"window": "tab:blue", "causal": "tab:orange"}
+    colors = {"window": "tab:blue", "causal": "tab:orange", "document": "tab:green", "document512": "tab:red"}
     for family, (title, _, _) in FAMILIES.items():
+        title = title.split(":")[0] + (" (BLOCK_SIZE 512)" if family == "document512" else "")
         for kind, style in (("dense", "o--"), ("structured", "s-")):
             Ls = sorted(L for (f, k, L) in rows if (f, k) == (family, kind))
             if not Ls:
@@ -282,6 +314,8 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="BLAS threads")
     p.add_argument("--out", type=Path, default=None, help="output directory (default out/bench)")
     p.add_argument("--write-results", action="store_true", help="write benchmarks/ and docs/ (the committed copies)")
+    p.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES),
+                   help="the masks to time (default all; a subset writes masks_results_<families>.*)")  # fmt: skip
     args = p.parse_args(argv)
     if args.write_results and (args.quick or args.out is not None):
         p.error("--write-results writes the committed results: not with --quick or --out")
@@ -295,7 +329,11 @@ def main(argv=None) -> int:
 
     args = parse_args(argv)
     out = ROOT / "benchmarks" if args.write_results else (args.out or ROOT / "out" / "bench")
-    figure = ROOT / "docs" / "performance_masks_vs_L.png" if args.write_results else out / "masks_vs_L.png"
+    part = "" if args.families == list(FAMILIES) else "_" + "_".join(args.families)  # a subset: files of its own
+    figure = (
+        (ROOT / "docs" / f"performance_masks{part}_vs_L.png") if args.write_results else out / f"masks{part}_vs_L.png"
+    )
+    results = f"masks_results{part}"
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with threadpool_limits(limits=args.threads, user_api="blas"):
@@ -306,11 +344,11 @@ def main(argv=None) -> int:
         rows, skipped, loads = measure(args)
     env["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     lines = report(args, env, rows, skipped, loads, time.perf_counter() - start)
-    (out / "masks_results.md").write_text("\n".join(lines))
-    write_csv(out / "masks_results.csv", rows, skipped)
+    (out / f"{results}.md").write_text("\n".join(lines))
+    write_csv(out / f"{results}.csv", rows, skipped, args.families)
     plot(rows, figure)
     print("\n".join(lines))
-    print(f"wrote {out / 'masks_results.md'}, {out / 'masks_results.csv'} and {figure}")
+    print(f"wrote {out / f'{results}.md'}, {out / f'{results}.csv'} and {figure}")
     return 0
 
 

@@ -261,6 +261,8 @@ class MultiHeadAttention:
         if c.latent and value is not None and value is not key and value is not query:
             raise ValueError("value must be omitted (or be the key) in latent attention (kv_lora_rank): its values "
                              "are expanded from the key's latent")  # fmt: skip
+        if c.kv_sharing == "reuse":  # key, value: another layer's K and V (ShareKV checks their shapes)
+            return self._check_shared(query, key, value)
         query = as_float_array(query, "query", ndim=3)
         key = query if key is None else as_float_array(key, "key", ndim=3)
         value = key if value is None or c.latent else as_float_array(value, "value", ndim=3)
@@ -282,6 +284,21 @@ class MultiHeadAttention:
             raise ValueError(f"key and value lengths differ: key {key.shape}, value {value.shape}")
         return query, key, value
 
+    def _check_shared(self, query, key, value):
+        """A kv_sharing="reuse" layer's inputs: query (B, Lq, E), key and value its source layer's K and V
+        (B, Hkv, Lk, d), in the module's dtype."""
+        c = self.config
+        query = as_float_array(query, "query", ndim=3)
+        if key is None or value is None:
+            raise ValueError("a kv_sharing='reuse' layer needs key= and value=: its source layer's K and V")
+        key, value = as_float_array(key, "key", ndim=4), as_float_array(value, "value", ndim=4)
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if x.dtype != c.dtype:
+                raise ValueError(f"{name} has dtype {x.dtype} but the parameters are {c.dtype}")
+        if query.shape[-1] != c.embed_dim:
+            raise ValueError(f"query with shape {query.shape}: last dim must be embed_dim={c.embed_dim}")
+        return query, key, value
+
     def _begin(self, steps, specs, query, key, value, mask, training, dropout_mask, positions, kv_cache) -> Flow:
         """Check every argument of a call, before any arithmetic -> the call's flow, ready for its steps."""
         c = self.config
@@ -291,7 +308,7 @@ class MultiHeadAttention:
             raise ValueError("dropout_mask is only used with training=True")
         if positions is not None and c.rope_theta is None:
             raise ValueError("positions= rotates queries and keys: it needs a module with rope_theta set")
-        H, (B, Lq, _), Lk = c.num_heads, query.shape, key.shape[1]
+        H, (B, Lq, _), Lk = c.num_heads, query.shape, key.shape[2 if key.ndim == 4 else 1]  # 4-D: shared K
         f = Flow(query=query, key=key, value=value, P=self.params, H=H, Hkv=c.num_kv_heads, heads=slice(0, H),
                  B=B, Lq=Lq, Lk=Lk, positions=positions, kv_cache=kv_cache, owner=self,
                  self_attention=query is key is value and c.kdim == c.vdim == c.embed_dim)  # fmt: skip
@@ -360,18 +377,37 @@ class MultiHeadAttention:
 
     __call__ = forward
 
-    def backward(self, d_output: np.ndarray, cache: MHACache) -> dict[str, np.ndarray]:
+    def backward(self, d_output: np.ndarray, cache: MHACache, d_shared_kv=None) -> dict[str, np.ndarray]:
         """d_output (B, Lq, E) -> dict of gradients.
 
         Keys: "query" (B, Lq, E), "key" (B, Lk, kdim), "value" (B, Lk, vdim), and one per
         ``params`` key with that parameter's shape. For self-attention (the same array passed
         as query, key and value, or key and value omitted) its gradient is grads["query"] + grads["key"] +
         grads["value"]. In latent attention "value" is zeros: the values come from the key's latent.
+        d_shared_kv: with kv_sharing="store", (dK, dV) (B, Hkv, Lk, d) each, the gradients of this call's K and V
+        from the layers that read them (the sum of their grads["key"], grads["value"]), added to its own.
         """
-        return backward_through_plan(self, d_output, cache, ("query", "key", "value"))
+        if d_shared_kv is not None:
+            d_shared_kv = _check_shared_grads(self, cache, d_shared_kv)
+        return backward_through_plan(self, d_output, cache, ("query", "key", "value"), d_shared_kv)
 
 
-def backward_through_plan(module, d_output: np.ndarray, cache, inputs: tuple[str, ...]) -> dict[str, np.ndarray]:
+def _check_shared_grads(module, cache, d_shared_kv) -> tuple:
+    """(dK, dV) of a kv_sharing="store" call, checked: the shapes and dtype of the call's K and V."""
+    if module.config.kv_sharing != "store" or not isinstance(cache, MHACache):
+        raise ValueError("d_shared_kv is for a kv_sharing='store' module's cache: its K and V have readers")
+    if not isinstance(d_shared_kv, (tuple, list)) or len(d_shared_kv) != 2:
+        raise ValueError(f"d_shared_kv must be (dK, dV), got {type(d_shared_kv).__name__}")
+    out = tuple(as_float_array(d, "d_shared_kv", ndim=4) for d in d_shared_kv)
+    for d, x in zip(out, (cache.K, cache.V)):
+        if d.shape != x.shape or d.dtype != x.dtype:
+            raise ValueError(f"d_shared_kv must match the call's K and V, {x.shape} {x.dtype}; got {d.shape} {d.dtype}")
+    return out
+
+
+def backward_through_plan(
+    module, d_output: np.ndarray, cache, inputs: tuple[str, ...], d_shared_kv=None
+) -> dict[str, np.ndarray]:
     """The backward of a module whose forward walked a plan of steps (``MultiHeadAttention``, latent attention
     included): the cache and d_output checked before any arithmetic (``check_backward_call``), then every step in
     reverse (or, for a ``RecomputeCache``, each head group recomputed first).
@@ -384,7 +420,8 @@ def backward_through_plan(module, d_output: np.ndarray, cache, inputs: tuple[str
         grads = flow.recompute_backward(cache, d_output, params)
     else:
         kernel = cache.attention.kernel  # the kernel that ran the forward, and its product for the projections
-        g = Flow(output=d_output, P={}, kernel=kernel, matmul=kernel.matmul, attention=cache.attention)
+        g = Flow(output=d_output, P={}, kernel=kernel, matmul=kernel.matmul, attention=cache.attention,
+                 shared_kv=d_shared_kv)  # fmt: skip
         flow.backward(cache.plan, g, cache.steps)  # every step, in reverse
         grads, params = {name: getattr(g, name) for name in inputs}, {name: g.P[name] for name in module.params}
     for name in inputs:

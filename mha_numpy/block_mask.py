@@ -25,9 +25,10 @@ built, so a document mask at L = 32768 costs its blocks' states (KiB), not its e
 A ``BlockMask`` is a ``masks.StructuredMask``: every kernel takes it as ``mask=``. The vectorized and naive kernels
 build its entries (``np.asarray``); the chunked kernel asks its ``classify`` (the blocks' states: a tile of
 empty blocks skipped, of full ones computed without a mask), its ``tile`` (only the partial blocks' entries, by
-the mask_mod) and its ``key_tiles`` / ``query_tiles`` (the listed blocks alone). It uses BLOCK_SIZE as its
-tile when Q_BLOCK = KV_BLOCK and no ``block_size`` was set; any other tile is classified correctly all the
-same (a tile over several blocks takes their states together; inside a partial block the mask_mod tells).
+the mask_mod) and its ``key_tiles`` / ``query_tiles`` (the listed blocks alone). Its tiles are the blocks,
+Q_BLOCK queries × KV_BLOCK keys (two sides or one), unless a ``block_size`` was set; any other tile is classified
+correctly all the same (a tile over several blocks takes their states together; inside a partial block the
+mask_mod tells).
 """
 
 from __future__ import annotations

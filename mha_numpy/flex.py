@@ -142,7 +142,8 @@ def _checked_mod(score_mod):
         if not _broadcasts(out.shape, score.shape):
             raise ValueError(f"score_mod returned shape {out.shape} for a block of scores of shape {score.shape}")
         dtype = score.dtype if out.dtype.kind == "f" or np.iscomplexobj(score) else np.complex128
-        return np.broadcast_to(out, score.shape).astype(dtype)  # a copy: the kernels may write into it
+        return np.broadcast_to(out.astype(dtype, copy=False), score.shape)  # a read-only view: no copy, and a
+        # kernel that wrote into it would raise instead of changing an array the mod returned and may still hold
 
     return mod
 

@@ -57,6 +57,7 @@ class Flow:
     bias: np.ndarray = None  # backward only: the gradient of args.bias
     sinks: np.ndarray = None  # backward only: the gradient of args.sinks
     score_params: dict = None  # backward only: the score mods' parameter gradients, {mod: {param: gradient}}
+    shared_kv: tuple = None  # backward only: the gradients of K, V from the layers that read them (ShareKV)
     context: np.ndarray = None  # (B, H, Lq, d)
     merged: np.ndarray = None  # (B, Lq, E)
     output: np.ndarray = None  # (B, Lq, E)

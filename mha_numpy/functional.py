@@ -648,9 +648,8 @@ def alibi_bias(num_heads: int, Lq: int, Lk: int | None = None, offset: int = 0, 
     Lq = as_int(Lq, "Lq", minimum=0)
     Lk = Lq if Lk is None else as_int(Lk, "Lk", minimum=0)
     offset = as_int(offset, "offset")
-    distance = np.abs(np.arange(Lq)[:, None] + offset - np.arange(Lk)[None, :])  # (Lq, Lk)
-    bias = -alibi_slopes(num_heads)[:, None, None] * distance  # (H, 1, 1) * (Lq, Lk) -> (H, Lq, Lk)
-    return bias[None].astype(dtype)  # (1, H, Lq, Lk)
+    h, i, j = np.ix_(range(num_heads), range(Lq), range(Lk))  # (H, 1, 1), (1, Lq, 1), (1, 1, Lk)
+    return _alibi_term(alibi_slopes(num_heads), h, i, j, offset)[None].astype(dtype)  # (1, H, Lq, Lk)
 
 
 # --------------------------------------------------------------------------- score bias
@@ -692,9 +691,7 @@ def relative_position_bias_forward(table: np.ndarray, Lq: int, Lk: int, check: b
         Lq, Lk = as_int(Lq, "Lq", minimum=0), as_int(Lk, "Lk", minimum=0)
         if table.shape[1] % 2 != 1:
             raise ValueError(f"table with shape {table.shape} must have an odd number 2R + 1 of columns")
-    R = (table.shape[1] - 1) // 2
-    dist = np.arange(Lk)[None, :] - np.arange(Lq)[:, None]  # (Lq, Lk) j - i
-    idx = np.clip(dist, -R, R) + R  # (Lq, Lk) column of the table
+    idx = _relative_column(np.arange(Lq)[:, None], np.arange(Lk)[None, :], table.shape[1])  # (Lq, Lk)
     bias = table[:, idx][None]  # F1: (H, Lq, Lk) gather -> (1, H, Lq, Lk)
     return bias, (idx, table.shape)
 
@@ -723,39 +720,52 @@ def sum_by_index(d: np.ndarray, index, size: int) -> np.ndarray:
     return np.bincount(flat, weights=d.ravel(), minlength=size)  # (size,)
 
 
-def _only_keys(term, kv_idx, keys: int):
-    """``term`` where the key j < keys, 0 at the keys appended after them (torch MHA's add_bias_kv, add_zero_attn)."""
-    if np.size(kv_idx) == 0 or np.max(kv_idx) < keys:
+def _only_keys(term, kv_idx, keys: int | None):
+    """``term`` where the key j < keys, 0 at the keys appended after them (torch MHA's add_bias_kv, add_zero_attn);
+    keys None: every key is the sequence's."""
+    if keys is None or np.size(kv_idx) == 0 or np.max(kv_idx) < keys:
         return term  # no appended key in this block
     return np.where(kv_idx < keys, term, 0.0)
 
 
-def relative_position_score(score, b, h, q_idx, kv_idx, *, rel_bias, keys):
-    """score + rel_bias[h, clip(j - i, -R, R) + R] for the keys j < ``keys`` (appended keys get no term): the
-    relative-position bias of ``relative_position_bias_forward`` on a block. rel_bias: (H, 2R + 1)."""
-    R = (rel_bias.shape[1] - 1) // 2
-    col = np.clip(kv_idx - q_idx, -R, R) + R  # F1: the table's column of each (i, j)
+def _relative_column(q_idx, kv_idx, columns: int):
+    """The column of a relative-position table of ``columns`` = 2R + 1 for each (i, j): clip(j - i, -R, R) + R, the
+    one formula of ``relative_position_bias_forward`` and ``relative_position_score`` (and its VJP)."""
+    R = (columns - 1) // 2
+    return np.clip(kv_idx - q_idx, -R, R) + R
+
+
+def relative_position_score(score, b, h, q_idx, kv_idx, *, rel_bias, keys=None):
+    """score + rel_bias[h, clip(j - i, -R, R) + R] for the keys j < ``keys`` (appended keys get no term; None: all):
+    the relative-position bias of ``relative_position_bias_forward`` on a block. rel_bias: (H, 2R + 1)."""
+    col = _relative_column(q_idx, kv_idx, rel_bias.shape[1])  # F1: the table's column of each (i, j)
     term = rel_bias[h, col]  # F2: gather, broadcast to the block
     return score + _only_keys(term, kv_idx, keys)  # F3
 
 
-def relative_position_score_vjp(score, b, h, q_idx, kv_idx, d_out, *, rel_bias, keys):
+def relative_position_score_vjp(score, b, h, q_idx, kv_idx, d_out, *, rel_bias, keys=None):
     """-> (d_score = d_out, {"rel_bias": (H, 2R + 1) the sum of d_out over the entries each column reached})."""
     n = rel_bias.shape[1]
-    col = np.clip(kv_idx - q_idx, -(n // 2), n // 2) + n // 2  # ← F1
+    col = _relative_column(q_idx, kv_idx, n)  # ← F1
     d_term = _only_keys(d_out, kv_idx, keys)  # ← F3
     d_table = sum_by_index(d_term, h * n + col, rel_bias.size).reshape(rel_bias.shape)  # ← F2: scatter-add
     return d_out, {"rel_bias": d_table.astype(rel_bias.dtype)}
 
 
-def alibi_score(score, b, h, q_idx, kv_idx, *, slopes, offset: int = 0, keys: int):
-    """score - slopes[h] · |(i + offset) - j| for the keys j < ``keys``: ``alibi_bias`` on a block (slopes: (H,)
-    ``alibi_slopes``, a constant)."""
-    term = (-slopes[h] * np.abs(q_idx + offset - kv_idx)).astype(score.dtype)  # the block's penalties
+def _alibi_term(slopes, h, q_idx, kv_idx, offset: int):
+    """-slopes[h] · |(i + offset) - j|, float64 broadcast to the indices: the one formula of ``alibi_bias`` and
+    ``alibi_score``."""
+    return -slopes[h] * np.abs(q_idx + offset - kv_idx)
+
+
+def alibi_score(score, b, h, q_idx, kv_idx, *, slopes, offset: int = 0, keys=None):
+    """score - slopes[h] · |(i + offset) - j| for the keys j < ``keys`` (None: all): ``alibi_bias`` on a block
+    (slopes: (H,) ``alibi_slopes``, a constant)."""
+    term = _alibi_term(slopes, h, q_idx, kv_idx, offset).astype(score.dtype)  # the block's penalties
     return score + _only_keys(term, kv_idx, keys)
 
 
-def alibi_score_vjp(score, b, h, q_idx, kv_idx, d_out, *, slopes, offset: int = 0, keys: int):
+def alibi_score_vjp(score, b, h, q_idx, kv_idx, d_out, *, slopes, offset: int = 0, keys=None):
     """-> (d_out, {}): a constant term."""
     return d_out, {}
 
@@ -770,6 +780,22 @@ def head_temperature_score_vjp(score, b, h, q_idx, kv_idx, d_out, *, head_temper
     gain = np.exp(head_temperature)[h]  # ← F1
     d_t = sum_by_index(d_out * score * gain, h, head_temperature.size)  # (H,)
     return d_out * gain, {"head_temperature": d_t.astype(head_temperature.dtype)}
+
+
+def log_length_scale_score(score, b, h, q_idx, kv_idx, *, attn_scale, floor_scale, offset: int = 0):
+    """score · (log(⌊(p + 1) / floor_scale⌋ + 1) · attn_scale + 1), p = q_idx + offset the query's position (offset:
+    the positions cached before the call): Llama 4's attention temperature tuning, a constant gain per query row.
+    Llama 4 multiplies the query states by it, which multiplies the row's scores q·k by the same number."""
+    p = np.asarray(q_idx + offset)  # the queries' positions, broadcastable to the block
+    gain = np.log1p(np.floor((p + 1) / floor_scale)) * attn_scale + 1.0  # F1: (…, Lq, 1)-like, float64
+    return score * gain.astype(score.dtype)  # F2
+
+
+def log_length_scale_score_vjp(score, b, h, q_idx, kv_idx, d_out, *, attn_scale, floor_scale, offset: int = 0):
+    """-> (d_out · gain, {}): a constant gain per row, no parameter."""
+    p = np.asarray(q_idx + offset)
+    gain = np.log1p(np.floor((p + 1) / floor_scale)) * attn_scale + 1.0  # ← F1
+    return d_out * gain.astype(d_out.dtype), {}  # ← F2
 
 
 def append_positions_forward(x: np.ndarray, extra: np.ndarray):
@@ -837,6 +863,17 @@ def soft_cap_backward(d_out: np.ndarray, cache):
     """d_out: (...) -> d_scores: (...), d/ds [cap · tanh(s / cap)] = 1 - tanh²(s / cap)."""
     t = cache
     return d_out * (1.0 - t * t)  # ← F2, F1
+
+
+def soft_cap_score(score, b, h, q_idx, kv_idx, *, cap: float):
+    """cap · tanh(score / cap): ``soft_cap_forward`` as a score term (a FlexAttention score_mod: pass
+    ``partial(soft_cap_score, cap=50.0)`` with ``partial(soft_cap_score_vjp, cap=50.0)``)."""
+    return soft_cap_forward(score, cap)[0]
+
+
+def soft_cap_score_vjp(score, b, h, q_idx, kv_idx, d_out, *, cap: float):
+    """-> (d_out · (1 - tanh²(score / cap)), {}): ``soft_cap_backward`` at the block's own scores."""
+    return soft_cap_backward(d_out, soft_cap_forward(score, cap)[1]), {}
 
 
 # --------------------------------------------------------------------------- differential attention (DiffLlama)

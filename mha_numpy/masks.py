@@ -80,6 +80,30 @@ def padding_mask(lengths=None, max_len: int | None = None, *, attention_mask=Non
 ALIGNS = ("top-left", "bottom-right")
 
 
+def _band_bounds(window: int | None, causal: bool) -> tuple[int | None, int | None]:
+    """(lo, hi): the band lo <= p - j <= hi of a causal mask (0, None), a causal window (0, window - 1), a symmetric
+    window (1 - window, window - 1) or neither (None, None); None: no bound on that side."""
+    return (0 if causal else (None if window is None else 1 - window)), (None if window is None else window - 1)
+
+
+def _band(p, j, lo, hi):
+    """The one formula of every causal and window mask here (the dense ones, the mask_mods, ``StructuredMask``'s
+    tiles): query position p may attend to key j when lo <= p - j <= hi (``_band_bounds``). p, j: integer arrays that
+    broadcast (or torch tensors) -> bool of their broadcast shape, a fresh array."""
+    if lo is None and hi is None:
+        return (p - j) == (p - j)  # every entry, in the broadcast shape
+    allowed = None if lo is None else j <= p - lo
+    if hi is not None:
+        allowed = j >= p - hi if allowed is None else allowed & (j >= p - hi)
+    return allowed
+
+
+def _positions(n: int, start: int = 0) -> np.ndarray:
+    """(n,) start, start + 1, ...: int32 for the dense masks (their compares then run about twice as fast as int64's,
+    measured: the speed of np.tri, which picks the smallest int; an (L, L) mask with L near 2³¹ could not be held)."""
+    return np.arange(start, start + n, dtype=np.int32)
+
+
 def _align_shift(align, Lq: int, Lk: int) -> int:
     """The position of query 0: 0 top-left (query i at position i), Lk - Lq bottom-right (the last query at the
     last key), or ValueError naming ``align``."""
@@ -105,7 +129,7 @@ def causal_mask(
     if as_bool(structured, "structured"):
         return StructuredMask(Lq, Lk, causal=True, offset=diagonal, align=align)
     k = min(max(diagonal + _align_shift(align, Lq, Lk), -Lq), Lk)  # beyond [-Lq, Lk] the mask no longer changes
-    return np.tri(Lq, Lk, k, dtype=bool)  # (Lq, Lk): j <= i + k
+    return _band(_positions(Lq, k)[:, None], _positions(Lk), 0, None)  # (Lq, Lk): j <= i + k
 
 
 def sliding_window_mask(
@@ -126,9 +150,8 @@ def sliding_window_mask(
     causal, offset = as_bool(causal, "causal"), as_int(offset, "offset")
     if as_bool(structured, "structured"):
         return StructuredMask(Lq, Lk, causal=causal, window=window, offset=offset, align=align)
-    p = min(max(offset + _align_shift(align, Lq, Lk), -(Lq + window)), Lk + window)  # beyond: no entry changes
-    upper = p if causal else p + window - 1  # allowed: p - window < j <= upper, p = i + offset
-    return np.tri(Lq, Lk, upper, dtype=bool) & ~np.tri(Lq, Lk, p - window, dtype=bool)  # (Lq, Lk)
+    start = min(max(offset + _align_shift(align, Lq, Lk), -(Lq + window)), Lk + window)  # beyond: no entry changes
+    return _band(_positions(Lq, start)[:, None], _positions(Lk), *_band_bounds(window, causal))  # (Lq, Lk)
 
 
 def document_mask(lengths, causal: bool = False, L: int | None = None, structured: bool = False):
@@ -149,6 +172,44 @@ def prefix_lm_mask(L: int, prefix, structured: bool = False):
     return m if as_bool(structured, "structured") else _dense_2d(m)
 
 
+def chunked_causal_mask(
+    Lq: int, Lk: int | None = None, chunk_size: int = 8192, left_padding=0, align: str = "top-left",
+    structured: bool = False,
+):  # fmt: skip
+    """Chunked attention (Llama 4's "chunked_attention" layers): (Lq, Lk) bool, True where key j <= p_i lies in the
+    same chunk of ``chunk_size`` positions as query i's position p_i, or (B, 1, Lq, Lk) with one ``left_padding``
+    per batch item. The chunks are counted from each item's first real token, after ``left_padding`` pad tokens
+    (transformers' ``create_chunked_causal_mask``: chunk (j - pad) // chunk_size); the pads' own rows and keys are
+    left to the padding mask (``& padding_mask(...)``), as there.
+
+    It is document masking, causal inside, with documents of chunk_size tokens (the first cut at left_padding):
+    a ``StructuredMask`` with ``documents=`` (structured=True), whose tiles outside the chunks the chunked kernel
+    skips. align="bottom-right": the Lq queries are the last of the Lk positions (decoding after a KV cache).
+    A query past the last key would need a chunk the keys do not reach: ValueError naming Lq.
+    """
+    Lq = as_int(Lq, "Lq", minimum=1)
+    Lk = Lq if Lk is None else as_int(Lk, "Lk", minimum=1)
+    C = as_int(chunk_size, "chunk_size", minimum=1)
+    if Lq > Lk and align == "top-left":
+        raise ValueError(f"Lq={Lq} queries at positions 0 ... {Lq - 1} go past the Lk={Lk} keys: give Lk >= Lq")
+    if np.ndim(left_padding) == 0:
+        documents = _chunk_lengths(as_int(left_padding, "left_padding", minimum=0), C, Lk)  # shared by the batch
+    else:
+        pads = _per_item(left_padding, "left_padding")[0][0]  # (B,) non-negative ints
+        if pads.size == 0:
+            raise ValueError("left_padding must be an int or one int per batch item (B,), got an empty array")
+        documents = [_chunk_lengths(int(p), C, Lk) for p in pads]  # one list of chunk lengths per batch item
+    m = StructuredMask(Lq, Lk, causal=True, align=align, documents=documents)
+    return m if as_bool(structured, "structured") else _dense_2d(m)
+
+
+def _chunk_lengths(pad: int, C: int, Lk: int) -> np.ndarray:
+    """The lengths of the chunks of positions 0 ... Lk - 1 cut at pad + m · C (every integer m): (n,) ints."""
+    cuts = np.arange(pad % C, Lk, C)  # pad + m·C inside [0, Lk)
+    bounds = np.unique(np.concatenate([[0], cuts, [Lk]]))
+    return np.diff(bounds)
+
+
 def _dense_2d(m: StructuredMask) -> np.ndarray:
     """The entries of ``m``: (Lq, Lk) when it is the same for every batch item, else (B, 1, Lq, Lk)."""
     dense = np.asarray(m)  # (b, 1, Lq, Lk)
@@ -166,7 +227,7 @@ def _dense_2d(m: StructuredMask) -> np.ndarray:
 
 def causal_mod(b, h, q_idx, kv_idx):
     """The mask_mod of ``causal_mask(Lq, Lk)`` (top-left: query i at position i): key j <= i."""
-    return kv_idx <= q_idx
+    return _band(q_idx, kv_idx, 0, None)
 
 
 def window_mod(window: int | None = None, causal: bool = True, offset: int = 0):
@@ -175,12 +236,10 @@ def window_mod(window: int | None = None, causal: bool = True, offset: int = 0):
     diagonal=offset)``. The bottom-right alignment (the last query at the last key) is offset = Lk - Lq."""
     window = None if window is None else as_int(window, "window", minimum=1)
     causal, offset = as_bool(causal, "causal"), as_int(offset, "offset")
+    lo, hi = _band_bounds(window, causal)
 
     def window_mask(b, h, q_idx, kv_idx):
-        d = q_idx + offset - kv_idx  # p_i - j
-        if window is None:
-            return d >= 0 if causal else d == d  # d == d: every entry, in the indices' broadcast shape
-        return ((d >= 0) & (d < window)) if causal else ((d < window) & (-d < window))
+        return _band(q_idx + offset, kv_idx, lo, hi)  # query i at position p_i = i + offset
 
     return window_mask
 
@@ -193,11 +252,9 @@ def document_mod(lengths):
     if not shared:
         raise ValueError(f"lengths must be 1-D (one list shared by the batch), got shape {np.shape(lengths)}")
     ends = np.cumsum(items[0])  # (n_docs,) one past each document's last position
-    total = int(ends[-1]) if ends.size else 0
 
     def document(b, h, q_idx, kv_idx):
-        q_doc = np.where(np.asarray(q_idx) < total, np.searchsorted(ends, q_idx, side="right"), -1)  # -1: none
-        return q_doc == np.searchsorted(ends, kv_idx, side="right")  # the same document (a key past them: n_docs)
+        return _same_document(_document_of(ends, q_idx), _document_of(ends, kv_idx))
 
     return document
 
@@ -211,9 +268,24 @@ def prefix_lm_mod(prefix):
         P = _per_item(prefix, "prefix")[0][0]  # (B,) non-negative ints
 
     def prefix_lm(b, h, q_idx, kv_idx):
-        return (kv_idx < (P if isinstance(P, int) else P[b])) | (kv_idx <= q_idx)
+        return (kv_idx < (P if isinstance(P, int) else P[b])) | _band(q_idx, kv_idx, 0, None)
 
     return prefix_lm
+
+
+def chunked_causal_mod(chunk_size: int, left_padding=0):
+    """The mask_mod of ``chunked_causal_mask(Lq, Lk, chunk_size, left_padding)`` (top-left): key j <= i in query
+    i's chunk, (j - pad) // chunk_size == (i - pad) // chunk_size, transformers' ``chunked_causal_mask_function``.
+    left_padding: an int, or one per batch item (B,) (then indexed by b)."""
+    C = as_int(chunk_size, "chunk_size", minimum=1)
+    pad = as_int(left_padding, "left_padding", minimum=0) if np.ndim(left_padding) == 0 else None
+    pads = None if pad is not None else _per_item(left_padding, "left_padding")[0][0]  # (B,) non-negative ints
+
+    def chunked_causal(b, h, q_idx, kv_idx):
+        p = pad if pads is None else pads[b]
+        return ((kv_idx - p) // C == (q_idx - p) // C) & (kv_idx <= q_idx)
+
+    return chunked_causal
 
 
 # --------------------------------------------------------------------------- structured masks
@@ -262,22 +334,34 @@ def _per_item(x, name: str) -> tuple[list[np.ndarray], bool]:
     return items, shared
 
 
+def _document_of(ends: np.ndarray, pos) -> np.ndarray:
+    """The document of each position, documents packed from position 0 (``ends``: (n_docs,) one past each one's last
+    position): its index, or -1 for a position before or past them all (it belongs to none)."""
+    pos = np.asarray(pos)
+    total = int(ends[-1]) if ends.size else 0
+    return np.where((pos >= 0) & (pos < total), np.searchsorted(ends, pos, side="right"), -1)
+
+
+def _same_document(q_doc, kv_doc) -> np.ndarray:
+    """The one formula of every document mask here (``document_mod``, ``StructuredMask``'s tiles): query and key lie
+    in the same document (``_document_of``; a query in none sees no key)."""
+    return (q_doc == kv_doc) & (q_doc >= 0)
+
+
 def _documents(n: np.ndarray, pos: np.ndarray, Lk: int, name: str):
-    """Documents of lengths n (n_docs,), packed from position 0 -> per query position p (Lq,), the keys [lo, hi) of
-    p's document (an empty range before or after every document), and per key j (Lk,), its document's index and
-    first position (Lk for a key past the documents)."""
+    """Documents of lengths n (n_docs,), packed from position 0 -> per query position p (Lq,), its document
+    (``_document_of``) and the keys [lo, hi) of it (an empty range before or after every document), and per key j
+    (Lk,), its document and that one's first position (Lk for a key past the documents)."""
     n = n if n.size else np.zeros(1, np.int64)  # no document: one of length 0
     ends = np.cumsum(n)  # (n_docs,) one past each document's last position
     first, total = ends - n, int(ends[-1])
     if total > Lk:
         raise ValueError(f"{name} covers {total} positions, more than the Lk = {Lk} keys")
-    inside = (pos >= 0) & (pos < total)  # (Lq,)
-    d = np.minimum(np.searchsorted(ends, pos, side="right"), n.size - 1)  # (Lq,) p's document (where inside)
+    d = _document_of(ends, pos)  # (Lq,) p's document, -1 for none
     outside = np.where(pos < 0, 0, total)  # (Lq,) an empty range at the start or at the end
-    lo, hi = np.where(inside, first[d], outside), np.where(inside, ends[d], outside)  # (Lq,) each
-    j = np.arange(Lk)
-    dj = np.minimum(np.searchsorted(ends, j, side="right"), n.size - 1)  # (Lk,) key j's document
-    return lo, hi, dj, np.where(j < total, first[dj], Lk)
+    lo, hi = np.where(d >= 0, first[d], outside), np.where(d >= 0, ends[d], outside)  # (Lq,) each
+    dj = _document_of(ends, np.arange(Lk))  # (Lk,) key j's document, -1 past them
+    return d, lo, hi, dj, np.where(dj >= 0, first[dj], Lk)
 
 
 class StructuredMask:
@@ -326,14 +410,15 @@ class StructuredMask:
         # the band lo <= p_i - j <= hi (None: no bound on that side)
         self._lo, self._hi = (0 if self.causal else (None if w is None else 1 - w)), (None if w is None else w - 1)
         sizes = {}  # the batch size each argument implies (1: shared by the batch)
-        self._qlo = self._qhi = self._free = self._keys = None
+        self._qlo = self._qhi = self._qdoc = self._kdoc = self._free = self._keys = None
         docs = None
         if documents is not None:
             lengths, shared = _per_item(documents, "documents")
             sizes["documents"] = 1 if shared else len(lengths)
             docs = [(*_documents(n, self._pos, Lk, f"documents[{b}]"), n.size) for b, n in enumerate(lengths)]
-            self._qlo = np.stack([d[0] for d in docs])  # (b, Lq) the keys of p_i's document start here ...
-            self._qhi = np.stack([d[1] for d in docs])  # (b, Lq) ... and end here; both non-decreasing along Lq
+            self._qdoc, self._kdoc = np.stack([d[0] for d in docs]), np.stack([d[3] for d in docs])  # (b, Lq), (b, Lk)
+            self._qlo = np.stack([d[1] for d in docs])  # (b, Lq) the keys of p_i's document start here ...
+            self._qhi = np.stack([d[2] for d in docs])  # (b, Lq) ... and end here; both non-decreasing along Lq
         if self._lo is not None or self._hi is not None:  # without a band every key is allowed: no prefix needed
             self._free = self._prefix(prefix, docs, sizes)  # (b, Lk) bool or None
         if keys is not None:
@@ -364,7 +449,7 @@ class StructuredMask:
                 return None
             if docs is None:
                 return (j < P)[None]  # (1, Lk)
-            return np.stack([(first < self.Lk) & (j - first < P) for _, _, _, first, _ in docs])  # (b, Lk)
+            return np.stack([(first < self.Lk) & (j - first < P) for *_, first, _ in docs])  # (b, Lk)
         values, shared = _per_item(prefix, "prefix")
         if docs is None:  # one per batch item, each item one document
             if not shared:
@@ -377,7 +462,7 @@ class StructuredMask:
             raise ValueError(f"prefix has {len(values)} batch items and documents {len(docs)}")
         out = []
         for b in range(n):
-            v, (_, _, dj, first, n_docs) = values[b if len(values) > 1 else 0], docs[b if len(docs) > 1 else 0]
+            v, (*_, dj, first, n_docs) = values[b if len(values) > 1 else 0], docs[b if len(docs) > 1 else 0]
             if v.size != n_docs:
                 raise ValueError(f"prefix must hold one value per document: {n_docs} for batch item {b}, got {v.size}")
             v = v if v.size else np.zeros(1, np.int64)  # no document: no key either
@@ -395,7 +480,8 @@ class StructuredMask:
     def nbytes(self) -> int:
         """The bytes of the rule's own arrays (its entries would take b · Lq · Lk); not the band tiles it keeps
         once a kernel asked for them (at most BAND_TILES · BAND_TILE_BYTES, ``_entries``)."""
-        arrays = (self._pos, self._qlo, self._qhi, self._free, self._keys, self._free_cum, self._keys_cum)
+        arrays = (self._pos, self._qlo, self._qhi, self._qdoc, self._kdoc, self._free, self._keys, self._free_cum,
+                  self._keys_cum)  # fmt: skip
         return sum(a.nbytes for a in arrays if a is not None) + sum(m.nbytes for m in self._also)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
@@ -591,15 +677,12 @@ class StructuredMask:
         if band and (t := self._band_tiles.get(key := (int(self._pos[i0]) - j0, i1 - i0, j1 - j0))) is not None:
             return t
         j, p = np.arange(j0, j1), self._pos[i0:i1, None]  # (m,), (n, 1)
-        t = np.ones((i1 - i0, j1 - j0), dtype=bool)
-        if self._lo is not None:
-            t &= j <= p - self._lo  # p_i - j >= lo
-        if self._hi is not None:
-            t &= j >= p - self._hi  # p_i - j <= hi
+        no_band = self._lo is None and self._hi is None
+        t = np.ones((i1 - i0, j1 - j0), dtype=bool) if no_band else _band(p, j, self._lo, self._hi)  # (n, m)
         if self._free is not None:
             t |= _item(self._free, b)[j0:j1]  # a prefix key, whatever the band says
-        if self._qlo is not None:
-            t &= (_item(self._qlo, b)[i0:i1, None] <= j) & (j < _item(self._qhi, b)[i0:i1, None])  # same document
+        if self._qdoc is not None:
+            t &= _same_document(_item(self._qdoc, b)[i0:i1, None], _item(self._kdoc, b)[j0:j1])  # (n, m)
         if self._keys is not None:
             t &= _item(self._keys, b)[j0:j1]
         for m in self._also:

@@ -595,6 +595,13 @@ def softplus_sample(s: Sizes, rng):
     return [Case("softplus", [("u", u)])]
 
 
+def log_length_scale_sample(s: Sizes, rng):
+    """check_functional's case of Llama 4's attention temperature: scores (B, H, Lq, Lk) after two cached
+    positions, scale 0.7, floor 2 (gains 1 + 0.7 · log(⌊(p + 1) / 2⌋ + 1) that differ from row to row)."""
+    scores = _randn(rng, s.B, s.H, s.Lq, s.Lk)
+    return [Case("log_length_scale", [("scores", scores), ("attn_scale", 0.7), ("floor_scale", 2.0)])]
+
+
 PAIRS: list[Pair] = [
     Pair("linear", F.linear_forward, F.linear_backward, ("x", "W", "b"), linear_cases, linear_sample),
     Pair("split_heads", F.split_heads_forward, F.split_heads_backward, ("x",), split_heads_cases, split_heads_sample),
@@ -759,6 +766,14 @@ PAIRS: list[Pair] = [
     Pair("decay", GT.decay_forward, GT.decay_backward, ("a", "A_log", "dt_bias"), sample=decay_sample),
     Pair("sigmoid", GT.sigmoid_forward, GT.sigmoid_backward, ("x",), sample=sigmoid_sample),
     Pair("softplus", GT.softplus_forward, GT.softplus_backward, ("u",), sample=softplus_sample),
+    Pair(
+        "log_length_scale_score",
+        *score_term_pair(
+            F.log_length_scale_score, F.log_length_scale_score_vjp, ("attn_scale", "floor_scale"), offset=2
+        ),
+        ("scores",),
+        sample=log_length_scale_sample,
+    ),  # fmt: skip
 ]
 
 

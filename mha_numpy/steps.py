@@ -4,11 +4,14 @@ step list of a call from the options (``build_steps``).
     Project     q, k, v = query W_qᵀ + b_q, key W_kᵀ + b_k, value W_vᵀ + b_v    (B, Lq, E), (B, Lk, Ekv) × 2
     Split       Q (B, H, Lq, d), K, V (B, Hkv, Lk, d)
     [GateQuery] Q (B, H, Lq, d): each head's first half of q's 2d features, the second its gate (Qwen3-Next)
-    [QKNorm]    Q, K normalised per head (RMSNorm with learned weights)
+    [QKNorm]    Q, K normalised per head (RMSNorm with learned weights; without them: Llama 4's)
+    [VNorm]     V normalised per head (RMSNorm without weights: Gemma 3n)
     [Rope]      Q, K turned by the angles of their positions (the first int(d · partial_rotary_factor) features;
                 rope_scaling's table; pairs (i, i + n) or, rope_interleave, (2i, 2i + 1))
     [AppendToCache]  K, V appended to the KV cache: (B, Hkv, cached + Lk, d), causal within the call
+    [ShareKV]   K, V kept for later layers ("store") or read from an earlier one ("reuse"; Gemma 3n)
     [HeadTemperature]  the scores · exp(t_h), a learned temperature per head      } score terms: ``ScoreTerm``s,
+    [LogLengthScale] each query's scores · (log(⌊(p + 1) / floor⌋ + 1) · scale + 1) at its position p (Llama 4)
     [RelativeBias]   a learned term for the scores, by head and clipped distance   } applied by every kernel to the
     [Alibi]     a fixed term for the scores, by head and distance                  } blocks of scores it holds
     [SoftCap]   the scores capped, cap · tanh(s / cap)                             } (the kernels' one score hook)
@@ -460,6 +463,8 @@ class Project(Step):
         if c.bias:
             out.update({name: Param((n,), heads, init=_zeros((n,)), rank=1)
                         for name, n, heads in (("b_q", Eq, "q"), ("b_k", Ekv, "kv"), ("b_v", Ekv, "kv"))})  # fmt: skip
+        if c.kv_sharing == "reuse":  # its keys and values are another layer's (ShareKV): no projections of its own
+            out = {name: p for name, p in out.items() if name[-1] == "q"}
         return out
 
     def forward(self, f, s):
@@ -471,6 +476,8 @@ class Project(Step):
             )  # F1: (B, L, E), (B, L, Ekv), (B, L, Ekv)
         else:
             f.q, s["q_proj"] = F.linear_forward(f.query, P["W_q"], P.get("b_q"), mm, check=False)  # F1: (B, Lq, E)
+            if self.c.kv_sharing == "reuse":
+                return  # K, V are another layer's: ShareKV reads them from the call's key and value
             f.k, s["k_proj"] = F.linear_forward(f.key, P["W_k"], P.get("b_k"), mm, check=False)  # F2: (B, Lk, Ekv)
             f.v, s["v_proj"] = F.linear_forward(f.value, P["W_v"], P.get("b_v"), mm, check=False)  # F3: (B, Lk, Ekv)
 
@@ -482,6 +489,8 @@ class Project(Step):
             G["b_q"], G["b_k"], G["b_v"] = dbs if dbs is not None else (None, None, None)
         else:
             g.query, G["W_q"], G["b_q"] = F.linear_backward(g.q, s["q_proj"], mm)  # ← F1: (B, Lq, E)
+            if "k_proj" not in s:
+                return  # kv_sharing="reuse": ShareKV gave the key's and value's gradients
             g.key, G["W_k"], G["b_k"] = F.linear_backward(g.k, s["k_proj"], mm)  # ← F2: (B, Lk, kdim)
             g.value, G["W_v"], G["b_v"] = F.linear_backward(g.v, s["v_proj"], mm)  # ← F3: (B, Lk, vdim)
 
@@ -496,12 +505,16 @@ class Split(Step):
 
     def forward(self, f, s):
         f.Q, s["q_split"] = F.split_heads_forward(f.q, f.H, check=False)  # F1: (B, H, Lq, d)
+        if f.k is None:
+            return  # kv_sharing="reuse": no keys or values of its own
         f.K, s["k_split"] = F.split_heads_forward(f.k, f.Hkv, check=False)  # F2: (B, Hkv, Lk, d)
         f.V, s["v_split"] = F.split_heads_forward(f.v, f.Hkv, check=False)  # F3: (B, Hkv, Lk, d)
 
     def backward(self, g, s):
         dq = F.split_heads_backward(g.Q, s["q_split"])  # ← F1: (B, Lq, E)
         g.q = dq if g.q is None else dq + g.q  # q read by OutputGate too (its gate): the gradients add
+        if "k_split" not in s:
+            return
         g.k = F.split_heads_backward(g.K, s["k_split"])  # ← F2: (B, Lk, Ekv)
         g.v = F.split_heads_backward(g.V, s["v_split"])  # ← F3: (B, Lk, Ekv)
 
@@ -526,7 +539,11 @@ class GateQuery(Step):
 
 
 class QKNorm(Step):
-    """Q and K normalised per head by RMSNorm with learned weights q_norm, k_norm (d,), before RoPE (Qwen3)."""
+    """Q and K normalised per head by RMSNorm with learned weights q_norm, k_norm (d,), before RoPE (Qwen3).
+
+    qk_norm_weight=False: without the weights, x · rsqrt(mean(x²) + eps) (Llama 4's ``Llama4TextL2Norm``, which it
+    applies after RoPE: a rotation keeps each head's mean square, so without a weight the norm and RoPE commute and
+    the order changes no number)."""
 
     reads, writes = ("Q", "K"), ("Q", "K")
 
@@ -536,21 +553,64 @@ class QKNorm(Step):
     options = {
         "qk_norm": Option(False, _flag, example={"qk_norm": True}),
         "qk_norm_eps": Option(1e-6, _positive, requires="qk_norm"),
+        "qk_norm_weight": Option(True, _flag, requires="qk_norm", example={"qk_norm": True, "qk_norm_weight": False}),
     }
     latent = False
     not_latent = "latent attention's queries and keys have RMSNorms of their own, on the latents"
 
     def params(self):
         d = self.c.head_dim  # shared by every head: recompute's groups add their gradients
-        return {name: Param((d,), None, init=lambda rng, dtype: np.ones(d, dtype)) for name in self.names}
+        if not self.c.qk_norm_weight:
+            return {}
+        names = ("q_norm",) if self.c.kv_sharing == "reuse" else self.names  # reuse: the keys' source normed them
+        return {name: Param((d,), None, init=lambda rng, dtype: np.ones(d, dtype)) for name in names}
+
+    def weights(self, f):
+        """q_norm, k_norm (d,): the learned ones, or ones (qk_norm_weight=False: x · 1 is x, exactly)."""
+        if self.c.qk_norm_weight:
+            return f.P["q_norm"], f.P.get("k_norm")
+        ones = np.ones(self.c.head_dim, dtype=f.Q.dtype)
+        return ones, ones
 
     def forward(self, f, s):
-        f.Q, s["q_norm"] = F.rms_norm_forward(f.Q, f.P["q_norm"], self.c.qk_norm_eps, check=False)  # F1: (B, H, Lq, d)
-        f.K, s["k_norm"] = F.rms_norm_forward(f.K, f.P["k_norm"], self.c.qk_norm_eps, check=False)  # F2
+        w_q, w_k = self.weights(f)
+        f.Q, s["q_norm"] = F.rms_norm_forward(f.Q, w_q, self.c.qk_norm_eps, check=False)  # F1: (B, H, Lq, d)
+        if f.K is not None:  # kv_sharing="reuse": no keys of its own
+            f.K, s["k_norm"] = F.rms_norm_forward(f.K, w_k, self.c.qk_norm_eps, check=False)  # F2: (B, Hkv, Lk, d)
 
     def backward(self, g, s):
-        g.K, g.P["k_norm"] = F.rms_norm_backward(g.K, s["k_norm"])  # ← F2
-        g.Q, g.P["q_norm"] = F.rms_norm_backward(g.Q, s["q_norm"])  # ← F1
+        d_k_norm = None
+        if "k_norm" in s:
+            g.K, d_k_norm = F.rms_norm_backward(g.K, s["k_norm"])  # ← F2
+        g.Q, d_q_norm = F.rms_norm_backward(g.Q, s["q_norm"])  # ← F1
+        if self.c.qk_norm_weight:
+            g.P["q_norm"], g.P["k_norm"] = d_q_norm, d_k_norm
+
+
+class VNorm(Step):
+    """V normalised per head by RMSNorm without a weight, x · rsqrt(mean(x²) + eps) (Gemma 3n's v_norm)."""
+
+    reads, writes = ("V",), ("V",)
+
+    option = "v_norm"
+    names = ("v_norm",)
+    place = 32
+    options = {
+        "v_norm": Option(False, _flag, example={"v_norm": True}),
+        "v_norm_eps": Option(1e-6, _positive, requires="v_norm"),
+    }
+    latent = False
+    not_latent = "latent attention's values are expanded from a latent with an RMSNorm of its own"
+
+    def forward(self, f, s):
+        if f.V is None:
+            return  # kv_sharing="reuse": its values come normed from their layer
+        ones = np.ones(f.V.shape[-1], dtype=f.V.dtype)  # no weight: x · 1 is x, exactly
+        f.V, s["v_norm"] = F.rms_norm_forward(f.V, ones, self.c.v_norm_eps, check=False)  # F1: (B, Hkv, Lk, d)
+
+    def backward(self, g, s):
+        if "v_norm" in s:
+            g.V = F.rms_norm_backward(g.V, s["v_norm"])[0]  # ← F1: the weight's gradient is not wanted
 
 
 _PARTIAL = {"rope_theta": 50.0, "partial_rotary_factor": 0.5, "head_dim": 4}  # d = 4: 2 of 4 turned (d = 2: none)
@@ -583,7 +643,7 @@ class Rope(Step):
 
     def check(self, f):
         if f.positions is not None:
-            if f.Lq != f.Lk:
+            if f.Lq != f.Lk and self.c.kv_sharing != "reuse":  # reuse: the queries' positions (K comes turned)
                 raise ValueError(f"positions= is for self-attention: query length {f.Lq} and key length {f.Lk} differ")
             F.check_positions(f.positions, f.B, f.Lq)
 
@@ -602,11 +662,13 @@ class Rope(Step):
     def forward(self, f, s):
         (inv_freq, factor), pairs = self.table(f), self.c.rope_interleave  # (n,), n = turned / 2 (all: d / 2)
         f.Q, s["q_rope"] = F.rotary_forward(f.Q, f.pos_q, inv_freq, factor, pairs, check=False)  # F1: (B, H, Lq, d)
-        f.K, s["k_rope"] = F.rotary_forward(f.K, f.pos_k, inv_freq, factor, pairs, check=False)  # F2: (B, Hkv, Lk, d)
+        if f.K is not None:  # kv_sharing="reuse": its keys come turned from their layer
+            f.K, s["k_rope"] = F.rotary_forward(f.K, f.pos_k, inv_freq, factor, pairs, check=False)  # F2
 
     def backward(self, g, s):
         g.Q = F.rotary_backward(g.Q, s["q_rope"])  # ← F1: the inverse rotation
-        g.K = F.rotary_backward(g.K, s["k_rope"])  # ← F2
+        if "k_rope" in s:
+            g.K = F.rotary_backward(g.K, s["k_rope"])  # ← F2
 
 
 class AppendToCache(Step):
@@ -662,6 +724,59 @@ class AppendToCache(Step):
         raise ValueError("backward through a call with kv_cache is not supported: the cache is state (forward only)")
 
 
+def _kv_sharing(value, name, o):
+    if value not in (None, "store", "reuse"):
+        raise ValueError(f"{name} must be None, 'store' or 'reuse' (Gemma 3n's kv_sharing_modes), got {value!r}")
+    return value
+
+
+class ShareKV(Step):
+    """K, V shared across layers (Gemma 3n): kept for later layers ("store") or read from an earlier one ("reuse").
+
+    "store" takes the readers' gradients of its K, V back (``backward(..., d_shared_kv=)``); "reuse" reads them as
+    its key and value, (B, Hkv, Lk, d) each, after their layer's norms and RoPE, and has no key or value
+    projection, norm or RoPE of its own (``mha_numpy.kv_sharing`` walks a stack of such layers)."""
+
+    reads, writes = ("K", "V", "key", "value"), ("K", "V")
+
+    option = "kv_sharing"
+    names = ("share_kv",)
+    place = 47
+    # no example: "store" changes no number of a call (only what its backward takes), and "reuse" takes another
+    # layer's K and V as its key and value (kv_sharing.py and tests/test_llama4_gemma3.py run both)
+    options = {"kv_sharing": Option(None, _kv_sharing)}
+    groupwise = False
+    not_groupwise = "the shared K and V (and their gradients from the layers that read them) are every head's"
+    latent = False
+    not_latent = "latent attention shares its latent, not K and V"
+
+    def __init__(self, config):
+        super().__init__(config)
+        if config.kv_sharing == "reuse":  # a reader's K, V are its source's, cache included: pass them whole
+            self.decodes, self.not_decodes = False, "a reusing layer reads its source's K and V, cache included"
+            self.reads = ("key", "value")
+
+    def check(self, f):
+        if self.c.kv_sharing != "reuse":
+            return
+        expected = (f.B, self.c.num_kv_heads, f.key.shape[2], self.c.head_dim)
+        for name, x in (("key", f.key), ("value", f.value)):
+            if x.shape != expected:
+                raise ValueError(f"{name} of a kv_sharing='reuse' layer must be its source's K or V, (B, Hkv, Lk, "
+                                 f"d) = {expected}, got {x.shape}")  # fmt: skip
+
+    def forward(self, f, s):
+        if self.c.kv_sharing == "reuse":
+            f.K, f.V = f.key, f.value  # F1: (B, Hkv, Lk, d) each, their layer's
+
+    def backward(self, g, s):
+        if self.c.kv_sharing == "reuse":
+            g.key, g.value = g.K, g.V  # ← F1: to their layer, which adds them to its own
+        elif g.shared_kv is not None:
+            d_k, d_v = g.shared_kv  # the readers' gradients of this layer's K and V, summed over the readers
+            g.K, g.V = g.K + d_k, g.V + d_v  # K and V have more than one reader: their gradients add
+
+
 class ScoreTerm(Step):
     """Base of a change of the scores through the kernels' one hook (``kernels.ScoreMod``, FlexAttention's form): a
     pair ``functional.NAME_score(score, b, h, q_idx, kv_idx, **params)`` / ``NAME_score_vjp(..., d_out, **params)
@@ -707,6 +822,25 @@ class HeadTemperature(ScoreTerm):
         return {"head_temperature": Param((self.c.num_heads,), "q", init=_zeros((self.c.num_heads,)))}
 
 
+class LogLengthScale(ScoreTerm):
+    """Each query's scores · (log(⌊(p + 1) / floor⌋ + 1) · scale + 1) at its position p (Llama 4's temperature)."""
+
+    option = "log_length_scale"
+    place = 51  # after the head temperature, before the additive terms: it scales q·k only, as Llama 4's query does
+    options = {
+        "log_length_scale": Option(  # Llama 4's attn_scale (0.1)
+            None, _positive_or_none, example={"log_length_scale": 0.5, "log_length_floor": 1}
+        ),
+        "log_length_floor": Option(8192.0, _positive, requires="log_length_scale"),  # Llama 4's floor_scale (8192)
+    }
+    score = staticmethod(F.log_length_scale_score)
+    score_vjp = staticmethod(F.log_length_scale_score_vjp)
+
+    def constants(self, f):
+        c = self.c  # query i at position i + cached: after the KV cache's positions (0, 1, ... without one)
+        return {"attn_scale": c.log_length_scale, "floor_scale": c.log_length_floor, "offset": f.cached}
+
+
 class RelativeBias(ScoreTerm):
     """A learned bias per head and clipped distance j - i, added to the scores (T5-style; the table: rel_bias)."""
 
@@ -750,10 +884,12 @@ class SoftCap(ScoreTerm):
     option = "softcap"
     place = 56
     options = {"softcap": Option(None, _positive_or_none, example={"softcap": 1.5})}  # the cap (Gemma 2: 50)
+    score = staticmethod(F.soft_cap_score)
+    score_vjp = staticmethod(F.soft_cap_score_vjp)
 
-    def forward(self, f, s):
-        pair = partial(F.soft_cap_forward, cap=self.c.softcap), F.soft_cap_backward
-        f.args = f.args.add_score_mod(ScoreMod.elementwise("softcap", *pair))  # F1: an elementwise pair as a mod
+    def constants(self, f):
+        """The cap."""
+        return {"cap": self.c.softcap}
 
 
 class Sinks(Step):

@@ -159,8 +159,9 @@ def per_head_case():
 @pytest.mark.parametrize("block, bs", [(None, 16), (None, (8, 16)), (24, 16), (8, 16)])
 def test_the_chunked_kernel_with_a_block_mask_equals_the_vectorized_with_its_entries(block, bs):
     """B = 2, H = 3, L = 100, float64: output and dq, dk, dv of the chunked kernel given the BlockMask (its tiles
-    BLOCK_SIZE; a block of 24 or 8 across the mask's blocks; BLOCK_SIZE (8, 16), not square) equal the vectorized
-    kernel's given np.asarray(block_mask), to 1e-12; the dense mask itself equals the mask_mod's entries."""
+    BLOCK_SIZE, also (8, 16): 8 queries × 16 keys; a block of 24 or 8 across the mask's blocks) equal the
+    vectorized kernel's given np.asarray(block_mask), to 1e-12; the dense mask itself equals the mask_mod's
+    entries."""
     rng = np.random.default_rng(1)
     B, H, L, d = 2, 3, 100, 5
     q, k, v, d_out = (rng.standard_normal((B, H, L, d)) for _ in range(4))
@@ -175,10 +176,33 @@ def test_the_chunked_kernel_with_a_block_mask_equals_the_vectorized_with_its_ent
     chunked = kernels.ChunkedKernel(block_size=block, num_threads=2)
     out, cache = chunked.forward(q, k, v, mask=bm)
     got = (out, *chunked.backward(d_out, cache)[:3])
-    assert chunked.block(q.dtype, bm) == (block or (bs if isinstance(bs, int) else 256))
+    tile = (block, block) if block else (bs, bs) if isinstance(bs, int) else bs  # BLOCK_SIZE: its tile, two sides too
+    assert chunked.tile(q.dtype, bm) == tile
+    assert {(i0 % tile[0], j0 % tile[1], i1 - i0 <= tile[0], j1 - j0 <= tile[1]) for *_, i0, i1, j0, j1 in
+            cache.tile_states} == {(0, 0, True, True)}  # every tile looked up is one of the grid's  # fmt: skip
     for name, x, y in zip(("out", "dq", "dk", "dv"), got, ref):
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-12 * np.abs(y).max(), err_msg=name)
     assert not out[:, :, 90:].any() and not got[1][:, :, 90:].any()  # fully masked rows: zero, not NaN
+
+
+def test_two_sided_tiles_split_keys_and_dropout_as_the_vectorized_kernel():
+    """One head (the backward's key blocks split between 2 threads), BLOCK_SIZE (8, 24), sampled dropout (drawn per
+    8 × 24 tile) and sinks: output and gradients equal the vectorized kernel's given the dense mask and the keep-mask
+    the chunked cache assembles, float64, 1e-12."""
+    rng = np.random.default_rng(5)
+    L, d = 100, 4
+    q, k, v, d_out = (rng.standard_normal((1, 1, L, d)) for _ in range(4))
+    bm = create_block_mask(per_head_case(), 1, 1, L, L, BLOCK_SIZE=(8, 24))
+    chunked, sinks = kernels.ChunkedKernel(num_threads=2), np.array([0.3])
+    out, cache = chunked.forward(q, k, v, mask=bm, dropout_p=0.2, rng=0, sinks=sinks)
+    got = (out, *chunked.backward(d_out, cache)[:3])
+    vec = kernels.get_kernel("vectorized")
+    ref_out, ref_cache = vec.forward(q, k, v, mask=np.asarray(bm), dropout_mask=cache.dropout_mask, dropout_p=0.2,
+                                     sinks=sinks)  # fmt: skip
+    ref = (ref_out, *vec.backward(d_out, ref_cache)[:3])
+    assert chunked.tile(q.dtype, bm) == (8, 24)
+    for name, x, y in zip(("out", "dq", "dk", "dv"), got, ref):
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-12 * np.abs(y).max(), err_msg=name)
 
 
 def test_the_chunked_kernel_visits_the_listed_blocks_and_calls_the_mod_on_partial_ones_only():

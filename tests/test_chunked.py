@@ -85,7 +85,7 @@ def test_one_head_is_split_into_key_ranges_of_equal_work_and_the_result_does_not
     mask = masks.causal_mask(24)
     kernel = ChunkedKernel(block_size=2, num_threads=3)
     _, cache = kernel.forward(q, k, v, mask)
-    ranges = _key_ranges(cache._tiles(0, slice(0, 1)), 24, 24, 2, 3)
+    ranges = _key_ranges(cache._tiles(0, slice(0, 1)), 24, 24, 2, 2, 3)
     assert ranges[0][0] == 0 and ranges[-1][1] == 24 and len(ranges) == 3
     assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))  # contiguous
     tiles = [sum(12 - j // 2 for j in range(*r, 2)) for r in ranges]  # key block j//2 has 12 - j//2 tiles

@@ -450,3 +450,30 @@ def test_our_block_mask_reaches_the_chunked_kernel_as_its_blocks_not_a_dense_mas
     d = rng.normal(size=out.shape)
     for a, b in zip(flex.flex_attention_backward(d, cache)[:3], flex.flex_attention_backward(d, dense_cache)[:3]):
         assert np.abs(a - b).max() <= 1e-12 * np.abs(b).max()
+
+
+def test_the_mods_get_and_give_read_only_arrays_and_nothing_is_copied_or_mutated():
+    """flex hands the mod read-only views and the kernel a read-only view of the mod's result (no copy of a tile):
+    a mod writing into its score or a parameter is a ValueError naming score_mod on the chunked kernel too (where no
+    probe runs before the tiles); a mod returning an array it holds gets the same numbers as a fresh one, and that
+    array, the inputs and the parameters are left as they were."""
+    q, k, v = inputs()
+    w = np.linspace(0.5, 1.5, H)
+    copies = [x.copy() for x in (q, k, v, w)]
+    writers = {  # writing into
+        "score": lambda s, b, h, m, n, *, w: s.__iadd__(1.0),
+        "a parameter": lambda s, b, h, m, n, *, w: s * w.__imul__(2.0)[h],
+    }
+    for mod in writers.values():
+        with pytest.raises(ValueError, match=r"score_mod raised ValueError: .*read-only"):
+            flex.flex_attention(q, k, v, mod, params={"w": w}, kernel=KERNELS()["chunked"])
+    held = np.zeros((B, H, LQ, LK))  # a mod's own array, returned as the whole block's scores (vectorized kernel)
+
+    def constant(s, b, h, m, n):
+        return held if s.shape == held.shape else np.zeros_like(s)  # the probe's entries: (16,)
+
+    out, cache = flex.flex_attention_forward(q, k, v, constant, score_mod_vjp=lambda s, b, h, m, n, d: (0 * s, {}))
+    assert not cache.inner.scores.flags.writeable and np.shares_memory(cache.inner.scores, held)  # not copied
+    flex.flex_attention_backward(np.ones_like(out), cache)
+    assert rel_err(out, np.broadcast_to(v.mean(axis=2, keepdims=True), out.shape)) <= 1e-14 and not held.any()
+    assert all(np.array_equal(a, b) for a, b in zip(copies, (q, k, v, w)))

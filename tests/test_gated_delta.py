@@ -69,7 +69,8 @@ CASES = {  # (Hk, H, L, chunk, state, l2norm): grouped heads, L not a multiple o
 @pytest.mark.parametrize("impl", ["recurrent", "chunked"])
 @pytest.mark.parametrize("case", CASES)
 def test_float64_matches_transformers_cast_lifted(case, impl):
-    """Outputs, final state and every gradient against torch autograd of the cast-lifted copy of the same form."""
+    """Outputs, final state and every gradient against torch autograd of transformers' function of the same form,
+    its float32 casts lifted."""
     pytest.importorskip("torch")
     Hk, H, L, C, state, l2 = CASES[case]
     x = make(Hk=Hk, H=H, L=L, state=state)
@@ -81,13 +82,46 @@ def test_float64_matches_transformers_cast_lifted(case, impl):
 @pytest.mark.parametrize("impl", ["recurrent", "chunked"])
 @pytest.mark.parametrize("state", [True, False])
 def test_kimi_per_channel_decay_matches_transformers(state, impl):
-    """g (B, H, L, dk): Kimi Delta Attention's per-channel decay, the same function, against the cast-lifted copies
-    of ``recurrent_kimi_delta_attention`` and ``chunk_kimi_delta_attention`` (L = 6 not a multiple of the chunk)."""
+    """g (B, H, L, dk): Kimi Delta Attention's per-channel decay, the same function, against transformers'
+    ``recurrent_kimi_delta_attention`` and ``chunk_kimi_delta_attention`` with their casts lifted (L = 6 not a
+    multiple of the chunk)."""
     pytest.importorskip("torch")
     x = make(Hk=3, H=3, L=6, state=state, per_channel=True)
     d_o, d_S = upstream((2, 3, 6, 3), (2, 3, 4, 3))
     kw = dict(impl=impl, chunk_size=4, use_qk_l2norm=True)
     assert_close(ours(x, d_o, d_S, **kw), theirs(x, d_o, d_S, **kw), 1e-10)
+
+
+def test_the_float64_lift_is_float64_end_to_end_or_says_so(monkeypatch):
+    """transformers' own function run with float32 meaning float64 (``interop.lift``): float64 out and torch restored
+    afterwards, even after an error; a float32 input refused naming it; a cast the lift cannot reach (a dtype read
+    before the block) a TypeError, not a silent float32 result."""
+    torch = pytest.importorskip("torch")
+    from transformers.models.qwen3_next import modeling_qwen3_next as qwen
+
+    from mha_numpy.interop import gated_delta as GD
+
+    x = {n: None if a is None else torch.from_numpy(a).transpose(1, 2) for n, a in make(Hk=2, H=2, L=5).items()}
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    o, S = GD.torch_chunk_gated_delta_rule_float64(*args, chunk_size=4, output_final_state=True)
+    assert o.dtype == S.dtype == torch.float64
+    assert torch.float32 is torch.float is not torch.float64 and torch.get_default_dtype() == torch.float32
+    with pytest.raises(ValueError, match=r"float64 tensors, got torch.float32 for argument 2"):
+        GD.torch_chunk_gated_delta_rule_float64(x["q"], x["k"], x["v"].float(), x["g"], x["beta"])
+    fixed = torch.float32  # read before the block: the lift cannot change it
+    monkeypatch.setattr(qwen, "torch_chunk_gated_delta_rule", lambda *a, **k: (a[2].to(fixed), None))
+    with pytest.raises(TypeError, match="a cast the lift does not reach"):
+        GD.torch_chunk_gated_delta_rule_float64(*args)
+
+    def fails(*a, **k):
+        assert torch.float32 is torch.float64 and torch.get_default_dtype() == torch.float64  # inside the block
+        raise RuntimeError("inside the block")
+
+    monkeypatch.setattr(qwen, "torch_chunk_gated_delta_rule", fails)
+    with pytest.raises(RuntimeError, match="inside the block"):
+        GD.torch_chunk_gated_delta_rule_float64(*args)
+    assert torch.float32 is not torch.float64 and torch.Tensor.float is not torch.Tensor.double
+    assert torch.get_default_dtype() == torch.float32 and torch.float is fixed
 
 
 def flat_pair(impl, chunk_size=3, use_qk_l2norm=True, scale=None, state=True):

@@ -38,6 +38,11 @@ Today's variants: ``gqa`` (grouped-query attention vs SDPA's ``enable_gqa``), ``
 latent cache vs its ``DynamicCache``), ``gpt_oss`` (``from_hf_gpt_oss_attention``, attention sinks with sliding
 windows, GQA and RoPE vs ``GptOssAttention``), and ``diffllama``
 (``from_hf_diffllama_attention``, differential attention vs ``DiffLlamaAttention`` and its cache).
+``llama4``: Llama 4's RoPE and NoPE layers (``from_hf_llama4_attention``, ``llama4_layer_options``: chunked
+attention, the L2 QK-norm, the attention temperature) vs ``Llama4TextAttention`` and its cache; ``gemma3``: Gemma
+3's local and global layers with their two RoPE bases (``from_hf_gemma3_attention``, ``gemma3_layer_options``) vs
+``Gemma3Attention`` and its cache; ``gemma3n``: Gemma 3n's cross-layer KV sharing and ``v_norm``
+(``from_hf_gemma3n_attention``, a stack of layers vs ``Gemma3nTextAttention``: ``crosscheck_hf_gemma3n_layers``).
 Whole models: ``bert_model`` (``crosscheck_bert_model``) and ``llama_model`` (``from_hf_llama_model``, the decoder
 of ``models.decoder`` vs ``LlamaModel``, ``crosscheck_hf_llama_model``), and ``seq2seq`` (``crosscheck_seq2seq``, the
 encoder–decoder of ``models.seq2seq`` vs ``torch.nn.Transformer``: logits, every gradient, the greedy decoding).
@@ -81,6 +86,14 @@ from .gemma2 import (
     from_hf_gemma2_attention,
     hf_gemma2_attention,
 )
+from .gemma3 import (
+    crosscheck_hf_gemma3_attention,
+    crosscheck_hf_gemma3_kv_cache,
+    from_hf_gemma3_attention,
+    gemma3_layer_options,
+    hf_gemma3_attention,
+)
+from .gemma3n import crosscheck_hf_gemma3n_layers, from_hf_gemma3n_attention, gemma3n_kv_sources, hf_gemma3n_layers
 from .gpt_oss import (
     HF_GPT_OSS_NAME_MAP,
     crosscheck_hf_gpt_oss_attention,
@@ -97,6 +110,8 @@ from .llama import (
     from_hf_llama_attention,
     hf_llama_attention,
 )
+from .llama4 import from_hf_llama4_attention, hf_llama4_attention, llama4_layer_mask, llama4_layer_options
+from .llama4_check import crosscheck_hf_llama4_attention, crosscheck_hf_llama4_kv_cache
 from .names import HF_BERT_NAME_MAP, NameMap, describe, params_from_state, torch_mha_name_map
 from .qwen3 import (
     HF_QWEN3_NAME_MAP,
@@ -159,6 +174,21 @@ __all__ = [
     "hf_diffllama_attention",
     "crosscheck_hf_diffllama_attention",
     "crosscheck_hf_diffllama_kv_cache",
+    "from_hf_llama4_attention",
+    "hf_llama4_attention",
+    "llama4_layer_options",
+    "llama4_layer_mask",
+    "crosscheck_hf_llama4_attention",
+    "crosscheck_hf_llama4_kv_cache",
+    "from_hf_gemma3_attention",
+    "hf_gemma3_attention",
+    "gemma3_layer_options",
+    "crosscheck_hf_gemma3_attention",
+    "crosscheck_hf_gemma3_kv_cache",
+    "from_hf_gemma3n_attention",
+    "hf_gemma3n_layers",
+    "gemma3n_kv_sources",
+    "crosscheck_hf_gemma3n_layers",
     "HF_DEEPSEEK_V32_MLA_NAME_MAP",
     "HF_DEEPSEEK_V32_INDEXER_NAME_MAP",
     "from_hf_deepseek_v32_attention",

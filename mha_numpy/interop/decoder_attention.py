@@ -19,6 +19,7 @@ torch and transformers are imported lazily, inside the functions.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
@@ -65,6 +66,15 @@ class DecoderAttention:
     rotary: str
     float64_steps: Callable = nullcontext
     float64_what: str = ""
+    cos_sin: Callable | None = None  # (torch, module, positions, dtype) -> HF's (cos, sin) from its own config
+
+    def theirs_cos_sin(self, torch, module, mha, positions, dtype):
+        """HF's (cos, sin) (B, L, d) in float64, cast to dtype: from the module's own config when the kind says how
+        (Gemma 3: its layer type's base and scaling, so a base imported wrong fails the check), else from our base
+        (``llama.torch_cos_sin``)."""
+        if self.cos_sin is not None:
+            return self.cos_sin(torch, module, positions, dtype)
+        return torch_cos_sin(torch, positions, mha.head_dim, mha.rope_theta, dtype)
 
 
 def layer_mask(B: int, Lq: int, Lk: int, window: int | None = None, attention_mask=None) -> np.ndarray:
@@ -170,7 +180,20 @@ def eager_recorded(torch, module, float64: bool):
 
 def rotary_note(torch, kind: DecoderAttention, module, positions: np.ndarray, cos_t) -> str:
     """How far the model's own rotary module (float32 angles) is from the float64 (cos, sin) the check uses."""
-    return rope_note(torch, getattr(sys.modules[type(module).__module__], kind.rotary), module.config, positions, cos_t)
+    rotary = getattr(sys.modules[type(module).__module__], kind.rotary)
+    if "layer_type" in inspect.signature(rotary.forward).parameters:  # one rotation per layer type (Gemma 3)
+        rotary = _of_layer_type(rotary, module.layer_type)
+    return rope_note(torch, rotary, module.config, positions, cos_t)
+
+
+def _of_layer_type(rotary, layer_type: str):
+    """The rotary class whose forward(x, position_ids) turns by the angles of ``layer_type`` (Gemma 3 keeps one
+    rotation per layer type, chosen by a third argument)."""
+
+    def forward(self, x, position_ids):
+        return rotary.forward(self, x, position_ids, layer_type)
+
+    return type(rotary.__name__, (rotary,), {"forward": forward})
 
 
 def _own_steps(kind: DecoderAttention, module, float64: bool):
@@ -235,7 +258,7 @@ def crosscheck_decoder_attention(
     pos, d_output = positions_of(positions, B, L), upstream(d_output, x.shape, dtype, rng)
     mask = layer_mask(B, L, L, module.sliding_window, attention_mask)  # (B, 1, L, L)
     ours, _ = run_ours(mha, (x, x, x), d_output, mask=mask, positions=pos)
-    cos_sin = torch_cos_sin(torch, pos, mha.head_dim, mha.rope_theta, dtype)
+    cos_sin = kind.theirs_cos_sin(torch, module, mha, pos, dtype)
     mask_t = hf_layer_mask(torch, module, tensor(torch, x), attention_mask)
     float64 = dtype == np.float64
     theirs = _hf_call(torch, kind, module, x, cos_sin, mask_t, d_output, float64)
@@ -287,7 +310,7 @@ def _hf_decoding(torch, kind: DecoderAttention, module, mha, x, calls, am) -> di
         masks[:, :, a:b, b - seen : b] = allowed_of(mask_t, (B, 1, b - a, seen))
         return mask_t
 
-    cos_sin = torch_cos_sin(torch, positions_of(None, B, L), mha.head_dim, mha.rope_theta, mha.dtype)
+    cos_sin = kind.theirs_cos_sin(torch, module, mha, positions_of(None, B, L), mha.dtype)
     context = partial(in_float64, torch, kind, module, float64)
     outputs, layer = hf_decode(torch, module, x, calls, cos_sin, mask_of, context)
     return {"masks": masks, "outputs": outputs, "keys": layer.keys.numpy(), "values": layer.values.numpy()}

@@ -165,6 +165,20 @@ def indexer_scores_lifted(indexer, hidden_states, q_resid, position_embeddings, 
 _SAME_DTYPE_EAGER = "mha_numpy_v32_eager_same_dtype"
 
 
+def _eager_same_dtype(module, query, key, value, attention_mask, scaling, dropout=0.0, indices=None, **kwargs):
+    """The eager attention ``float64_throughout`` registers: its softmax in the query's dtype, not float32."""
+    torch = require("torch")
+    if indices is not None:  # under its own name the module passes the indices: fold them as its eager branch
+        index_mask = torch.ones((*indices.shape[:2], key.shape[2]), dtype=torch.bool).scatter(-1, indices.long(),
+                                                                                            False)  # fmt: skip
+        attention_mask = attention_mask.masked_fill(index_mask.unsqueeze(1), torch.finfo(query.dtype).min)
+    weights = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, H, S, T); Hkv = H (the importer's)
+    if attention_mask is not None:
+        weights = weights + attention_mask
+    weights = torch.nn.functional.softmax(weights, dim=-1, dtype=query.dtype)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
 @contextmanager
 def float64_throughout(module: DeepseekV32Attention, chosen: list | None = None):
     """Within the block, ``module`` runs its RMSNorms and its eager softmax in its own dtype, and its indexer as
@@ -175,17 +189,6 @@ def float64_throughout(module: DeepseekV32Attention, chosen: list | None = None)
 
     def rms_norm(self, x):  # DeepseekV32RMSNorm.forward without the float32 round trip
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-    def eager(module, query, key, value, attention_mask, scaling, dropout=0.0, indices=None, **kwargs):  # one dtype
-        if indices is not None:  # under its own name the module passes the indices: fold them as its eager branch
-            index_mask = torch.ones((*indices.shape[:2], key.shape[2]), dtype=torch.bool).scatter(-1, indices.long(),
-                                                                                                False)  # fmt: skip
-            attention_mask = attention_mask.masked_fill(index_mask.unsqueeze(1), torch.finfo(query.dtype).min)
-        weights = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, H, S, T); Hkv = H (the importer's)
-        if attention_mask is not None:
-            weights = weights + attention_mask
-        weights = torch.nn.functional.softmax(weights, dim=-1, dtype=query.dtype)
-        return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
     def indexer(self, hidden_states, q_resid, position_embeddings, attention_mask, position_ids=None, cache=None):
         with torch.no_grad():  # as shipped
@@ -200,7 +203,7 @@ def float64_throughout(module: DeepseekV32Attention, chosen: list | None = None)
     for m in norms:
         m.forward = types.MethodType(rms_norm, m)
     module.indexer.forward = types.MethodType(indexer, module.indexer)
-    ALL_ATTENTION_FUNCTIONS[_SAME_DTYPE_EAGER] = eager
+    ALL_ATTENTION_FUNCTIONS[_SAME_DTYPE_EAGER] = _eager_same_dtype
     module.config._attn_implementation = _SAME_DTYPE_EAGER
     try:
         yield module
@@ -264,11 +267,7 @@ def crosscheck_hf_deepseek_v32_attention(
     named = {n: p for n, p in module.named_parameters() if not n.startswith("indexer.")}  # no_grad there
     chosen: list = []
     tx = tensor(torch, x, grad=True)
-    if dsa.dtype == np.float64:
-        runs_as = float64_throughout(module, chosen)
-    else:  # as shipped: the indexer's int32 indices recorded on their way out
-        runs_as = _recording_indices(module, chosen)
-    with runs_as, eval_mode(module):
+    with _as_checked(module, dsa.dtype, chosen), eval_mode(module):
         out_t, _ = module(tx, cos_sin, mask_t)
         (dx,), grads = autograd(torch, out_t, [tx], named, d_output)
         with torch.no_grad():  # in float32 the lifted casts were no-ops: the shipped scores
@@ -279,12 +278,16 @@ def crosscheck_hf_deepseek_v32_attention(
     theirs["selected"] = _selected(chosen[0].astype(np.int64), L, allowed)
     margin = selection_margin(scores, allowed, dsa.index_topk)
     notes = [f"selection margin (k-th minus (k+1)-th allowed indexer score, smallest): {margin:.2e}; 0: a tie"]
-    if dsa.dtype == np.float32:
-        notes.append("float32: the module as shipped (its casts are to float32, no-ops; nothing lifted)")
+    notes += ["float32: the module as shipped (its casts are to float32: no-ops)"] if dsa.dtype == np.float32 else []
     title = (f"DeepSeekSparseAttention vs transformers DeepseekV32Attention (H={cfg.num_attention_heads}, "
              f"r={cfg.kv_lora_rank}, nI={cfg.index_n_heads}, dI={cfg.index_head_dim}, k={cfg.index_topk}, "
              f"L={L})")  # fmt: skip
     return compare(title, x.dtype, rtol, ROWS + grad_rows(name_map), ours, theirs, notes)
+
+
+def _as_checked(module: DeepseekV32Attention, dtype, chosen: list):
+    """float64: ``float64_throughout``; float32: as shipped, each call's indices recorded on their way out."""
+    return float64_throughout(module, chosen) if dtype == np.float64 else _recording_indices(module, chosen)
 
 
 @contextmanager

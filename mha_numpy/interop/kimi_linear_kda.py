@@ -1,12 +1,12 @@
-"""Kimi Delta Attention against transformers' ``KimiLinearDeltaAttention``: the importer, the cast-lifted copy, the
-checks (the loop: ``delta_layers``).
+"""Kimi Delta Attention against transformers' ``KimiLinearDeltaAttention``: the importer, the checks (declared for
+``harness.compare`` by ``delta_layers``).
 
 The parameters are in ``recurrent.kimi.KimiDeltaAttention``'s table. The module computes in float32 inside whatever
 its dtype: the forget gate (``.float()``), the core (``chunk_kimi_delta_attention`` for a prefill,
 ``recurrent_kimi_delta_attention`` for one token, both cast to float32) and ``KimiLinearRMSNormGated`` (all of it
-in float32), and its cache stores the recurrent state as float32. ``kda_in_float64`` runs a copy of its forward,
-line for line, without those casts (the cores: ``interop.gated_delta``'s cast-lifted copies). torch and
-transformers are imported lazily.
+in float32), and its cache stores the recurrent state as float32. ``kda_in_float64`` runs its own forward with
+float32 meaning float64 for the call (``lift.float32_is_float64``), float64 end to end. torch and transformers are
+imported lazily.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import numpy as np
 
 from ..recurrent.kimi import KimiDeltaAttention
 from ._lazy import require
-from .delta_layers import LayerKind, crosscheck_layer, decode_hf, method_replaced, params_as_ours
-from .gated_delta import chunk_kimi_delta_attention_float64, recurrent_kimi_delta_attention_float64
+from .delta_layers import LayerKind, decode_hf, layer_sides, params_as_ours
+from .harness import compare
+from .lift import float32_is_float64
 from .report import CrosscheckReport
 
 HF_KIMI_KDA_NAME_MAP = {
@@ -85,58 +86,13 @@ def from_hf_kimi_delta_attention(module, chunk_size: int = 64, impl: str = "chun
     return KimiDeltaAttention(*sizes, params=params, dtype=params["W_o"].dtype, chunk_size=chunk_size, impl=impl)
 
 
-def _forward_without_casts(self, hidden_states, cache=None, attention_mask=None, **kwargs):
-    """``KimiLinearDeltaAttention.forward`` line for line, without its float32 casts (module docstring)."""
-    torch = require("torch")
-    from transformers.models.kimi_linear import modeling_kimi_linear as M
-
-    hidden_states = M.apply_mask_to_padding_states(hidden_states, attention_mask)
-    batch_size, seq_len = hidden_states.shape[:2]
-    hidden_shape = (batch_size, seq_len, -1, self.head_dim)
-    mixed_qkv = torch.cat([self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)],
-                          dim=-1).transpose(1, 2)  # fmt: skip
-    if cache is not None:
-        conv_state = cache.get_conv_state(self.layer_idx, state_idx=0)
-        recurrent_state = cache.get_recurrent_state(self.layer_idx, state_idx=0)
-    else:
-        conv_state, recurrent_state = None, None
-    weight = self.conv1d.weight.squeeze(1)
-    if conv_state is not None and seq_len == 1:
-        mixed_qkv = M.causal_conv1d_update(mixed_qkv, conv_state, weight=weight, bias=self.conv1d.bias,
-                                           activation=self.activation)  # fmt: skip
-    else:
-        if cache is not None:
-            mixed_qkv = cache.update_conv_state(mixed_qkv, self.layer_idx, conv_kernel_size=self.conv_kernel_size)
-        mixed_qkv = M.causal_conv1d_fn(mixed_qkv, weight=weight, bias=self.conv1d.bias, activation=self.activation)
-        mixed_qkv = mixed_qkv[:, :, -seq_len:]
-    query, key, value = torch.split(mixed_qkv.transpose(1, 2), [self.qkv_dim] * 3, dim=-1)
-    query, key, value = query.reshape(hidden_shape), key.reshape(hidden_shape), value.reshape(hidden_shape)
-    fg = self.forget_gate  # KimiLinearForgetGate.forward without .float()
-    f = (fg.f_b_proj(fg.f_a_proj(hidden_states)) + fg.dt_bias.view(1, 1, -1)).view(hidden_shape)
-    g = -torch.exp(fg.A_log) * torch.where(f > 20.0, f, torch.log(1.0 + torch.exp(f)))
-    beta = torch.sigmoid(self.b_proj(hidden_states))
-    one_token = recurrent_state is not None and seq_len == 1
-    core = recurrent_kimi_delta_attention_float64 if one_token else chunk_kimi_delta_attention_float64
-    core_attn_out, last_recurrent_state = core(
-        query, key, value, g=g, beta=beta, initial_state=recurrent_state, output_final_state=cache is not None,
-        use_qk_l2norm_in_kernel=True,
-    )  # fmt: skip
-    if cache is not None:
-        cache.update_recurrent_state(last_recurrent_state, self.layer_idx)  # lifted: no .to(torch.float32)
-    gate = self.g_b_proj(self.g_a_proj(hidden_states)).view(hidden_shape)
-    # KimiLinearRMSNormGated without its float32 casts
-    variance = core_attn_out.pow(2).mean(-1, keepdim=True)
-    normed = self.o_norm.weight * (core_attn_out * torch.rsqrt(variance + self.o_norm.variance_epsilon))
-    return self.o_proj((normed * torch.sigmoid(gate)).reshape(batch_size, seq_len, -1))
-
-
 def kda_in_float64(module):
-    """Within the block the module runs ``_forward_without_casts``; the class's forward again afterwards."""
-    return method_replaced(module, _forward_without_casts)
+    """Within the block the module computes in float64 where it says float32 (``lift.float32_is_float64``; the
+    module is not edited): transformers' own forward, gates, core and gated RMSNorm, unedited."""
+    return float32_is_float64(require("torch"))
 
 
-KIND = LayerKind("KimiLinearDeltaAttention", HF_KIMI_KDA_NAME_MAP, kda_in_float64,
-                 lambda: _config(layer_types=["linear_attention"]))  # fmt: skip
+KIND = LayerKind("KimiLinearDeltaAttention", HF_KIMI_KDA_NAME_MAP, lambda: _config(layer_types=["linear_attention"]))
 
 
 def crosscheck_hf_kimi_delta_attention(
@@ -149,7 +105,7 @@ def crosscheck_hf_kimi_delta_attention(
     layer = from_hf_kimi_delta_attention(module, chunk_size=chunk_size, impl=impl)
     title = (f"ours vs transformers KimiLinearDeltaAttention (H={layer.num_heads}, d={layer.head_k_dim}, "
              f"K={layer.conv_kernel_size}, {impl}{', padding' if attention_mask is not None else ''})")  # fmt: skip
-    return crosscheck_layer(KIND, module, layer, hidden_states, attention_mask, d_output, rng, rtol, title)
+    return compare(title, *layer_sides(KIND, module, layer, hidden_states, attention_mask, d_output, rng, rtol))
 
 
 def decode_hf_kimi_delta_attention(module, hidden_states, prefill: int = 3, lifted: bool = True):

@@ -107,9 +107,12 @@ def from_llama_like(
     params = params_from_state(dict(module.named_parameters()), name_map)
     dropout = float(getattr(cfg, "attention_dropout", 0.0))
     dtype = numpy_dtype_of(module.q_proj.weight.dtype)
-    options = dict(num_kv_heads=Hkv, rope_theta=hf_rope_theta(cfg, scaled), head_dim=d, **options)  # d: any
-    if scaled and hf_rope_scaling(cfg) is not None:
-        options["rope_scaling"] = hf_rope_scaling(cfg)
+    if "rope_theta" in options:  # a layer's own base (Gemma 3: one per layer type), and its scaling if any
+        options = dict(num_kv_heads=Hkv, head_dim=d, **options)
+    else:
+        options = dict(num_kv_heads=Hkv, rope_theta=hf_rope_theta(cfg, scaled), head_dim=d, **options)  # d: any
+        if scaled and hf_rope_scaling(cfg) is not None:
+            options["rope_scaling"] = hf_rope_scaling(cfg)
     if scale is not None:
         options["scale"] = float(scale)
     return module_with_params(E, H, bias, E, E, dropout, dtype, params, **options)

@@ -1,4 +1,4 @@
-"""Gated DeltaNet against transformers' ``Qwen3NextGatedDeltaNet``: the importer, the cast-lifted copy, the checks.
+"""Gated DeltaNet against transformers' ``Qwen3NextGatedDeltaNet``: the importer, the checks (``delta_layers``).
 
 torch and transformers are imported lazily, inside the functions. The parameters (``recurrent.qwen3_next``):
 
@@ -16,9 +16,9 @@ W_out           out_proj.weight      (E, Hv·dv)
 The module casts to float32 inside whatever its dtype (measured: a float64 module gives float32-rounded outputs):
 the gates (``A_log.float()``, ``a.float()``), the core (``torch_chunk_gated_delta_rule`` /
 ``torch_recurrent_gated_delta_rule`` cast q, k, v, g, β to float32) and ``Qwen3NextRMSNormGated`` (x̂ and silu(z) in
-float32). ``deltanet_in_float64`` runs the module with a copy of its forward, line for line, with those casts
-removed (the core from ``interop.gated_delta``'s lifted copies): the float64 check is against that copy, and the
-as-shipped gap goes in the report's notes. The attention mask is transformers' (B, L) 0/1 padding mask, which
+float32). ``deltanet_in_float64`` runs the module's own forward with float32 meaning float64 for the call
+(``lift.float32_is_float64``): the float64 check is against that, float64 end to end, and the as-shipped gap goes
+in the report's notes. The attention mask is transformers' (B, L) 0/1 padding mask, which
 the module applies by zeroing the padding tokens' inputs (``apply_mask_to_padding_states``); ours takes it as bool.
 """
 
@@ -28,8 +28,9 @@ import numpy as np
 
 from ..recurrent.qwen3_next import GatedDeltaNet
 from ._lazy import require
-from .delta_layers import LayerKind, crosscheck_layer, decode_hf, method_replaced, params_as_ours
-from .gated_delta import torch_chunk_gated_delta_rule_float64, torch_recurrent_gated_delta_rule_float64
+from .delta_layers import LayerKind, decode_hf, layer_sides, params_as_ours
+from .harness import compare
+from .lift import float32_is_float64
 from .report import CrosscheckReport
 
 HF_QWEN3_NEXT_DELTANET_NAME_MAP = {
@@ -94,58 +95,10 @@ def from_hf_qwen3_next_deltanet(module, chunk_size: int = 64, impl: str = "chunk
     return GatedDeltaNet(*sizes, params=params, dtype=params["W_out"].dtype, chunk_size=chunk_size, impl=impl)
 
 
-def _forward_without_casts(self, hidden_states, cache=None, attention_mask=None, **kwargs):
-    """``Qwen3NextGatedDeltaNet.forward`` line for line, without its float32 casts (module docstring)."""
-    torch = require("torch")
-    from transformers.models.qwen3_next import modeling_qwen3_next as M
-
-    hidden_states = M.apply_mask_to_padding_states(hidden_states, attention_mask)
-    seq_len = hidden_states.shape[1]
-    if cache is not None:
-        conv_state = cache.get_conv_state(self.layer_idx, state_idx=0)
-        recurrent_state = cache.get_recurrent_state(self.layer_idx, state_idx=0)
-    else:
-        conv_state, recurrent_state = None, None
-    query, key, value, z, b, a = self.fix_query_key_value_ordering(self.in_proj_qkvz(hidden_states),
-                                                                   self.in_proj_ba(hidden_states))  # fmt: skip
-    query, key, value = (x.reshape(x.shape[0], x.shape[1], -1) for x in (query, key, value))
-    mixed_qkv = torch.cat((query, key, value), dim=-1).transpose(1, 2)
-    weight = self.conv1d.weight.squeeze(1)
-    if conv_state is not None and seq_len == 1 and not cache.is_recording_past(self.layer_idx):
-        mixed_qkv = M.causal_conv1d_update(mixed_qkv, conv_state, weight, self.conv1d.bias, self.activation)
-    else:
-        if cache is not None:
-            mixed_qkv = cache.update_conv_state(mixed_qkv, self.layer_idx, conv_kernel_size=self.conv_kernel_size)
-        mixed_qkv = M.causal_conv1d_fn(mixed_qkv, weight, self.conv1d.bias, activation=self.activation)
-        if cache is not None:
-            mixed_qkv = mixed_qkv[:, :, -seq_len:]
-    query, key, value = torch.split(mixed_qkv.transpose(1, 2), [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-    query = query.reshape(query.shape[0], query.shape[1], -1, self.head_k_dim)
-    key = key.reshape(key.shape[0], key.shape[1], -1, self.head_k_dim)
-    value = value.reshape(value.shape[0], value.shape[1], -1, self.head_v_dim)
-    beta = b.sigmoid()
-    g = -self.A_log.exp() * torch.nn.functional.softplus(a + self.dt_bias)  # lifted: no .float()
-    core = torch_recurrent_gated_delta_rule_float64 if recurrent_state is not None and seq_len == 1 else (
-        torch_chunk_gated_delta_rule_float64)  # fmt: skip
-    core_attn_out, last_recurrent_state = core(query, key, value, g=g, beta=beta, initial_state=recurrent_state,
-                                               output_final_state=cache is not None,
-                                               use_qk_l2norm_in_kernel=True)  # fmt: skip
-    if cache is not None:
-        cache.update_recurrent_state(last_recurrent_state, self.layer_idx)
-    z_shape_og = z.shape
-    core_attn_out = core_attn_out.reshape(-1, core_attn_out.shape[-1])
-    z = z.reshape(-1, z.shape[-1])
-    # Qwen3NextRMSNormGated without its float32 round trips
-    variance = core_attn_out.pow(2).mean(-1, keepdim=True)
-    normed = self.norm.weight * (core_attn_out * torch.rsqrt(variance + self.norm.variance_epsilon))
-    core_attn_out = (normed * torch.nn.functional.silu(z)).reshape(z_shape_og)
-    return self.out_proj(core_attn_out.reshape(core_attn_out.shape[0], core_attn_out.shape[1], -1))
-
-
 def deltanet_in_float64(module):
-    """Within the block the module runs ``_forward_without_casts`` (its forward without the float32 casts);
-    the class's forward again afterwards."""
-    return method_replaced(module, _forward_without_casts)
+    """Within the block the module computes in float64 where it says float32 (``lift.float32_is_float64``; the
+    module is not edited): transformers' own forward, gates, core and gated RMSNorm, unedited."""
+    return float32_is_float64(require("torch"))
 
 
 def _config():
@@ -154,7 +107,7 @@ def _config():
     return Qwen3NextConfig(num_hidden_layers=1, layer_types=["linear_attention"])
 
 
-KIND = LayerKind("Qwen3NextGatedDeltaNet", HF_QWEN3_NEXT_DELTANET_NAME_MAP, deltanet_in_float64, _config)
+KIND = LayerKind("Qwen3NextGatedDeltaNet", HF_QWEN3_NEXT_DELTANET_NAME_MAP, _config)
 
 
 def crosscheck_hf_qwen3_next_deltanet(
@@ -172,7 +125,7 @@ def crosscheck_hf_qwen3_next_deltanet(
     title = (f"ours vs transformers Qwen3NextGatedDeltaNet (Hk={layer.num_k_heads}, Hv={layer.num_v_heads}, "
              f"dk={layer.head_k_dim}, dv={layer.head_v_dim}, K={layer.conv_kernel_size}, {impl}"
              f"{', padding' if attention_mask is not None else ''})")  # fmt: skip
-    return crosscheck_layer(KIND, module, layer, hidden_states, attention_mask, d_output, rng, rtol, title)
+    return compare(title, *layer_sides(KIND, module, layer, hidden_states, attention_mask, d_output, rng, rtol))
 
 
 def decode_hf_qwen3_next_deltanet(module, hidden_states, prefill: int = 3, lifted: bool = True):

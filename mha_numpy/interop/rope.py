@@ -4,7 +4,7 @@ the attention modules. torch is passed in (imported lazily by the callers)."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from .lift import float32_is_float64
 
 
 def hf_rope_scaling(config) -> dict | None:
@@ -19,16 +19,7 @@ def hf_rope_scaling(config) -> dict | None:
     return params
 
 
-@contextmanager
-def float64_rope(torch):
-    """transformers' rotary modules computed in float64 for the cross-checks: they build their tables and angles
-    with dtype=torch.float, torch.float32, .float() and the default dtype, which this lifts for the block (not
-    thread-safe: torch's module attributes are patched while it runs)."""
-    saved, default = (torch.float, torch.float32, torch.Tensor.float), torch.get_default_dtype()
-    torch.float, torch.float32, torch.Tensor.float = torch.float64, torch.float64, torch.Tensor.double
-    try:
-        torch.set_default_dtype(torch.float64)
-        yield
-    finally:
-        torch.float, torch.float32, torch.Tensor.float = saved
-        torch.set_default_dtype(default)
+float64_rope = float32_is_float64
+"""transformers' rotary modules computed in float64 for the cross-checks (they build their tables and angles with
+dtype=torch.float, torch.float32, .float() and the default dtype): ``lift.float32_is_float64``, this file's name for
+it."""

@@ -380,16 +380,16 @@ def _backward_keys(r: _HeadRows, bq: int, bk: int, j_start: int, j_stop: int, dq
                     d_bias[:, r0:r1, c0:c1] += dp  # (g, bq, bk)
 
 
-def _key_ranges(tiles: _Tiles, Lq: int, Lk: int, block: int, n: int) -> list[tuple[int, int]]:
-    """Cut the key blocks into at most n contiguous ranges [j_start, j_stop) with about as many non-empty tiles
-    each (under a causal mask the early key blocks have the most)."""
-    starts = range(0, Lk, block)
+def _key_ranges(tiles: _Tiles, Lq: int, Lk: int, bq: int, bk: int, n: int) -> list[tuple[int, int]]:
+    """Cut the key blocks (of bk keys; query blocks of bq) into at most n contiguous ranges [j_start, j_stop) with
+    about as many non-empty tiles each (under a causal mask the early key blocks have the most)."""
+    starts = range(0, Lk, bk)
     if n <= 1 or len(starts) <= 1:
         return [(0, Lk)]
     work = [
         sum(
-            tiles.mask_state(i0, min(i0 + block, Lq), j0, min(j0 + block, Lk))[0] != _EMPTY
-            for i0 in tiles.query_blocks(j0, min(j0 + block, Lk), block)
+            tiles.mask_state(i0, min(i0 + bq, Lq), j0, min(j0 + bk, Lk))[0] != _EMPTY
+            for i0 in tiles.query_blocks(j0, min(j0 + bk, Lk), bq)
         )
         for j0 in starts
     ]  # non-empty tiles per key block (the states are remembered for the backward itself)
@@ -397,13 +397,13 @@ def _key_ranges(tiles: _Tiles, Lq: int, Lk: int, block: int, n: int) -> list[tup
     for idx, w in enumerate(work):
         done += w
         if (len(ranges) < n - 1 and done * n >= total * (len(ranges) + 1)) or idx == len(work) - 1:  # its share
-            ranges.append((starts[first], min(starts[idx] + block, Lk)))
+            ranges.append((starts[first], min(starts[idx] + bk, Lk)))
             first = idx + 1
     return ranges
 
 
-def _group_size(args: AttentionArgs, block: int, threads: int) -> int:
-    """How many heads one work item takes: 1 when tiles are block × block, more when a head's whole score
+def _group_size(args: AttentionArgs, tile: tuple[int, int], threads: int) -> int:
+    """How many heads one work item takes: 1 when tiles are bq × bk, more when a head's whole score
     matrix is smaller than a tile (short sequences), so that the tiny per-head products become one batched
     product over heads and the ~15 NumPy calls per tile are paid once per group, not once per head.
 
@@ -412,8 +412,9 @@ def _group_size(args: AttentionArgs, block: int, threads: int) -> int:
     B, H, Lq, Lk = args.shape
     if args.mask is not None and np.ndim(args.mask) >= 3 and np.shape(args.mask)[-3] > 1:
         return 1  # a mask per head: tiles are skipped head by head
-    g = max(1, min(H, block * block // max(1, min(block, Lq) * min(block, Lk))))
-    items_per_head_row = B * -(-Lq // block)
+    bq, bk = tile
+    g = max(1, min(H, bq * bk // max(1, min(bq, Lq) * min(bk, Lk))))
+    items_per_head_row = B * -(-Lq // bq)
     while g > 1 and items_per_head_row * -(-H // g) < 2 * threads:  # a few items per thread
         g = -(-g // 2)
     return g
@@ -475,14 +476,14 @@ class ChunkedCache:
         if self.args.keep is not None or self.seed is None:
             return self.args.keep
         B, H, Lq, Lk = self.args.shape
-        bs = self.kernel.block(self.q.dtype, self.args.mask)
+        bq, bk = self.kernel.tile(self.q.dtype, self.args.mask)
         out = np.empty((B, H, Lq, Lk), dtype=bool)
         for b in range(B):
             for h in range(H):
                 tiles = self._tiles(b, slice(h, h + 1))
-                for i0 in range(0, Lq, bs):
-                    for j0 in range(0, Lk, bs):
-                        i1, j1 = min(i0 + bs, Lq), min(j0 + bs, Lk)
+                for i0 in range(0, Lq, bq):
+                    for j0 in range(0, Lk, bk):
+                        i1, j1 = min(i0 + bq, Lq), min(j0 + bk, Lk)
                         out[b, h, i0:i1, j0:j1] = tiles.keep_tile(i0, i1, j0, j1)[0]
         return out
 
@@ -528,12 +529,22 @@ class ChunkedKernel(Kernel):
     def __repr__(self) -> str:
         return f"ChunkedKernel(block_size={self.block_size}, num_threads={self.num_threads})"
 
+    def tile(self, dtype, mask=None) -> tuple[int, int]:
+        """(bq, bk), the rows (queries) and columns (keys) of a tile for ``dtype``: ``block_size`` square if set, else
+        a ``BlockMask``'s BLOCK_SIZE (Q_BLOCK, KV_BLOCK), two sides or one (its blocks are the tiles: each tile is
+        one block, its state read, never evaluated), else the measured default square. Any other tile is correct
+        too: a tile's state is taken over the blocks it touches."""
+        if self.block_size:
+            return self.block_size, self.block_size
+        given = getattr(mask, "BLOCK_SIZE", None)
+        if isinstance(given, tuple) and len(given) == 2:
+            return int(given[0]), int(given[1])
+        side = DEFAULT_BLOCK_SIZE.get(np.dtype(dtype).itemsize, 256)
+        return side, side
+
     def block(self, dtype, mask=None) -> int:
-        """The tile's side for ``dtype``: ``block_size``, or a ``BlockMask``'s square BLOCK_SIZE (its blocks are the
-        tiles), or the measured default. Any other side is correct too: a tile's state is taken over its blocks."""
-        square = getattr(mask, "BLOCK_SIZE", None)
-        square = square[0] if isinstance(square, tuple) and len(set(square)) == 1 else None
-        return self.block_size or square or DEFAULT_BLOCK_SIZE.get(np.dtype(dtype).itemsize, 256)
+        """The tile's rows, ``tile(dtype, mask)[0]`` (its side when it is square)."""
+        return self.tile(dtype, mask)[0]
 
     def threads(self) -> int:
         """The pool's threads: ``num_threads``, or one per available core."""
@@ -546,13 +557,13 @@ class ChunkedKernel(Kernel):
     def groups(self, args: AttentionArgs, dtype) -> list[tuple[int, slice]]:
         """The work items' (b, heads): one head each, or several when a head's scores are smaller than a tile."""
         B, H = args.shape[:2]
-        g = _group_size(args, self.block(dtype, args.mask), self.threads())
+        g = _group_size(args, self.tile(dtype, args.mask), self.threads())
         return [(b, slice(h, min(h + g, H))) for b in range(B) for h in range(0, H, g)]
 
     def run(self, q, k, v, args: AttentionArgs):
         """The blocked forward: each item (b, heads, query block) walks its key blocks, online softmax."""
         B, H, Lq, Lk = args.shape
-        bs, dt = self.block(q.dtype, args.mask), q.dtype
+        (bq, bk), dt = self.tile(q.dtype, args.mask), q.dtype
         context = _merged_layout((B, H, Lq, v.shape[3]), dt)  # (B, H, Lq, dv)
         m, inv_ell = np.empty((B, H, Lq), dtype=dt), np.empty((B, H, Lq), dtype=dt)
         jstar, lse = np.empty((B, H, Lq), dtype=np.intp), np.empty((B, H, Lq), dtype=np.float64)
@@ -560,15 +571,15 @@ class ChunkedKernel(Kernel):
 
         def work(item):
             b, hs, i0 = item
-            rows = slice(i0, min(i0 + bs, Lq))
+            rows = slice(i0, min(i0 + bq, Lq))
             _forward_rows(
-                q[b, hs, rows], k[b, hs], v[b, hs], args.scale, cache._tiles(b, hs), i0, bs,
+                q[b, hs, rows], k[b, hs], v[b, hs], args.scale, cache._tiles(b, hs), i0, bk,
                 context[b, hs, rows], m[b, hs, rows], inv_ell[b, hs, rows], jstar[b, hs, rows], lse[b, hs, rows],
             )  # fmt: skip
 
         # head by head (its K and V stay in cache: 2% faster at L = 2048 than interleaving heads), and in a head
         # the late query blocks first (under a causal mask they have the most tiles, so the last items are short)
-        items = [(b, hs, i0) for b, hs in self.groups(args, dt) for i0 in reversed(range(0, Lq, bs))]
+        items = [(b, hs, i0) for b, hs in self.groups(args, dt) for i0 in reversed(range(0, Lq, bq))]
         run_items(work, items, self.threads())
         return context, cache
 
@@ -586,7 +597,7 @@ class ChunkedKernel(Kernel):
         if d_lse is not None:
             D -= d_lse  # the lse's gradient joins the row term: dS = P ∘ (dP - (D - d_lse))
         pivot = np.where(cache.inv_ell >= 0.5, cache.jstar, -1)  # (B, H, Lq) j* where P_ij* = 1 / ℓ ≥ 1/2, else -1
-        bs, threads = cache.kernel.block(q.dtype, cache.args.mask), cache.kernel.threads()
+        (bq, bk), threads = cache.kernel.tile(q.dtype, cache.args.mask), cache.kernel.threads()
         groups = cache.kernel.groups(cache.args, q.dtype)
         n_split = -(-threads // len(groups)) if 0 < len(groups) < threads else 1  # key ranges per group
         row_sums = np.zeros((n_split, B, H, Lq), dtype=q.dtype)  # per key range n: its Σ_{j≠j*} dS_ij
@@ -600,7 +611,7 @@ class ChunkedKernel(Kernel):
         # first sums its share of dQ into a partial of its own, added to dq at the end (in order: deterministic)
         shared, items, partials = {}, [], {}
         for b, hs in groups:
-            ranges = _key_ranges(cache._tiles(b, hs), Lq, Lk, bs, n_split)
+            ranges = _key_ranges(cache._tiles(b, hs), Lq, Lk, bq, bk, n_split)
             if len(ranges) > 1:
                 shared[b, hs.start] = rows(b, hs)
             items += [(b, hs, j_start, j_stop, n) for n, (j_start, j_stop) in enumerate(ranges)]
@@ -614,7 +625,7 @@ class ChunkedKernel(Kernel):
             )
             db = None if bias is None else np.zeros((g, Lq, Lk), dtype=q.dtype)  # these heads' dS
             sums, params = row_sums[n, b, hs], item_params[b, hs.start, n]  # (g, Lq), this item's {mod: {param}}
-            _backward_keys(r, bs, bs, j_start, j_stop, target, dk[b, hs], dv[b, hs], db, sums, params)
+            _backward_keys(r, bq, bk, j_start, j_stop, target, dk[b, hs], dv[b, hs], db, sums, params)
             if db is not None:
                 with self._bias_lock:  # heads that share a bias entry add into it one at a time
                     for h, d_head in zip(range(H)[hs], db):
