@@ -265,8 +265,7 @@ def crosscheck_hf_deepseek_v32_attention(
     mask_t = additive_tensor(torch, allowed, x.dtype)[None, None]  # (1, 1, L, L)
     name_map = {n: HF_DEEPSEEK_V32_MLA_NAME_MAP[n] for n in dsa.mla.params}
     named = {n: p for n, p in module.named_parameters() if not n.startswith("indexer.")}  # no_grad there
-    chosen: list = []
-    tx = tensor(torch, x, grad=True)
+    chosen, tx = [], tensor(torch, x, grad=True)  # chosen: their indices, each call's
     with _as_checked(module, dsa.dtype, chosen), eval_mode(module):
         out_t, _ = module(tx, cos_sin, mask_t)
         (dx,), grads = autograd(torch, out_t, [tx], named, d_output)
