@@ -79,6 +79,9 @@ SOLUTIONS = {
     # λ_35 = 8219)
     "16.llama3_pairs": (29, 6, 29),
     "16.chunk_pairs": 6 + 6 + 3,  # chunks of 3, 3 and 2 positions, each causal: 3·4/2 + 3·4/2 + 2·3/2
+    "17.topk_keys": [0, 2],  # keys 5, 6 masked; of 0 ... 4 the best score 3 is held by 0, 2, 4: the lower two
+    "17.loss_grad": np.array([0.25, 0.25, 0.5]) - np.array([0.5, 0.5, 0.0]),  # softmax(I) = [1/4, 1/4, 1/2], Σp = 1
+    "17.selected_scores": 1 + 2 + 6 * 3,  # queries 0 and 1 have 1 and 2 keys; the other six fill their 3 slots
 }
 
 MISTAKES = {
@@ -128,4 +131,7 @@ MISTAKES = {
     "16.yarn_scores": [0.1 * np.log(16) + 1, 0.1 * np.log(16) + 1],  # the factor counted once, on q or on k
     "16.llama3_pairs": (35, 0, 29),  # every pair with λ < N taken as kept
     "16.chunk_pairs": 9 + 9 + 4,  # the chunks' whole blocks: the causal mask inside forgotten
+    "17.topk_keys": [5, 6],  # the highest scores, but the mask blocks them
+    "17.loss_grad": np.array([0.5, 0.5, 0.0]) - np.array([0.25, 0.25, 0.5]),  # p − softmax(I): the sign flipped
+    "17.selected_scores": 8 * 3,  # L · k: the -1 slots of the first queries counted
 }

@@ -32,6 +32,7 @@ from ..masks import EMPTY, FULL, PARTIAL, chunked_causal_mask, document_mod
 from ..models import layers
 from ..recurrent import gated_delta_rule_forward
 from ..recurrent.qwen3_next import GatedDeltaNet
+from ..sparse import indexer_loss_backward, indexer_loss_forward, topk_select
 from . import check_namespace
 
 NOT_ANSWERED = "not answered yet"
@@ -342,6 +343,16 @@ QUESTIONS: dict[str, Judge] = {
         lambda: int(chunked_causal_mask(8, chunk_size=3).sum()),
         "the chunks are positions 0-2, 3-5, 6-7, each causal inside",
     ),
+    # 17: sparse attention
+    "17.topk_keys": numbers(
+        lambda: _topk_keys(), "only keys 0 ... 4 are allowed; of the equal scores at the k-th place, the lower index"
+    ),
+    "17.loss_grad": numbers(
+        lambda: _loss_grad(), "∂KL/∂I = softmax(I) · Σp − p: the model's distribution minus the target, not the reverse"
+    ),
+    "17.selected_scores": exactly(
+        lambda: _selected_scores(), "query t has t + 1 keys to choose from: the first queries fill fewer than k slots"
+    ),
 }
 
 
@@ -432,3 +443,18 @@ def _llama3_pairs() -> tuple[int, int, int]:
     ratio = scaled / RS.default_frequencies(500000.0, 128)  # (64,): 1, between, or 1/8
     kept, divided = int(np.isclose(ratio, 1.0, rtol=1e-12).sum()), int(np.isclose(ratio, 1 / 8, rtol=1e-12).sum())
     return kept, ratio.size - kept - divided, divided
+def _topk_keys() -> np.ndarray:
+    """Query 4's keys by ``topk_select`` (k = 2, causal over 7 keys) for the scores [3, 1, 3, 2, 3, 9, 9]."""
+    scores = np.tile([3.0, 1.0, 3.0, 2.0, 3.0, 9.0, 9.0], (7, 1))[None]  # (1, 7, 7): every query the same row
+    return topk_select(scores, 2, np.tri(7, dtype=bool))[0, 4]  # (2,)
+
+
+def _loss_grad() -> np.ndarray:
+    """∂KL(p ‖ softmax(I))/∂I for I = [0, 0, ln 2], p = [1/2, 1/2, 0], by the library's loss backward."""
+    I, p = np.array([[[0.0, 0.0, np.log(2.0)]]]), np.array([[[0.5, 0.5, 0.0]]])  # noqa: E741  (1, 1, 3)
+    return indexer_loss_backward(1.0, indexer_loss_forward(I, p)[1])[0, 0]
+
+
+def _selected_scores() -> int:
+    """The slots holding a key in causal top-3 selection over L = 8."""
+    return int((topk_select(np.zeros((1, 8, 8)), 3, np.tri(8, dtype=bool)) >= 0).sum())
