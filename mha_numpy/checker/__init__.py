@@ -59,10 +59,10 @@ class CheckReport:
         raise KeyError(function)
 
     def row_text(self, r: Row) -> str:
-        """The row's line, and its diagnosis line when a known bug matched."""
+        """The row's line, and its diagnosis line when a relation or a known bug was found."""
         width = max(len(f) for f in self.planned or [x.function for x in self.rows] or [r.function])
         line = f"{r.function:<{width}}  {r.status}{'  ' + r.detail if r.detail else ''}"
-        return line + (f"\n{'':<{width}}  diagnosis: {r.diagnosis}" if r.bug else "")
+        return line + (f"\n{'':<{width}}  diagnosis: {r.diagnosis}" if r.diagnosis else "")
 
     def summary(self) -> str:
         """The lines after the rows (or the one line saying that no known function was found)."""
