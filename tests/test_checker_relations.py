@@ -104,13 +104,13 @@ def _relation(path: Path) -> tuple[str, str]:
 @pytest.mark.parametrize("path", STUDENTS, ids=lambda p: p.stem)
 def test_each_student_file_outside_the_catalogue_is_named_by_its_relation(path):
     """Eight files main's checker names 0 of (near-variants of catalogued bugs and bugs outside the catalogue): each
-    FAILs where its bug is, with the relation in the report's diagnosis line; its other functions pass."""
+    FAILs where its bug is, with the relation in the report's relation line; its other functions pass."""
     function, sentence = _relation(path)
     report = check_namespace(load_student(path), source=path.name)
     for row in report.rows:
         if row.function == function:
-            assert row.status == "FAIL" and sentence in row.diagnosis, str(report)
-            assert f"diagnosis: {row.relation}" in str(report)
+            assert row.status == "FAIL" and sentence in row.relation, str(report)
+            assert f"relation: {row.relation}" in str(report)
         else:
             assert row.status == "PASS", str(report)
     assert function in {r.function for r in report.rows}
@@ -122,3 +122,16 @@ def test_there_are_student_files_for_every_kind_of_relation():
     for words in ("all zeros", "times the right one", "wrong sign", "transpose", "per-item part", "a sum too many",
                   "lacks the contribution", "right except on the first row"):  # fmt: skip
         assert words in said
+
+
+def test_the_relation_reaches_the_score_file_and_comes_back_from_a_child_process():
+    """The teacher's score file carries the relation in the test's output; ``check_file`` (the file in a child
+    process, which sends back arrays only) finds the same relation as the notebook's in-process check."""
+    from mha_numpy.checker import check_file
+    from mha_numpy.checker.grading import grade_namespace
+
+    path = next(p for p in STUDENTS if p.stem == "rel_softmax_sign")
+    function, sentence = _relation(path)
+    test = next(t for t in grade_namespace(load_student(path)).tests if t["name"] == function)
+    assert test["score"] == 0 and f"(relation: {sentence}" in test["detail"], test
+    assert sentence in check_file(path)[function].relation

@@ -441,8 +441,8 @@ class Comparison:
         if self.wrong is None:
             return text + "\nevery gradient matches the library's backward"
         text += f"\nfirst wrong: {self.wrong.label} {self.wrong.name} (everything below it inherits the error)"
-        said = " ".join(p for p in (self.relation, self.bug.diagnosis() if self.bug else "") if p)
-        return text + (f"\ndiagnosis: {said}" if said else "")
+        text += f"\nrelation: {self.relation}" if self.relation else ""
+        return text + (f"\ndiagnosis: {self.bug.diagnosis()}" if self.bug else "")
 
 
 def compare(backward: Callable, capstone: Capstone | None = None, case: dict | None = None) -> Comparison:

@@ -6,8 +6,9 @@ changed its arguments. For each pair the student defines (``NAME_forward`` and/o
 case of the pair (``mha_numpy.pairs``): the forward is compared with the reference forward; the backward gets a
 random upstream gradient and is compared with the reference backward and with float64 central differences of
 the forward. The backward reads the cache of the student's forward when that forward passed, else the
-reference forward's cache (so a student can write the backward alone). A failure is matched against the buggy
-variants in ``bugs`` for a diagnosis. All the judging happens here, in the checker's process.
+reference forward's cache (so a student can write the backward alone). A wrong gradient is first related to the
+right one (``relations``: a factor, a transpose, a sum, a path, a part), then matched against the buggy variants in
+``bugs`` for a diagnosis. All the judging happens here, in the checker's process.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ ONLINE_ARGS = ("m", "l", "acc", "scores", "v")  # online_softmax_update's argume
 
 @dataclass
 class Row:
-    """The verdict on one function: PASS, FAIL (detail, and a diagnosis when a relation to the right gradient or a
-    known bug is found) or not done yet. ``relation``: one sentence of ``checker.relations``, or ""."""
+    """The verdict on one function: PASS, FAIL (detail; the relation of the wrong gradient to the right one when
+    ``checker.relations`` finds one, and a diagnosis when a known bug matches) or not done yet."""
 
     function: str
     status: str
@@ -46,7 +47,7 @@ class Row:
 
     @property
     def diagnosis(self) -> str:
-        return " ".join(part for part in (self.relation, self.bug.diagnosis() if self.bug else "") if part)
+        return self.bug.diagnosis() if self.bug else ""
 
 
 class _Failed(Exception):
