@@ -103,7 +103,7 @@ def _relation(path: Path) -> tuple[str, str]:
 
 @pytest.mark.parametrize("path", STUDENTS, ids=lambda p: p.stem)
 def test_each_student_file_outside_the_catalogue_is_named_by_its_relation(path):
-    """Eight files main's checker names 0 of (near-variants of catalogued bugs and bugs outside the catalogue): each
+    """Nine files main's checker names 0 of (near-variants of catalogued bugs and bugs outside the catalogue): each
     FAILs where its bug is, with the relation in the report's relation line; its other functions pass."""
     function, sentence = _relation(path)
     report = check_namespace(load_student(path), source=path.name)
@@ -119,8 +119,9 @@ def test_each_student_file_outside_the_catalogue_is_named_by_its_relation(path):
 def test_there_are_student_files_for_every_kind_of_relation():
     """The set covers each finder at least once (a deleted file would leave a relation untested end to end)."""
     said = " ".join(_relation(p)[1] for p in STUDENTS)
-    for words in ("all zeros", "times the right one", "wrong sign", "transpose", "per-item part", "a sum too many",
-                  "lacks the contribution", "right except on the first row"):  # fmt: skip
+    kinds = ("all zeros", "is an array of zeros", "times the right one", "wrong sign", "transpose", "per-item part",
+             "a sum too many", "lacks the contribution", "right except on the first row")  # fmt: skip
+    for words in kinds:
         assert words in said
 
 
@@ -135,3 +136,8 @@ def test_the_relation_reaches_the_score_file_and_comes_back_from_a_child_process
     test = next(t for t in grade_namespace(load_student(path)).tests if t["name"] == function)
     assert test["score"] == 0 and f"(relation: {sentence}" in test["detail"], test
     assert sentence in check_file(path)[function].relation
+
+
+def test_zeros_for_none_sees_zeros_returned_for_an_input_never_given():
+    assert "return None in its place" in R.zeros_for_none(np.zeros((2, 3)))
+    assert R.zeros_for_none(None) is None and R.zeros_for_none(WANT) is None

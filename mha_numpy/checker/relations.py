@@ -4,7 +4,7 @@ A catalogue names only the mistakes somebody wrote into it; most wrong gradients
 way. Each finder below takes the student's gradient ``got`` and the reference's ``want`` (and what it needs of the
 case) and returns the end of a sentence, or None:
 
-- ``missing``: None or all zeros where the reference is non-zero;
+- ``missing``: None or all zeros where the reference is non-zero (``zeros_for_none``: zeros where it is None);
 - ``constant_factor``: got = c · want, c fitted by least squares and named (√d, 1/√d, scale, 2, 1/2, the batch
   size, the number of heads, −1, ...) or given as a number;
 - ``swapped_axes``: got = want with two (or more) axes of equal size permuted (a transpose);
@@ -46,6 +46,13 @@ def missing(got, want, scale: float) -> str | None:
     if got.shape == want.shape and not _nonzero(got, scale):
         return "is all zeros where the right gradient is not: this input does change the output, propagate to it"
     return None
+
+
+def zeros_for_none(got) -> str | None:
+    """An array of zeros returned for an input the call did not give (no bias): the convention is None there."""
+    if got is None or not np.issubdtype(np.asarray(got).dtype, np.number) or np.any(np.asarray(got)):
+        return None
+    return "is an array of zeros where the call gave no such input: return None in its place"
 
 
 def factor_names(**sizes) -> dict[str, float]:

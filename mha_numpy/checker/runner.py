@@ -217,6 +217,7 @@ def check_backward(pair: Pair, student, own_forward: bool, rng, forward_failed: 
             padded, scale = _padded(pair, result, case), scale_of(expected.values())
             said = next((s for n in pair.owed(case) if padded.get(n) is None
                          for s in [_relation(pair, case, n, padded, expected, scale, d_out)] if s), "")  # fmt: skip
+            said = said or _zeros_for_absent(pair, result, case)
             find = lambda: matching_bug(function, padded, run_variant, scale, expected)  # noqa: E731
             raise _Failed(str(e), find, relation=said) from None
         numerical = finite_differences(forward_many, case, pair.owed(case), d_out)
@@ -235,6 +236,18 @@ def check_backward(pair: Pair, student, own_forward: bool, rng, forward_failed: 
                 raise _Failed(problem, lambda: matching_bug(function, got, run_variant, scale, expected), relation=said)
 
     return run_cases(function, pair.cases(rng), run_case, student)
+
+
+def _zeros_for_absent(pair: Pair, result, case: Case) -> str:
+    """One gradient per entry of ``pair.grads`` where the case gives fewer inputs: the first absent input's gradient
+    that is an array of zeros, said by ``relations.zeros_for_none`` ("" when none is)."""
+    if not isinstance(result, tuple | list) or len(result) != len(pair.grads):
+        return ""
+    for name, grad in zip(pair.grads, result):
+        said = None if case.gives(name) else relations.zeros_for_none(grad)
+        if said:
+            return f"d{name} (in {pair.name}_backward) {said}."
+    return ""
 
 
 def _relation(pair: Pair, case: Case, name: str, got: dict, expected: dict, scale: float, d_out) -> str:
