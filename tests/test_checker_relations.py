@@ -141,3 +141,23 @@ def test_the_relation_reaches_the_score_file_and_comes_back_from_a_child_process
 def test_zeros_for_none_sees_zeros_returned_for_an_input_never_given():
     assert "return None in its place" in R.zeros_for_none(np.zeros((2, 3)))
     assert R.zeros_for_none(None) is None and R.zeros_for_none(WANT) is None
+
+
+FACTORS = [
+    ("dropout_no_scale", "is 1 − p (= 0.7) times"),
+    ("soft_cap_times_cap", "is cap (= 2) times"),
+    ("repeat_kv_mean", "is 1/n_rep (= 0.333333) times"),
+    ("cross_entropy_no_mean", "is N (the rows, every axis but the last) (= 6) times"),
+]
+
+
+@pytest.mark.parametrize(("key", "factor"), FACTORS, ids=[k for k, _ in FACTORS])
+def test_a_catalogued_factor_is_named_by_the_calls_own_argument_not_by_a_size_that_happens_to_equal_it(key, factor):
+    """soft-cap's cap is 2 and so is the batch: the factor is named by the argument (before, "the batch size")."""
+    from mha_numpy.checker import bugs, cases
+
+    bug = bugs.find(key)
+    pair = cases.find(bug.pair)
+    ns = {f"{pair.name}_forward": bug.forward or pair.forward, f"{pair.name}_backward": bug.impl}
+    row = check_namespace(ns, only=[pair.name])[bug.function]
+    assert row.status == "FAIL" and factor in row.relation and row.bug == bug, row

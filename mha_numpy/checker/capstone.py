@@ -365,7 +365,7 @@ def relation(capstone: Capstone, got, cache: dict, expected: dict, line: Line) -
     have = got.get(line.name) if isinstance(got, dict) else None
     B, L = cache["x"].shape[:2]
     names = relations.factor_names(d=int(round(cache["scale"] ** -2)), scale=cache["scale"], **{
-        "N = B·L (the tokens)": B * L, "the batch size": B, "L (the positions)": L,
+        "N (the tokens, B·L)": B * L, "the batch size": B, "L (the positions)": L,
         "the number of heads": cache["num_heads"]})  # fmt: skip
     paths = None
     if capstone.function == MODEL_BACKWARD and line.name == "x":

@@ -67,6 +67,8 @@ def factor_names(**sizes) -> dict[str, float]:
             names.update({"√d": np.sqrt(value), "1/√d": 1 / np.sqrt(value), "d": float(value), "1/d": 1 / value})
         elif label == "scale":
             names.update({"scale": float(value), "1/scale": 1 / value})
+        elif label.split(" (")[0].isidentifier():  # an argument of the call (cap, p, n_rep), or "N (the rows)"
+            names.update({label: float(value), f"1/{label}": 1 / value})
         else:
             names.update({label: float(value), f"1/({label})": 1 / value})
     return {**names, "2": 2.0, "1/2": 0.5}  # the sizes first: "1/scale" says more than "2" when both are 2
@@ -87,15 +89,8 @@ def constant_factor(got, want, scale: float, names: dict[str, float] | None = No
     said = f"{label} (= {c:.6g})" if label else f"{c:.6g}"
     way = "too large" if abs(c) > 1 else "too small"
     sign = ", and of the wrong sign" if c < 0 else ""
-    fix = _inverse(label) if label else f"{1 / c:.6g}"
+    fix = next((k for k, v in table.items() if abs(v * c - 1) <= 1e-6), f"{1 / c:.6g}")  # the inverse, named too
     return f"is {said} times the right one ({way}{sign}): a factor {fix} is missing where it is computed"
-
-
-def _inverse(label: str) -> str:
-    sign, label = ("−", label[1:]) if label.startswith("−") else ("", label)
-    if label.startswith("1/"):
-        return sign + label[2:].removeprefix("(").removesuffix(")")
-    return f"{sign}1/{label}" if label.isalnum() or label.startswith("√") else f"{sign}1/({label})"
 
 
 def swapped_axes(got, want, scale: float) -> str | None:

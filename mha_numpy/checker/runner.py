@@ -256,12 +256,13 @@ def _relation(pair: Pair, case: Case, name: str, got: dict, expected: dict, scal
     args = dict(case.args)
     first = next((np.asarray(v) for v in args.values() if isinstance(v, np.ndarray) and v.ndim >= 2), None)
     features = next((np.shape(args[n])[-1] for n in ("q", "x", "scores") if np.ndim(args.get(n)) >= 2), 0)
-    sizes = {"scale": args.get("scale") if isinstance(args.get("scale"), float) else 0}  # named first: the pair's
+    sizes = {n: v for n, v in args.items() if isinstance(v, int | float) and not isinstance(v, bool)}  # scale, p, cap
+    sizes.update({f"1 − {n}": 1 - v for n, v in sizes.items() if 0 < v < 1 and n != "scale"})  # dropout's keep
     sizes.update({"d": features, "the batch size": 0 if first is None else first.shape[0]})  # √d: attention's scale
+    if first is not None and first.ndim >= 3:
+        sizes["N (the rows, every axis but the last)"] = int(np.prod(first.shape[:-1]))
     if first is not None and first.ndim == 4:
         sizes["the number of heads"] = first.shape[1]
-    if isinstance(args.get("num_heads"), int):
-        sizes["the number of heads"] = args["num_heads"]
     masked = None
     if isinstance(args.get("mask"), np.ndarray) and args["mask"].dtype == bool:
         masked = ~args["mask"].any(axis=-1)
