@@ -41,11 +41,13 @@ def test_constant_factor_is_named_when_it_is_a_size_and_given_as_a_number_otherw
     assert R.constant_factor(WANT, WANT, SCALE, names) is None
 
 
-def test_swapped_axes_sees_a_transpose_and_two_swapped_axes_of_equal_size():
+def test_swapped_axes_sees_a_transpose_and_two_swapped_axes():
     square = RNG.standard_normal((4, 4))
     assert "transpose" in R.swapped_axes(square.T, square, 1.0)
     four = RNG.standard_normal((2, 3, 3, 5))
     assert "axes (1, 2) swapped" in R.swapped_axes(four.swapaxes(1, 2), four, 1.0)
+    wide = RNG.standard_normal((3, 5))  # W (out, in): a transposed dW has the wrong shape, and is still named
+    assert "transpose" in R.swapped_axes(wide.T, wide, 1.0)
     symmetric = square + square.T
     assert R.swapped_axes(symmetric, symmetric, 1.0) is None  # the transpose equals it: nothing to tell
     assert R.swapped_axes(NOISE, WANT, SCALE) is None
@@ -66,6 +68,8 @@ def test_missing_path_names_the_path_whose_contribution_is_missing():
     scale = float(np.abs(want).max())
     assert "the value path" in R.missing_path(want - paths["the value path"], want, scale, paths)
     assert R.missing_path(want - 0.5 * paths["the value path"], want, scale, paths) is None
+    both = R.missing_path(want - sum(paths.values()), want, scale, paths)
+    assert "contributions of the query path and the value path" in both
     assert R.missing_path(NOISE, WANT, SCALE, None) is None
 
 
@@ -74,6 +78,8 @@ def test_wrong_on_part_names_the_first_row_one_head_and_the_masked_rows():
     first = want.copy()
     first[..., 0, :] = 0
     assert "the first row" in R.wrong_on_part(first, want, 1.0)
+    table = want[0, 0].copy()  # (4, 5): row 0 of a table is token 0, not a first position
+    assert "index 0 of axis 0" in R.wrong_on_part(np.where(np.arange(4)[:, None] == 0, 0.0, table), table, 1.0)
     head = want.copy()
     head[:, 2] *= 2
     assert "head 2" in R.wrong_on_part(head, want, 1.0)
@@ -161,3 +167,14 @@ def test_a_catalogued_factor_is_named_by_the_calls_own_argument_not_by_a_size_th
     ns = {f"{pair.name}_forward": bug.forward or pair.forward, f"{pair.name}_backward": bug.impl}
     row = check_namespace(ns, only=[pair.name])[bug.function]
     assert row.status == "FAIL" and factor in row.relation and row.bug == bug, row
+
+
+def test_the_block_capstones_skip_path_is_named_at_its_f_line():
+    """Exercise 10's d_h without F20's skip: the relation names the skip and the LayerNorm's F-line (F15)."""
+    from mha_numpy.checker import capstone_block as K
+
+    _, caches = K.block_case()
+    g = K.block_reference(caches)
+    _, wrong, _, said = K.BLOCK.judge({**g, "h": g["h"] - g["y"]}, {"seed": 0})  # the case block_case() built
+    assert wrong.name == "h" and said.startswith("d_h (at F15: xhat2 = "), said
+    assert "lacks the contribution of F20's skip" in said, said

@@ -361,16 +361,13 @@ def diagnose(got: dict, cache: dict, expected: dict, line: Line, catalogue=MODEL
 
 def relation(capstone: Capstone, got, cache: dict, expected: dict, line: Line) -> str:
     """``relations.explain`` for the first wrong gradient ``line``: its F-line, the factors worth naming (√D, the
-    scale, N = B·L, B, L, H) and, for the model's d_x, its four paths (the skip and the three projections)."""
+    scale, N = B·L, B, L, H) and the paths into it that ``capstone.paths`` knows."""
     have = got.get(line.name) if isinstance(got, dict) else None
     B, L = cache["x"].shape[:2]
     names = relations.factor_names(d=int(round(cache["scale"] ** -2)), scale=cache["scale"], **{
         "N (the tokens, B·L)": B * L, "the batch size": B, "L (the positions)": L,
         "the number of heads": cache["num_heads"]})  # fmt: skip
-    paths = None
-    if capstone.function == MODEL_BACKWARD and line.name == "x":
-        labels = {"skip": "F15's skip (the residual)", "q": "F4 (x → q)", "k": "F5 (x → k)", "v": "F6 (x → v)"}
-        paths = {labels[p]: part for p, part in _x_paths(cache, expected).items()}
+    paths = capstone.paths(line.name, cache, expected) if capstone.paths else None
     code = next(text for label, text, _ in capstone.steps if label == line.label).split("  ")[0]
     where = f"at {line.label}: {code}"
     return relations.explain(f"d_{line.name}", where, have, expected[line.name], scale_of(list(expected.values())),
@@ -389,7 +386,8 @@ def _close(a, b, scale) -> bool:
 class Capstone:
     """One capstone: the student's ``function(cache) -> {name: gradient}``, the forward's ``steps`` (label, line,
     names), ``make_case(**case) -> (cache, the pairs' caches)``, ``reference(caches) -> gradients``, the checker's
-    ``cases`` (keyword dicts of ``make_case``) and the catalogued ``bugs``."""
+    ``cases`` (keyword dicts of ``make_case``) and the catalogued ``bugs``; ``paths(name, cache, g)``: the paths
+    into the gradient of ``name`` ({what the path is: its contribution}, or None), for ``relations.missing_path``."""
 
     function: str
     steps: tuple
@@ -397,6 +395,7 @@ class Capstone:
     reference: Callable
     cases: tuple
     bugs: tuple
+    paths: Callable | None = None
 
     @property
     def name(self) -> str:
@@ -462,7 +461,15 @@ def _copy(cache: dict) -> dict:
     return {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in cache.items()}
 
 
-MODEL = Capstone(MODEL_BACKWARD, MODEL_STEPS, model_case, reference_grads, CASES, MODEL_BUGS)
+def model_paths(name: str, cache: dict, g: dict) -> dict | None:
+    """The four paths into d_x (the residual's skip, and x → q, k, v); None for any other gradient."""
+    if name != "x":
+        return None
+    labels = {"skip": "F15's skip (the residual)", "q": "F4 (x → q)", "k": "F5 (x → k)", "v": "F6 (x → v)"}
+    return {labels[p]: part for p, part in _x_paths(cache, g).items()}
+
+
+MODEL = Capstone(MODEL_BACKWARD, MODEL_STEPS, model_case, reference_grads, CASES, MODEL_BUGS, model_paths)
 
 # --------------------------------------------------------------------------- training with the student's backward
 

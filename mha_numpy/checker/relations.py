@@ -7,7 +7,7 @@ case) and returns the end of a sentence, or None:
 - ``missing``: None or all zeros where the reference is non-zero (``zeros_for_none``: zeros where it is None);
 - ``constant_factor``: got = c · want, c fitted by least squares and named (√d, 1/√d, scale, 2, 1/2, the batch
   size, the number of heads, −1, ...) or given as a number;
-- ``swapped_axes``: got = want with two (or more) axes of equal size permuted (a transpose);
+- ``swapped_axes``: got = want with its axes permuted (a transpose; of equal sizes, the shape does not show it);
 - ``summed_wrong``: got summed over some axes is want (a sum missing: a bias gradient per position), or got is want
   summed over an axis (a sum too many);
 - ``missing_path``: got = want − one path's contribution (``paths``: what the checker can compute for the case);
@@ -94,18 +94,18 @@ def constant_factor(got, want, scale: float, names: dict[str, float] | None = No
 
 
 def swapped_axes(got, want, scale: float) -> str | None:
-    """got = want with axes of equal size permuted (a transpose, or two axes swapped)."""
-    if got.shape != want.shape or got.ndim < 2 or not _nonzero(want, scale):
+    """got = want with its axes permuted (a transpose, or two axes swapped; of equal size, the shape hides it)."""
+    if got.ndim != want.ndim or got.ndim < 2 or not _nonzero(want, scale):
         return None
     for perm in itertools.permutations(range(want.ndim)):
-        if perm == tuple(range(want.ndim)) or any(want.shape[p] != want.shape[i] for i, p in enumerate(perm)):
-            continue
         moved = want.transpose(perm)
+        if perm == tuple(range(want.ndim)) or moved.shape != got.shape:
+            continue
         if _close(got, moved, scale) and not _close(want, moved, scale):
             if want.ndim == 2:
                 return "is the transpose of the right one: swap the two factors of its product (or transpose it)"
             swapped = [i for i, p in enumerate(perm) if p != i]
-            return f"has its axes {tuple(swapped)} swapped (axes of equal size): put them back in the forward's order"
+            return f"has its axes {tuple(swapped)} swapped: put them back in the forward's order"
     return None
 
 
@@ -135,13 +135,17 @@ def summed_wrong(got, want, scale: float) -> str | None:
 
 
 def missing_path(got, want, scale: float, paths: dict[str, np.ndarray] | None = None) -> str | None:
-    """got = want − one path's contribution (``paths``: {what the path is: its contribution to this gradient})."""
+    """got = want − the contributions of one or more paths (``paths``: {what the path is: its contribution to this
+    gradient}); the fewest paths that explain it are named."""
     if got.shape != want.shape:
         return None
-    for label, part in (paths or {}).items():
-        part = np.asarray(part, dtype=np.float64)
-        if part.shape == want.shape and _nonzero(part, scale) and _close(got, want - part, scale):
-            return f"lacks the contribution of {label}: the input is used there too, add that path's gradient"
+    parts = {k: np.asarray(v, dtype=np.float64) for k, v in (paths or {}).items()}
+    parts = {k: v for k, v in parts.items() if v.shape == want.shape and _nonzero(v, scale)}
+    for lost in _subsets(list(parts)):
+        if _close(got, want - sum(parts[k] for k in lost), scale):
+            each = "each of those paths'" if len(lost) > 1 else "that path's"
+            what = f"contribution{'s' * (len(lost) > 1)} of {' and '.join(lost)}"
+            return f"lacks the {what}: the input is used there too, add {each} gradient"
     return None
 
 
@@ -170,9 +174,10 @@ def wrong_on_part(got, want, scale: float, masked_rows=None) -> str | None:
         if len(hit) != 1:
             continue
         i = int(hit[0])
-        if axis == want.ndim - 2 and i == 0:
+        rows = want.ndim >= 3 and axis == want.ndim - 2  # positions of a sequence (a table's row 0 is token 0)
+        if rows and i == 0:
             return "is right except on the first row (index 0 of axis -2): look at how the first row is treated"
-        if axis == want.ndim - 2 and i == want.shape[axis] - 1:
+        if rows and i == want.shape[axis] - 1:
             return "is right except on the last row (axis -2): look for a loop that stops one row early"
         if axis == 1 and want.ndim == 4:
             return f"is right except on head {i} (axis 1): look at how that head is indexed"
