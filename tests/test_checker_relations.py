@@ -27,6 +27,7 @@ def test_missing_says_none_and_zeros_where_the_reference_is_not_zero():
     assert "all zeros" in R.missing(np.zeros_like(WANT), WANT, SCALE)
     assert R.missing(np.zeros_like(WANT), np.zeros_like(WANT), 1.0) is None  # zero is right there
     assert R.missing(NOISE, WANT, SCALE) is None
+    assert R.missing(np.where(WANT > 0, np.nan, 0.0), WANT, SCALE) is None  # NaN is not zero
 
 
 def test_constant_factor_is_named_when_it_is_a_size_and_given_as_a_number_otherwise():
@@ -109,7 +110,7 @@ def _relation(path: Path) -> tuple[str, str]:
 
 @pytest.mark.parametrize("path", STUDENTS, ids=lambda p: p.stem)
 def test_each_student_file_outside_the_catalogue_is_named_by_its_relation(path):
-    """Nine files main's checker names 0 of (near-variants of catalogued bugs and bugs outside the catalogue): each
+    """Ten files main's checker names 0 of (near-variants of catalogued bugs and bugs outside the catalogue): each
     FAILs where its bug is, with the relation in the report's relation line; its other functions pass."""
     function, sentence = _relation(path)
     report = check_namespace(load_student(path), source=path.name)
@@ -125,8 +126,18 @@ def test_each_student_file_outside_the_catalogue_is_named_by_its_relation(path):
 def test_there_are_student_files_for_every_kind_of_relation():
     """The set covers each finder at least once (a deleted file would leave a relation untested end to end)."""
     said = " ".join(_relation(p)[1] for p in STUDENTS)
-    kinds = ("all zeros", "is an array of zeros", "times the right one", "wrong sign", "transpose", "per-item part",
-             "a sum too many", "lacks the contribution", "right except on the first row")  # fmt: skip
+    kinds = (
+        "all zeros",
+        "is an array of zeros",
+        "fully masked rows",
+        "times the right one",
+        "wrong sign",
+        "transpose",
+        "per-item part",
+        "a sum too many",
+        "lacks the contribution",
+        "right except on the first row",
+    )
     for words in kinds:
         assert words in said
 
