@@ -73,6 +73,9 @@ SOLUTIONS = {
     "15.half_step": [0.25, 0.5],  # S_1 = ½ k v_1ᵀ; u_2 = v_2 − ½ v_1; S_2ᵀk = ½ v_1 + ½ (v_2 − ½ v_1) = ¼ v_1 + ½ v_2
     "15.decay_entry": np.exp(-1.5),  # orthonormal keys: no correction; decayed by g_2, g_3, g_4 (not g_1)
     "15.state_floats": 6 * 4 * 3 + 3 * (2 * 2 * 4 + 6 * 3),  # S: Hv·dk·dv = 72; conv: (K − 1)·(2·Hk·dk + Hv·dv) = 102
+    "18.decay_entry": np.exp(-0.5 * (0.5 + 1.0)),  # a_2 + a_3: the tokens after 1 up to 3, not a_1 itself
+    "18.block_rank": 3,  # ≤ N: chunk 0 reaches chunk 2 only through the (N, P) state; = N for random B, C
+    "18.state_bytes": 8 * (4 * 16 * 32 + 3 * (4 * 32 + 2 * 16)),  # S: H·N·P = 2048; conv: (K − 1)·(I + 2·G·N) = 480
 }
 
 MISTAKES = {
@@ -118,4 +121,7 @@ MISTAKES = {
     "15.half_step": [0.5, 0.5],  # linear attention's sum of β-weighted writes: the correction forgotten
     "15.decay_entry": np.exp(-2.0),  # token 1's write decayed by its own g_1 too
     "15.state_floats": 6 * 4 * 3,  # S only: the conv's state forgotten
+    "18.decay_entry": np.exp(-0.5 * (2.0 + 0.5 + 1.0)),  # token 1's write decayed by its own a_1 too
+    "18.block_rank": 8,  # the chunk's size taken for the rank
+    "18.state_bytes": 8 * 4 * 16 * 32,  # S only: the conv's state forgotten
 }
