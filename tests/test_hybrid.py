@@ -4,6 +4,7 @@ central differences (the torch cross-check and the training run below)."""
 
 import numpy as np
 import pytest
+from helpers import require_torch
 
 from mha_numpy.kv_cache import KVCache
 from mha_numpy.models.block import Block
@@ -136,3 +137,25 @@ def test_the_registry_is_the_one_place_a_kind_is_named():
     assert set(LAYER_KINDS) >= {"full_attention", "linear_attention"}
     for kind in LAYER_KINDS.values():
         assert kind.names and callable(kind.build)
+
+
+@pytest.mark.parametrize(
+    "layer_types, heads",
+    [
+        (("linear_attention", "full_attention", "linear_attention"), (2, 1)),
+        (("full_attention", "linear_attention"), (4, 2)),
+    ],
+)
+def test_backward_against_a_transformers_twin_under_autograd(layer_types, heads):
+    """The whole stack against its twin built from transformers' layers (LlamaDecoderLayer for attention,
+    Qwen3NextGatedDeltaNet in the same frame, float32 casts lifted), float64: the logits and every parameter's
+    gradient to 1e-10 of the largest."""
+    require_torch()
+    pytest.importorskip("transformers", reason="transformers is not installed: pip install -r requirements-dev.txt")
+    from mha_numpy.interop.hybrid_model import crosscheck_hf_hybrid
+
+    model = tiny(layer_types, num_attention_heads=heads[0], num_key_value_heads=heads[1])
+    ids = np.random.default_rng(1).integers(0, 11, (2, 9))  # 9 tokens: the DeltaNet core runs three chunks of 4
+    report = crosscheck_hf_hybrid(model, ids)
+    assert report.passed, str(report)
+    assert len(report.rows) == 1 + len(model.params)
