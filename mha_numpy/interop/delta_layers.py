@@ -24,12 +24,15 @@ from .report import CrosscheckReport, rtol_for
 class LayerKind:
     """How one transformers layer is called and read: ``name`` (its class), ``name_map`` (ours -> its parameter),
     ``lift`` (a context manager on the module: its forward without the float32 casts), ``config`` (a tiny config
-    whose layer 0 is a linear-attention layer: the cache is made from it)."""
+    whose layer 0 is a linear-attention layer: the cache is made from it), ``state`` (our state's class) and
+    ``recurrent_as_ours`` (their cache's recurrent state -> ours; None: the same layout)."""
 
     name: str
     name_map: dict[str, str]
     lift: Callable
     config: Callable
+    state: type = DeltaNetState
+    recurrent_as_ours: Callable | None = None
 
 
 def params_as_ours(named, name_map, shapes) -> dict[str, np.ndarray]:
@@ -48,12 +51,13 @@ def hf_cache(kind: LayerKind):
     return DynamicCache(config=kind.config())
 
 
-def _state(cache) -> DeltaNetState:
+def _state(kind: LayerKind, cache):
     """transformers' cache of layer 0 -> our state: its conv state (B, C, K) keeps the last K inputs, ours K-1."""
     conv = to_numpy(cache.get_conv_state(0, state_idx=0).detach())
-    return DeltaNetState(
-        conv[:, :, 1:].transpose(0, 2, 1), to_numpy(cache.get_recurrent_state(0, state_idx=0).detach())
-    )
+    recurrent = to_numpy(cache.get_recurrent_state(0, state_idx=0).detach())
+    if kind.recurrent_as_ours is not None:
+        recurrent = kind.recurrent_as_ours(recurrent)
+    return kind.state(conv[:, :, 1:].transpose(0, 2, 1), recurrent)
 
 
 def run_hf(kind: LayerKind, module, shapes, x, attention_mask, d_output, lifted: bool) -> dict:
@@ -66,7 +70,7 @@ def run_hf(kind: LayerKind, module, shapes, x, attention_mask, d_output, lifted:
     with kind.lift(module) if lifted else nullcontext():
         out = module(tx, cache=cache, attention_mask=mask_t)
     grads = torch.autograd.grad(out, [tx, *named.values()], tensor(torch, d_output))
-    state = _state(cache)
+    state = _state(kind, cache)
     res = {"output": out.detach().numpy(), "dx": grads[0].numpy(), "conv_state": state.conv,
            "recurrent_state": state.recurrent}  # fmt: skip
     by_name = params_as_ours(dict(zip(named, grads[1:])), kind.name_map, shapes)
@@ -108,7 +112,7 @@ def crosscheck_layer(
 
 def decode_hf(kind: LayerKind, module, hidden_states, prefill: int = 3, lifted: bool = True):
     """transformers' decoding: a prefill of ``prefill`` tokens with a fresh cache, then one token a call ->
-    (outputs (B, L, E), the DeltaNetState after the last call in our layout)."""
+    (outputs (B, L, E), the state after the last call in our layout, a ``kind.state``)."""
     torch = require("torch")
     x = np.asarray(hidden_states)
     if not 1 <= prefill <= x.shape[1]:
@@ -117,7 +121,7 @@ def decode_hf(kind: LayerKind, module, hidden_states, prefill: int = 3, lifted: 
     with torch.no_grad(), kind.lift(module) if lifted else nullcontext():
         for a, b in [(0, prefill)] + [(t, t + 1) for t in range(prefill, x.shape[1])]:
             outs.append(module(tensor(torch, x[:, a:b]), cache=cache).numpy())
-    return np.concatenate(outs, axis=1), _state(cache)
+    return np.concatenate(outs, axis=1), _state(kind, cache)
 
 
 @contextmanager
