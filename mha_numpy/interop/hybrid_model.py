@@ -7,13 +7,15 @@ The twin is the same model, layer for layer, with the same parameter names:
     layers.{i}, full_attention   transformers ``LlamaDecoderLayer`` (pre-norm RMSNorm, LlamaAttention, LlamaMLP), SDPA
     layers.{i}, linear_attention the same residual frame around transformers ``Qwen3NextGatedDeltaNet`` (linear_attn)
                                  with ``LlamaRMSNorm`` and ``LlamaMLP``
+    layers.{i}, mamba            the same frame around transformers ``Mamba2Mixer`` (mamba)
     norm, lm_head              ``LlamaRMSNorm``, torch.nn.Linear (no bias)
 
 transformers computes some steps in float32 inside a float64 module; the twin runs them in float64 (the float64
 check is of the formulas, not of float32 rounding): ``LlamaRMSNorm`` without its float32 round trip, RoPE's
 (cos, sin) from torch ops in float64 (``llama.torch_cos_sin``), the attention by SDPA (eager's softmax is float32),
-and ``Qwen3NextGatedDeltaNet`` through ``qwen3_next_deltanet.deltanet_in_float64`` (its forward line for line
-without the casts). torch and transformers are imported lazily.
+``Qwen3NextGatedDeltaNet`` through ``qwen3_next_deltanet.deltanet_in_float64`` and ``Mamba2Mixer`` through
+``mamba2.mamba2_in_float64`` (each its forward line for line without the casts). torch and transformers are
+imported lazily.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ..models.hybrid import HybridModel
 from ._lazy import require
 from .harness import Row, compare, named_grad_rows, our_grads, upstream
 from .llama import torch_cos_sin
+from .mamba2 import mamba2_in_float64
 from .qwen3_next_deltanet import deltanet_in_float64
 from .report import CrosscheckReport, rtol_for
 
@@ -46,7 +49,19 @@ def _configs(model: HybridModel):
         linear_key_head_dim=c.linear_key_head_dim, linear_value_head_dim=c.linear_value_head_dim,
         linear_conv_kernel_dim=c.linear_conv_kernel_dim,
     )  # fmt: skip
-    return llama, qwen
+    mamba = None
+    if "mamba" in c.layer_types:
+        d_head = c.mamba_d_head or c.mamba_expand * c.hidden_size // c.mamba_n_heads
+        if (c.mamba_n_heads * d_head) % c.hidden_size:
+            raise ValueError(f"mamba_n_heads · mamba_d_head = {c.mamba_n_heads * d_head} must be a multiple of "
+                             f"hidden_size = {c.hidden_size} for transformers' Mamba2Config (its expand)")  # fmt: skip
+        mamba = transformers.Mamba2Config(
+            hidden_size=c.hidden_size, num_heads=c.mamba_n_heads, head_dim=d_head, state_size=c.mamba_d_state,
+            n_groups=c.mamba_n_groups, expand=c.mamba_n_heads * d_head // c.hidden_size, conv_kernel=c.mamba_d_conv,
+            chunk_size=c.chunk_size, layer_norm_epsilon=c.rms_norm_eps, num_hidden_layers=c.num_hidden_layers,
+            vocab_size=c.vocab_size,
+        )  # fmt: skip
+    return llama, qwen, mamba
 
 
 def hf_hybrid_twin(model: HybridModel):
@@ -55,32 +70,40 @@ def hf_hybrid_twin(model: HybridModel):
     torch = require("torch")
     require("transformers")
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaMLP, LlamaRMSNorm
+    from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
     from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
 
-    llama, qwen = _configs(model)
+    llama, qwen, mamba = _configs(model)
     c = model.config
     nn = torch.nn
 
-    class DeltaNetLayer(nn.Module):  # LlamaDecoderLayer's frame with Gated DeltaNet as the token mixer
-        def __init__(self, i):
+    class MixerLayer(nn.Module):  # LlamaDecoderLayer's frame with a recurrent token mixer named ``name``
+        def __init__(self, name, mixer):
             super().__init__()
+            self.name = name
             self.input_layernorm = LlamaRMSNorm(c.hidden_size, eps=c.rms_norm_eps)
-            self.linear_attn = Qwen3NextGatedDeltaNet(qwen, layer_idx=i)
+            setattr(self, name, mixer)
             self.post_attention_layernorm = LlamaRMSNorm(c.hidden_size, eps=c.rms_norm_eps)
             self.mlp = LlamaMLP(llama)
 
         def forward(self, x, position_embeddings):
-            x = x + self.linear_attn(self.input_layernorm(x))
+            x = x + getattr(self, self.name)(self.input_layernorm(x))
             return x + self.mlp(self.post_attention_layernorm(x))
+
+    def layer(i, kind):
+        if kind == "full_attention":
+            return LlamaDecoderLayer(llama, layer_idx=i)
+        if kind == "linear_attention":
+            return MixerLayer("linear_attn", Qwen3NextGatedDeltaNet(qwen, layer_idx=i))
+        if kind == "mamba":
+            return MixerLayer("mamba", Mamba2Mixer(mamba, layer_idx=i))
+        raise ValueError(f"layer_types[{i}] = {kind!r} has no torch twin here")
 
     class Twin(nn.Module):
         def __init__(self):
             super().__init__()
             self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-            self.layers = nn.ModuleList(
-                LlamaDecoderLayer(llama, layer_idx=i) if kind == "full_attention" else DeltaNetLayer(i)
-                for i, kind in enumerate(c.layer_types)
-            )
+            self.layers = nn.ModuleList(layer(i, kind) for i, kind in enumerate(c.layer_types))
             self.norm = LlamaRMSNorm(c.hidden_size, eps=c.rms_norm_eps)
             self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
 
@@ -101,7 +124,7 @@ def hf_hybrid_twin(model: HybridModel):
 
 
 def float64_twin(twin) -> ExitStack:
-    """A context in which ``twin`` computes its RMSNorms and Gated DeltaNet layers in its own dtype (module
+    """A context in which ``twin`` computes its RMSNorms and recurrent layers in its own dtype (module
     docstring); the classes' forwards again afterwards."""
     torch = require("torch")
 
@@ -115,6 +138,8 @@ def float64_twin(twin) -> ExitStack:
             stack.callback(delattr, m, "forward")
         elif type(m).__name__ == "Qwen3NextGatedDeltaNet":
             stack.enter_context(deltanet_in_float64(m))
+        elif type(m).__name__ == "Mamba2Mixer":
+            stack.enter_context(mamba2_in_float64(m))
     return stack
 
 

@@ -7,14 +7,16 @@ stack; decoding token by token with each layer's own cache.
     for each layer i, of kind layer_types[i] (a Block: pre-norm, RMSNorm, SwiGLU):   F2
         x = x + mixer_i(rms_norm(x))       "full_attention": causal softmax attention, RoPE, GQA
                                            "linear_attention": Gated DeltaNet (recurrent.qwen3_next)
+                                           "mamba": Mamba-2's mixer (recurrent.mamba2)
         x = x + swiglu(rms_norm(x))
     h = rms_norm(x)                        the final norm                            F3
     logits = h W_lmᵀ                       the LM head, (B, L, V)                    F4
 
 A layer kind is one entry of ``LAYER_KINDS``: how to build its mixer from the config, and its parameters' names
 inside a layer (Qwen3-Next's: ``layers.{i}.self_attn.q_proj.weight``, ``layers.{i}.linear_attn.in_proj_qkvz.weight``,
-...). The kind's decoding cache is its mixer's: a ``KVCache`` for attention (it grows by one key and value a
-token), a ``RecurrentCache`` for a recurrent layer (the conv window and the state matrix, a fixed size).
+...; Bamba's for Mamba-2: ``layers.{i}.mamba.in_proj.weight``, ...). The kind's decoding cache is its mixer's: a
+``KVCache`` for attention (it grows by one key and value a token), a ``RecurrentCache`` for a recurrent layer (the
+conv window and the state matrix, a fixed size).
 
 Spelling. Qwen3-Next's ``layer_types`` says "linear_attention" (Gated DeltaNet) and "full_attention". transformers
 5 spells every linear layer "linear_attention" (Jamba's, Bamba's and Nemotron-H's Mamba layers too, which their
@@ -42,6 +44,7 @@ from .. import functional as F
 from .. import masks
 from .._checks import as_float_dtype, as_generator, as_int, check_like
 from ..attention import MultiHeadAttention
+from ..recurrent.mamba2 import Mamba2Mixer
 from ..recurrent.qwen3_next import GatedDeltaNet
 from . import layers as LY
 from .block import Block, BlockCache
@@ -61,8 +64,9 @@ BLOCK_NAMES = {
 class HybridConfig:
     """The fields of a transformers ``Qwen3NextConfig`` the hybrid uses (same names), the layers from ``layer_types``.
 
-    head_dim None: hidden_size / num_attention_heads. chunk_size: the Gated DeltaNet core's (its output does not
-    depend on it, to rounding).
+    head_dim None: hidden_size / num_attention_heads. The linear_* fields size Gated DeltaNet (Qwen3-Next's names),
+    the mamba_* fields Mamba-2 (Bamba's names; mamba_d_head None: mamba_expand · hidden_size / mamba_n_heads, as
+    Bamba's "auto"). chunk_size: the recurrent cores' (their outputs do not depend on it, to rounding).
     """
 
     vocab_size: int
@@ -77,6 +81,12 @@ class HybridConfig:
     linear_key_head_dim: int = 8
     linear_value_head_dim: int = 8
     linear_conv_kernel_dim: int = 4
+    mamba_n_heads: int = 2
+    mamba_d_head: int | None = None
+    mamba_expand: int = 2
+    mamba_d_state: int = 8
+    mamba_n_groups: int = 1
+    mamba_d_conv: int = 4
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     chunk_size: int = 64
@@ -128,6 +138,14 @@ def _gated_deltanet(c: HybridConfig, dtype, rng) -> TokenMixer:
                                         c.rms_norm_eps, rng=rng, dtype=dtype, chunk_size=c.chunk_size))  # fmt: skip
 
 
+def _mamba2(c: HybridConfig, dtype, rng) -> TokenMixer:
+    """Mamba-2's layer (``recurrent.mamba2.Mamba2Mixer``, transformers' ``Mamba2Mixer``)."""
+    d_head = c.mamba_d_head or c.mamba_expand * c.hidden_size // c.mamba_n_heads
+    return RecurrentMixer(Mamba2Mixer(c.hidden_size, c.mamba_n_heads, d_head, c.mamba_d_state, c.mamba_n_groups,
+                                      c.mamba_d_conv, c.rms_norm_eps, rng=rng, dtype=dtype,
+                                      chunk_size=c.chunk_size))  # fmt: skip
+
+
 LAYER_KINDS: dict[str, LayerKind] = {
     "full_attention": LayerKind(
         _full_attention,
@@ -151,8 +169,22 @@ LAYER_KINDS: dict[str, LayerKind] = {
             "W_out": "linear_attn.out_proj.weight",
         },  # fmt: skip
     ),
+    "mamba": LayerKind(
+        _mamba2,
+        {
+            "W_in": "mamba.in_proj.weight",
+            "conv_weight": "mamba.conv1d.weight",
+            "conv_bias": "mamba.conv1d.bias",
+            "dt_bias": "mamba.dt_bias",
+            "A_log": "mamba.A_log",
+            "D": "mamba.D",
+            "norm_weight": "mamba.norm.weight",
+            "W_out": "mamba.out_proj.weight",
+        },  # fmt: skip
+    ),
 }
-"""layer type -> LayerKind. conv1d.weight is ours (C, K), Qwen3-Next's (C, 1, K)."""
+"""layer type -> LayerKind (names as Qwen3-Next's and Bamba's checkpoints). conv1d.weight is ours (C, K), theirs
+(C, 1, K)."""
 
 
 def _mixers(c: HybridConfig, dtype, rng=0) -> list[TokenMixer]:
@@ -308,11 +340,10 @@ class HybridModel:
         if not isinstance(caches, (list, tuple)) or len(caches) != len(self.layers):
             raise ValueError(f"caches must be a list of {len(self.layers)} caches (one a layer, model.new_caches())")
         for i, (kind, layer, cache) in enumerate(zip(self.config.layer_types, self.layers, caches)):
-            if not isinstance(cache, layer.mixer.cache_types):
-                want = " or ".join(t.__name__ for t in layer.mixer.cache_types)
-                raise ValueError(
-                    f"caches[{i}] is a {type(cache).__name__}, but layer {i} is {kind!r}: it needs a {want}"
-                )
+            if not layer.mixer.accepts(cache):
+                want = layer.mixer.describe_cache(layer.mixer.new_cache())
+                raise ValueError(f"caches[{i}] is a {layer.mixer.describe_cache(cache)}, but layer {i} is {kind!r}: "
+                                 f"it needs a {want} (model.new_caches())")  # fmt: skip
         lengths = {len(cache) for cache in caches}
         if len(lengths) != 1:
             raise ValueError(f"caches must all hold the same number of tokens, got lengths {[len(c) for c in caches]}")

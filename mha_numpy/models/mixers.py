@@ -1,5 +1,5 @@
 """Token mixers: what the generic ``Block`` calls in its first sublayer, one protocol for softmax attention and the
-recurrent layers (Gated DeltaNet, Kimi Delta Attention; Mamba-2 when it lands), so a hybrid stack is one block class
+recurrent layers (Gated DeltaNet, Kimi Delta Attention, Mamba-2), so a hybrid stack is one block class
 with the mixer swapped ("one module, interchangeable kernels").
 
     mixer.params                    the module's own dict by role (the block points it at the model's arrays)
@@ -10,7 +10,8 @@ with the mixer swapped ("one module, interchangeable kernels").
 
 ``AttentionMixer`` wraps a ``MultiHeadAttention`` (self-attention: q = k = v = x, so d_x is the sum of the three
 paths); its decoding cache is the ``KVCache``, which grows by one key and value a token. ``RecurrentMixer`` wraps a
-layer of ``mha_numpy.recurrent`` (``forward(x, state=) -> ((y, state), c)``, ``backward(d_y, c) -> {"x", ...}``);
+layer of ``mha_numpy.recurrent`` (Gated DeltaNet, Kimi Delta Attention, Mamba-2's ``Mamba2Mixer``:
+``forward(x, state=) -> ((y, state), c)``, ``backward(d_y, c) -> {"x", ...}``);
 its decoding cache is a ``RecurrentCache``, which holds the layer's state (the conv's last K-1 inputs and the matrix
 S) and stays the same size however long the text. Both caches are forward only, as the KV cache always was: a
 forward that used one has no backward (a cache is state).
@@ -43,6 +44,14 @@ class TokenMixer:
 
     def new_cache(self):
         raise NotImplementedError
+
+    def accepts(self, cache) -> bool:
+        """Whether ``cache`` is a decoding cache of this mixer's kind."""
+        return isinstance(cache, self.cache_types)
+
+    def describe_cache(self, cache) -> str:
+        """What ``cache`` is, for a message that refuses it."""
+        return type(cache).__name__
 
 
 class AttentionMixer(TokenMixer):
@@ -105,18 +114,20 @@ class RecurrentMixerCache:
 
 
 class RecurrentMixer(TokenMixer):
-    """A recurrent layer (``recurrent.qwen3_next.GatedDeltaNet``, ``recurrent.kimi.KimiDeltaAttention``, or any
-    layer with ``hidden_size``, ``params``, ``PARAM_NAMES``, ``forward(x, state=)`` and ``backward``) as a token
+    """A recurrent layer (``recurrent.qwen3_next.GatedDeltaNet``, ``recurrent.kimi.KimiDeltaAttention``,
+    ``recurrent.mamba2.Mamba2Mixer``, or any ``RecurrentLayer``: ``hidden_size``, ``params``, ``PARAM_NAMES``,
+    ``zero_state``, ``forward(x, state=)`` and ``backward``) as a token
     mixer. Causal by construction: it takes no mask and no attention dropout."""
 
     cache_types = (RecurrentCache,)
 
     def __init__(self, layer) -> None:
-        for attr in ("hidden_size", "params", "PARAM_NAMES", "forward", "backward"):
+        for attr in ("hidden_size", "params", "PARAM_NAMES", "zero_state", "forward", "backward"):
             if not hasattr(layer, attr):
                 raise ValueError(f"layer must be a recurrent layer (it has no {attr!r}), got {type(layer).__name__}")
         self.layer = layer
         self.params = layer.params  # the same dict
+        self.state_type = type(layer.zero_state(1))  # DeltaNetState, Mamba2State, ...: a cache holds one kind
 
     def __repr__(self) -> str:
         return repr(self.layer)
@@ -132,8 +143,9 @@ class RecurrentMixer(TokenMixer):
             if value is not None:
                 raise ValueError(f"{name} must be None for a recurrent mixer (causal by its recurrence, it has no "
                                  f"attention weights and no positions), got {type(value).__name__}")  # fmt: skip
-        if cache is not None and not isinstance(cache, RecurrentCache):
-            raise ValueError(f"cache must be a RecurrentCache for {self!r}, got {type(cache).__name__}")
+        if cache is not None and not self.accepts(cache):
+            raise ValueError(f"cache must be a RecurrentCache of {self.state_type.__name__} for {self!r}, got a "
+                             f"{self.describe_cache(cache)}")  # fmt: skip
         state = None if cache is None else cache.state
         (y, state), c = self.layer.forward(x, state=state)  # F1: (B, L, E), the state after the call
         if cache is not None:
@@ -151,6 +163,14 @@ class RecurrentMixer(TokenMixer):
 
     def new_cache(self) -> RecurrentCache:
         return RecurrentCache()
+
+    def accepts(self, cache) -> bool:
+        """A RecurrentCache, empty or holding this layer's kind of state (a Mamba2State is not a DeltaNetState)."""
+        return isinstance(cache, RecurrentCache) and (cache.state is None or isinstance(cache.state, self.state_type))
+
+    def describe_cache(self, cache) -> str:
+        state = getattr(cache, "state", None)
+        return type(cache).__name__ + ("" if state is None else f" holding a {type(state).__name__}")
 
 
 def as_mixer(attention) -> TokenMixer:
