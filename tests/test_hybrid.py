@@ -208,3 +208,39 @@ def test_reverse_prompt_batch_layout():
     assert ids.shape == (3, 8) and y.shape == (3, 4)
     assert np.array_equal(y, ids[:, :4][:, ::-1]) and np.all(ids[:, 4] == 10)
     assert np.array_equal(ids[:, 5:], y[:, :3])
+
+
+def test_float32_stays_float32():
+    model64 = tiny(ORDERS[3])  # all three kinds
+    model32 = HybridModel(model64.config, model64.params, dtype=np.float32)
+    ids = np.random.default_rng(1).integers(0, 11, (2, 5))
+    logits, cache = model32.forward(ids)
+    grads = model32.backward(np.ones_like(logits), cache)
+    assert logits.dtype == np.float32 and {g.dtype for g in grads.values()} == {np.dtype(np.float32)}
+
+
+def test_the_generic_block_takes_any_recurrent_layer():
+    """Block over Kimi Delta Attention (not a hybrid kind): the same block class, the layer's parameters under the
+    names given, decoding through a RecurrentCache equal to the full call, a gradient for every role."""
+    from mha_numpy.models.mixers import RecurrentMixer
+    from mha_numpy.recurrent.kimi import KimiDeltaAttention
+
+    mixer = RecurrentMixer(KimiDeltaAttention(12, 2, 4, chunk_size=3, rng=0))
+    rng = np.random.default_rng(0)
+    params = {f"kda.{n}": p.copy() for n, p in mixer.params.items()}
+    params.update(
+        {n: rng.normal(0, 0.3, s) for n, s in (("W_gate", (20, 12)), ("W_up", (20, 12)), ("W_down", (12, 20)))}
+    )
+    params.update({"n1": np.ones(12), "n2": np.ones(12)})
+    names = {**{n: f"kda.{n}" for n in mixer.params}, "W_gate": "W_gate", "W_up": "W_up", "W_down": "W_down",
+             "norm1.weight": "n1", "norm2.weight": "n2"}  # fmt: skip
+    block = Block(mixer, params, names, norm_position="pre", norm="rms_norm", eps=1e-6, ffn="swiglu")
+    x = rng.standard_normal((2, 7, 12))
+    y, cache = block.forward(x)
+    d_x, g = block.backward(np.ones_like(y), cache)
+    assert d_x.shape == x.shape and set(g) == set(params)
+    kv = mixer.new_cache()
+    pieces = [block.forward(x[:, :3], kv_cache=kv)[0]] + [
+        block.forward(x[:, t : t + 1], kv_cache=kv)[0] for t in range(3, 7)
+    ]
+    assert np.abs(np.concatenate(pieces, axis=1) - y).max() <= 1e-12 * np.abs(y).max()
