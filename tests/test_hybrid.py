@@ -114,6 +114,20 @@ def test_a_recurrent_cache_of_the_other_recurrent_kind_is_refused():
     assert [len(c) for c in caches] == [2, 2]  # the refused call touched neither
 
 
+def test_caches_of_another_batch_are_refused_before_any_layer_runs():
+    """Every cache is checked against input_ids' batch first: a call refused at layer 1 or 2 must not have advanced
+    layer 0's cache (the caches would disagree on the text so far)."""
+    model = tiny(("linear_attention", "full_attention", "mamba"))
+    two, three = model.new_caches(), model.new_caches()
+    model(np.zeros((2, 3), np.int64), caches=two)
+    model(np.zeros((3, 3), np.int64), caches=three)
+    for i in (1, 2):
+        mixed = [three[0], *two[1:]] if i == 1 else [*three[:2], two[2]]
+        with pytest.raises(ValueError, match=rf"caches\[{i}\] holds a batch of 2 sequences, input_ids has 3"):
+            model(np.zeros((3, 1), np.int64), caches=mixed)
+        assert [len(c) for c in three] == [3, 3, 3]
+
+
 def test_a_recurrent_mixer_takes_no_mask():
     """A Gated DeltaNet layer is causal by its recurrence: a mask passed to it is a mistake, refused by name."""
     model = tiny(("linear_attention",))
