@@ -114,6 +114,20 @@ def test_a_recurrent_cache_of_the_other_recurrent_kind_is_refused():
     assert [len(c) for c in caches] == [2, 2]  # the refused call touched neither
 
 
+def test_caches_of_another_batch_are_refused_before_any_layer_runs():
+    """Every cache is checked against input_ids' batch first: a call refused at layer 1 or 2 must not have advanced
+    layer 0's cache (the caches would disagree on the text so far)."""
+    model = tiny(("linear_attention", "full_attention", "mamba"))
+    two, three = model.new_caches(), model.new_caches()
+    model(np.zeros((2, 3), np.int64), caches=two)
+    model(np.zeros((3, 3), np.int64), caches=three)
+    for i in (1, 2):
+        mixed = [three[0], *two[1:]] if i == 1 else [*three[:2], two[2]]
+        with pytest.raises(ValueError, match=rf"caches\[{i}\] holds a batch of 2 sequences, input_ids has 3"):
+            model(np.zeros((3, 1), np.int64), caches=mixed)
+        assert [len(c) for c in three] == [3, 3, 3]
+
+
 def test_a_recurrent_mixer_takes_no_mask():
     """A Gated DeltaNet layer is causal by its recurrence: a mask passed to it is a mistake, refused by name."""
     model = tiny(("linear_attention",))
@@ -208,3 +222,39 @@ def test_reverse_prompt_batch_layout():
     assert ids.shape == (3, 8) and y.shape == (3, 4)
     assert np.array_equal(y, ids[:, :4][:, ::-1]) and np.all(ids[:, 4] == 10)
     assert np.array_equal(ids[:, 5:], y[:, :3])
+
+
+def test_float32_stays_float32():
+    model64 = tiny(ORDERS[3])  # all three kinds
+    model32 = HybridModel(model64.config, model64.params, dtype=np.float32)
+    ids = np.random.default_rng(1).integers(0, 11, (2, 5))
+    logits, cache = model32.forward(ids)
+    grads = model32.backward(np.ones_like(logits), cache)
+    assert logits.dtype == np.float32 and {g.dtype for g in grads.values()} == {np.dtype(np.float32)}
+
+
+def test_the_generic_block_takes_any_recurrent_layer():
+    """Block over Kimi Delta Attention (not a hybrid kind): the same block class, the layer's parameters under the
+    names given, decoding through a RecurrentCache equal to the full call, a gradient for every role."""
+    from mha_numpy.models.mixers import RecurrentMixer
+    from mha_numpy.recurrent.kimi import KimiDeltaAttention
+
+    mixer = RecurrentMixer(KimiDeltaAttention(12, 2, 4, chunk_size=3, rng=0))
+    rng = np.random.default_rng(0)
+    params = {f"kda.{n}": p.copy() for n, p in mixer.params.items()}
+    params.update(
+        {n: rng.normal(0, 0.3, s) for n, s in (("W_gate", (20, 12)), ("W_up", (20, 12)), ("W_down", (12, 20)))}
+    )
+    params.update({"n1": np.ones(12), "n2": np.ones(12)})
+    names = {**{n: f"kda.{n}" for n in mixer.params}, "W_gate": "W_gate", "W_up": "W_up", "W_down": "W_down",
+             "norm1.weight": "n1", "norm2.weight": "n2"}  # fmt: skip
+    block = Block(mixer, params, names, norm_position="pre", norm="rms_norm", eps=1e-6, ffn="swiglu")
+    x = rng.standard_normal((2, 7, 12))
+    y, cache = block.forward(x)
+    d_x, g = block.backward(np.ones_like(y), cache)
+    assert d_x.shape == x.shape and set(g) == set(params)
+    kv = mixer.new_cache()
+    pieces = [block.forward(x[:, :3], kv_cache=kv)[0]] + [
+        block.forward(x[:, t : t + 1], kv_cache=kv)[0] for t in range(3, 7)
+    ]
+    assert np.abs(np.concatenate(pieces, axis=1) - y).max() <= 1e-12 * np.abs(y).max()

@@ -344,6 +344,10 @@ class HybridModel:
                 want = layer.mixer.describe_cache(layer.mixer.new_cache())
                 raise ValueError(f"caches[{i}] is a {layer.mixer.describe_cache(cache)}, but layer {i} is {kind!r}: "
                                  f"it needs a {want} (model.new_caches())")  # fmt: skip
+        for i, (layer, cache) in enumerate(zip(self.layers, caches)):
+            held = layer.mixer.cache_batch(cache)
+            if held not in (None, ids.shape[0]):
+                raise ValueError(f"caches[{i}] holds a batch of {held} sequences, input_ids has {ids.shape[0]}")
         lengths = {len(cache) for cache in caches}
         if len(lengths) != 1:
             raise ValueError(f"caches must all hold the same number of tokens, got lengths {[len(c) for c in caches]}")

@@ -53,6 +53,10 @@ class TokenMixer:
         """What ``cache`` is, for a message that refuses it."""
         return type(cache).__name__
 
+    def cache_batch(self, cache) -> int | None:
+        """The number of sequences ``cache`` holds (None while empty)."""
+        return None
+
 
 class AttentionMixer(TokenMixer):
     """Softmax self-attention as a token mixer: a ``MultiHeadAttention`` called with q = k = v."""
@@ -83,6 +87,10 @@ class AttentionMixer(TokenMixer):
 
     def new_cache(self):
         return self.attention.new_kv_cache()
+
+    def cache_batch(self, cache) -> int | None:
+        keys = getattr(cache, "keys", None)  # (B, Hkv, length, d), or None while empty
+        return None if keys is None else int(keys.shape[0])
 
 
 class RecurrentCache:
@@ -167,6 +175,9 @@ class RecurrentMixer(TokenMixer):
     def accepts(self, cache) -> bool:
         """A RecurrentCache, empty or holding this layer's kind of state (a Mamba2State is not a DeltaNetState)."""
         return isinstance(cache, RecurrentCache) and (cache.state is None or isinstance(cache.state, self.state_type))
+
+    def cache_batch(self, cache) -> int | None:
+        return None if cache.state is None else int(cache.state.conv.shape[0])  # conv (B, K-1, C)
 
     def describe_cache(self, cache) -> str:
         state = getattr(cache, "state", None)
