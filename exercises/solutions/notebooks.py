@@ -82,6 +82,9 @@ SOLUTIONS = {
     "17.topk_keys": [0, 2],  # keys 5, 6 masked; of 0 ... 4 the best score 3 is held by 0, 2, 4: the lower two
     "17.loss_grad": np.array([0.25, 0.25, 0.5]) - np.array([0.5, 0.5, 0.0]),  # softmax(I) = [1/4, 1/4, 1/2], Σp = 1
     "17.selected_scores": 1 + 2 + 6 * 3,  # queries 0 and 1 have 1 and 2 keys; the other six fill their 3 slots
+    "18.decay_entry": np.exp(-0.5 * (0.5 + 1.0)),  # a_2 + a_3: the tokens after 1 up to 3, not a_1 itself
+    "18.block_rank": 3,  # ≤ N: chunk 0 reaches chunk 2 only through the (N, P) state; = N for random B, C
+    "18.state_bytes": 8 * (4 * 16 * 32 + 3 * (4 * 32 + 2 * 16)),  # S: H·N·P = 2048; conv: (K − 1)·(I + 2·G·N) = 480
 }
 
 MISTAKES = {
@@ -134,4 +137,7 @@ MISTAKES = {
     "17.topk_keys": [5, 6],  # the highest scores, but the mask blocks them
     "17.loss_grad": np.array([0.5, 0.5, 0.0]) - np.array([0.25, 0.25, 0.5]),  # p − softmax(I): the sign flipped
     "17.selected_scores": 8 * 3,  # L · k: the -1 slots of the first queries counted
+    "18.decay_entry": np.exp(-0.5 * (2.0 + 0.5 + 1.0)),  # token 1's write decayed by its own a_1 too
+    "18.block_rank": 8,  # the chunk's size taken for the rank
+    "18.state_bytes": 8 * 4 * 16 * 32,  # S only: the conv's state forgotten
 }

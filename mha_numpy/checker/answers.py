@@ -31,8 +31,10 @@ from ..flex_derive import STEP
 from ..masks import EMPTY, FULL, PARTIAL, chunked_causal_mask, document_mod
 from ..models import layers
 from ..recurrent import gated_delta_rule_forward
+from ..recurrent.mamba2 import Mamba2Mixer
 from ..recurrent.qwen3_next import GatedDeltaNet
 from ..sparse import indexer_loss_backward, indexer_loss_forward, topk_select
+from ..recurrent.ssd import ssd_matrix_forward
 from . import check_namespace
 
 NOT_ANSWERED = "not answered yet"
@@ -353,6 +355,16 @@ QUESTIONS: dict[str, Judge] = {
     "17.selected_scores": exactly(
         lambda: _selected_scores(), "query t has t + 1 keys to choose from: the first queries fill fewer than k slots"
     ),
+    # 18: state-space duality
+    "18.decay_entry": numbers(
+        lambda: _ssd_decay_entry(), "token j's write is decayed by the tokens after it, j < t ≤ i, not by its own a_j"
+    ),
+    "18.block_rank": exactly(
+        lambda: _ssd_block_rank(), "the block reaches chunk 2 only through the state entering it: an (N, P) matrix"
+    ),
+    "18.state_bytes": exactly(
+        lambda: _mamba2_state_bytes(), "the conv keeps its last K − 1 inputs of x, B and C; S is (N, P) a head"
+    ),
 }
 
 
@@ -458,3 +470,24 @@ def _loss_grad() -> np.ndarray:
 def _selected_scores() -> int:
     """The slots holding a key in causal top-3 selection over L = 8."""
     return int((topk_select(np.zeros((1, 8, 8)), 3, np.tri(8, dtype=bool)) >= 0).sum())
+def _ssd_decay_entry() -> float:
+    """exp(segsum(A·Δ))[3, 1] for A = −0.5, Δ = [1, 2, 0.5, 1, 3]: SSD's matrix with B = C = 1 (N = 1) is the decay
+    mask times Δ_j, so M[3, 1] / Δ_1."""
+    dt = np.array([1.0, 2.0, 0.5, 1.0, 3.0])
+    ones = np.ones((1, 1, 5, 1))  # B = C: (1, G, L, N = 1)
+    M, _ = ssd_matrix_forward(dt[None, None], np.array([-0.5]), ones, ones)
+    return float(M[0, 0, 3, 1] / dt[1])
+
+
+def _ssd_block_rank() -> int:
+    """The rank of M[16:24, 0:8] for random B, C (N = 3) and Δ > 0 on 24 tokens (seeded)."""
+    rng = np.random.default_rng(0)
+    B, C = rng.standard_normal((2, 1, 1, 24, 3))  # (1, 1, L, N) each
+    M, _ = ssd_matrix_forward(rng.uniform(0.1, 1.0, (1, 1, 24)), np.array([-0.3]), B, C)
+    return int(np.linalg.matrix_rank(M[0, 0, 16:24, 0:8]))
+
+
+def _mamba2_state_bytes() -> int:
+    """The bytes of Mamba2Mixer's decoding state (B = 1, float64) for notebook 18's sizes: its zero state's arrays."""
+    state = Mamba2Mixer(64, 4, 32, 16, n_groups=1, conv_kernel_size=4).zero_state(1)
+    return int(state.conv.nbytes + state.recurrent.nbytes)
