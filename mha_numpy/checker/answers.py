@@ -33,8 +33,8 @@ from ..models import layers
 from ..recurrent import gated_delta_rule_forward
 from ..recurrent.mamba2 import Mamba2Mixer
 from ..recurrent.qwen3_next import GatedDeltaNet
-from ..sparse import indexer_loss_backward, indexer_loss_forward, topk_select
 from ..recurrent.ssd import ssd_matrix_forward
+from ..sparse import indexer_loss_backward, indexer_loss_forward, topk_select
 from . import check_namespace
 
 NOT_ANSWERED = "not answered yet"
@@ -455,6 +455,8 @@ def _llama3_pairs() -> tuple[int, int, int]:
     ratio = scaled / RS.default_frequencies(500000.0, 128)  # (64,): 1, between, or 1/8
     kept, divided = int(np.isclose(ratio, 1.0, rtol=1e-12).sum()), int(np.isclose(ratio, 1 / 8, rtol=1e-12).sum())
     return kept, ratio.size - kept - divided, divided
+
+
 def _topk_keys() -> np.ndarray:
     """Query 4's keys by ``topk_select`` (k = 2, causal over 7 keys) for the scores [3, 1, 3, 2, 3, 9, 9]."""
     scores = np.tile([3.0, 1.0, 3.0, 2.0, 3.0, 9.0, 9.0], (7, 1))[None]  # (1, 7, 7): every query the same row
@@ -470,6 +472,8 @@ def _loss_grad() -> np.ndarray:
 def _selected_scores() -> int:
     """The slots holding a key in causal top-3 selection over L = 8."""
     return int((topk_select(np.zeros((1, 8, 8)), 3, np.tri(8, dtype=bool)) >= 0).sum())
+
+
 def _ssd_decay_entry() -> float:
     """exp(segsum(A·Δ))[3, 1] for A = −0.5, Δ = [1, 2, 0.5, 1, 3]: SSD's matrix with B = C = 1 (N = 1) is the decay
     mask times Δ_j, so M[3, 1] / Δ_1."""
