@@ -148,3 +148,39 @@ def test_each_exercise_cell_filled_with_its_solution_says_correct(path: Path):
             exec("\n".join(filled), namespace)  # the notebook's own cell, answered
             verdict = eval(last, namespace)
             assert verdict.correct, f"{path.name}: {verdict}"
+
+
+def _assigned(cells) -> set[str]:
+    """The names the code cells bind at top level (assignments, imports, defs), IPython's %/! lines left out."""
+    import ast
+
+    names: set[str] = set()
+    for cell in cells:
+        code = "\n".join(line for line in _text(cell).splitlines() if not line.lstrip().startswith(("%", "!")))
+        for node in ast.walk(ast.parse(code)):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.alias):
+                names.add((node.asname or node.name).split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("path", GIVEN, ids=lambda p: p.name[:2])
+def test_the_exercise_cells_do_not_rebind_the_notebooks_names(path: Path):
+    """An exercise's `name = None` must not overwrite what a section made (notebook 01's `scores = None` did: a
+    section cell run again after it read None)."""
+    cells = json.loads(path.read_text())["cells"]
+    start = next(i for i, c in enumerate(cells) if c["cell_type"] == "code" and CHECK_CALL.search(_text(c)))
+    before = _assigned([c for c in cells[:start] if c["cell_type"] == "code"])
+    after = _assigned([c for c in cells[start:] if c["cell_type"] == "code"]) - {"answers"}
+    assert not before & after, f"{path.name}: the exercises rebind {sorted(before & after)}"
+
+
+@pytest.mark.parametrize("number", [9, 10, 11, 12, 13, 14])
+def test_the_exercises_beyond_bert_are_linked_from_a_notebook(number: int):
+    """A reader of the notebook that teaches the topic finds the exercise that asks for it."""
+    (exercise,) = (ROOT / "exercises").glob(f"ex{number:02d}_*.ipynb")
+    linking = [p.name for p in NOTEBOOKS if f"exercises/{exercise.name}" in p.read_text()]
+    assert linking, f"no notebook links {exercise.name}"
