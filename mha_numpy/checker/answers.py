@@ -74,8 +74,14 @@ def check(key: str, answer: Any) -> Verdict:
 # ---- the judges: numbers, exact values, a choice, a function checked by the checker ----
 
 
+HAND_DIGITS = 4  # a hand answer is right when it agrees with the expected value to this many significant digits
+
+
 def numbers(expected: Callable[[], Any], hint: str = "", rtol: float = 1e-6, atol: float = 1e-9) -> Judge:
-    """A number or an array of numbers, right to ``rtol`` (relative to the largest expected entry) or ``atol``."""
+    """A number or an array of numbers, right to ``rtol`` (relative to the largest expected entry) or ``atol``, or
+    to ``HAND_DIGITS`` significant digits of its own entry: an answer worked out on paper and written with 4
+    digits (1.083 for 1.0833155) is right, a wrong formula (0.8413 for it) is not."""
+    digits = 0.5 * 10.0 ** (1 - HAND_DIGITS)  # 5e-4: half a unit of the 4th significant digit, relative
 
     def judge(answer):
         try:
@@ -85,7 +91,7 @@ def numbers(expected: Callable[[], Any], hint: str = "", rtol: float = 1e-6, ato
         want = np.asarray(expected(), dtype=np.float64)
         if got.shape != want.shape:
             return f"your answer has shape {got.shape}, the question asks for shape {want.shape}"
-        tol = atol + rtol * max(1.0, float(np.abs(want).max(initial=0.0)))
+        tol = atol + rtol * max(1.0, float(np.abs(want).max(initial=0.0))) + digits * np.abs(want)
         bad = ~(np.abs(got - want) <= tol)  # a NaN is bad too
         if not bad.any():
             return None

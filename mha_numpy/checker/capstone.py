@@ -9,8 +9,9 @@ the library's pairs and returns every intermediate by name. The student writes
 for every intermediate and every parameter, in plain NumPy. ``compare`` prints a table in the order the backward
 meets them (F-label, name, exact, approximate, max diff: Karpathy's backprop-ninja ``cmp``), with the reference
 gradients from the library's backward pairs; ``first_wrong`` names the first one that is wrong, which is where the
-bug is (everything after it inherits the error), and ``diagnose`` names the catalogued bug it matches, computed
-from the *correct* gradient of that step's output. ``train`` trains notebook 07's task with the student's backward.
+bug is (the rows after it computed from it inherit the error; a parameter's gradient passes on nothing), and
+``diagnose`` names the catalogued bug it matches, computed from the *correct* gradient of that step's output.
+``train`` trains notebook 07's task with the student's backward.
 
 The course checker grades ``capstone_model_backward`` on ``MODEL.cases`` (``checker.runner.check_capstone``), in a
 notebook and from ``python -m mha_numpy check``.
@@ -60,6 +61,12 @@ MODEL_STEPS = (
 def backward_order(steps) -> tuple[tuple[str, str], ...]:
     """(label, name) of every gradient in the order a backward meets them: the last forward line first."""
     return tuple((label, name) for label, _, names in reversed(steps) for name in reversed(names))
+
+
+def step_outputs(steps) -> frozenset[str]:
+    """The names the forward lines compute (left of ``=``): their gradients are read by the rows after them in the
+    backward's order. The others (parameters, embedding tables) are leaves: no row is computed from their gradient."""
+    return frozenset(line.split("=", 1)[0].strip() for _, line, _ in steps)
 
 
 def listing(steps) -> str:
@@ -432,6 +439,7 @@ class Comparison:
     bug: CapstoneBug | None
     not_done: bool = False
     relation: str = ""  # how the first wrong gradient relates to the right one (checker.relations), or ""
+    leaf: bool = False  # the first wrong gradient is a parameter's: no later row is computed from it
 
     def __str__(self) -> str:
         if self.not_done:
@@ -439,7 +447,11 @@ class Comparison:
         text = table(self.lines)
         if self.wrong is None:
             return text + "\nevery gradient matches the library's backward"
-        text += f"\nfirst wrong: {self.wrong.label} {self.wrong.name} (everything below it inherits the error)"
+        if self.leaf:
+            why = "a parameter's gradient: no row below is computed from it, so a wrong row below is a bug of its own"
+        else:
+            why = "the rows below computed from it inherit the error"
+        text += f"\nfirst wrong: {self.wrong.label} {self.wrong.name} ({why})"
         text += f"\nrelation: {self.relation}" if self.relation else ""
         return text + (f"\ndiagnosis: {self.bug.diagnosis()}" if self.bug else "")
 
@@ -454,7 +466,8 @@ def compare(backward: Callable, capstone: Capstone | None = None, case: dict | N
     except NotImplementedError:
         return Comparison(capstone.function, [], None, None, not_done=True)
     lines, wrong, bug, said = capstone.judge(got, case)
-    return Comparison(capstone.function, lines, wrong, bug, relation=said)
+    leaf = wrong is not None and wrong.name not in step_outputs(capstone.steps)
+    return Comparison(capstone.function, lines, wrong, bug, relation=said, leaf=leaf)
 
 
 def _copy(cache: dict) -> dict:
