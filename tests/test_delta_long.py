@@ -55,3 +55,32 @@ def test_bands_give_the_same_numbers_as_one_band(per_channel):
         np.testing.assert_array_equal(a, b)
     for name, grad in one[2].items():
         np.testing.assert_array_equal(grad, two[2][name], err_msg=name)
+
+
+def traced_peak(L: int, d: int = 16) -> int:
+    """tracemalloc's peak over one chunked forward + backward (chunks of 64) at B = H = 1, d_k = d_v = d, float64:
+    NumPy's allocations, the cache and the outputs included, the inputs (made before) not."""
+    import tracemalloc
+
+    x = make(1, 1, 1, L, d, d, seed=2)
+    tracemalloc.start()
+    try:
+        forward_backward(x, chunk_size=64)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_memory_at_L_65536_is_linear_in_L_with_no_L_by_L_array():
+    """What grows with L is a few (L, d) arrays and, per chunk of C tokens, the (C, C) matrices T and P and a
+    (d, d) state: O(L·(d + C) + H·d²) floats, O(L·d) at Qwen3-Next's C = 64 ≤ d = 128. Here d = 16 < C, so both
+    terms count. From L = 16384 to 65536 each further token costs under 6 float64 per unit of d + C (measured 3.7:
+    61 -> 172 MiB; the blocks' temporaries are a constant), the peak at 65536 is under 6 such floats a token too
+    (4.4), it grows no faster than L, and it is a fraction of one (L, L) float64 array (32 GiB)."""
+    d, C, L = 16, 64, 65536
+    small, large = traced_peak(L // 4, d), traced_peak(L, d)
+    per_token = (large - small) / (L - L // 4)
+    assert per_token < 6 * 8 * (d + C), per_token
+    assert large < 6 * 8 * L * (d + C) + 8 * d * d, large
+    assert large < 4 * small, (small, large)  # linear or slower: an L² term would multiply it by 16
+    assert large < L * L * 8 / 100, large
