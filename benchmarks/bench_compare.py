@@ -155,12 +155,13 @@ def compare_table(results: list[dict]) -> list[str]:
     return lines
 
 
-def interleaved(fns: dict, rounds: int, repeats: int = 1) -> dict:
+def interleaved(fns: dict, rounds: int, repeats: int = 1, warm_up: bool = True) -> dict:
     """In-process version for the full run: {name: fn} timed round by round, rotating the order.
 
-    -> {name: [seconds per round]} (each the best of ``repeats`` calls after one warm-up call).
+    -> {name: [seconds per round]} (each the best of ``repeats`` calls after one warm-up call; ``warm_up=False``
+    when the caller has made that call itself).
     """
-    for fn in fns.values():
+    for fn in fns.values() if warm_up else ():
         fn()
     out = {name: [] for name in fns}
     names = list(fns)

@@ -107,3 +107,17 @@ def ring_per_rank(L: int, H: int, d: int, P: int, backward: bool, causal: bool =
     shards give every rank the same share of a causal mask; contiguous shards without a mask, L²/P each)."""
     entries = causal_entries(L) if causal else L * L
     return attention_core(B, H, d, entries / P, backward)
+
+
+def gated_delta_chunked(B: int, H: int, L: int, dk: int, dv: int, C: int, backward: bool) -> float:
+    """The gated delta rule by chunks of C tokens (``recurrent.delta_chunked``, transformers'
+    ``torch_chunk_gated_delta_rule``: the same products), per chunk and head, N = ⌈L / C⌉ chunks:
+
+    C3, C5  A = (β ⊙ K) Kᵀ, P = Q Kᵀ                   2·C²·dk each
+    C4      U = T (β ⊙ V), Kc = T (β e^γ ⊙ K)          two unit-triangular solves, C²·dv + C²·dk
+    S1–S3   Kc S, Q̃ S, K̃ᵀ W (2·C·dk·dv each), P W (2·C²·dv)
+    backward 2 × forward. Forming T itself (C³/3) is not counted: transformers never forms it.
+    """
+    N = -(-L // C)
+    forward = B * H * N * (4.0 * C * C * dk + C * C * (dk + dv) + 6.0 * C * dk * dv + 2.0 * C * C * dv)
+    return 3.0 * forward if backward else forward

@@ -102,6 +102,14 @@ def blas_single_threaded():
                     _set(lib, n)
 
 
+def blas_threads() -> int:
+    """How many threads NumPy's BLAS may use now: the largest count its libraries report (1 when none does).
+    Inside ``blas_single_threaded`` (a pool item, say) it is 1."""
+    shared, per_thread = _libraries()
+    counts = [lib.get_num_threads() for lib in shared + per_thread]
+    return max([n for n in counts if n] or [1])
+
+
 def run_items(work, items, num_threads: int) -> None:
     """Call ``work(item)`` for every item: in this thread, or on a pool of ``num_threads``.
 

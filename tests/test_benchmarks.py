@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_bert  # noqa: E402
 import bench_compare  # noqa: E402
 import bench_decode  # noqa: E402
+import bench_delta  # noqa: E402
 import bench_flex  # noqa: E402
 import bench_masks  # noqa: E402
 import bench_peers  # noqa: E402
@@ -282,3 +283,18 @@ def test_bench_flex_table_has_the_three_shares():
     lines = bench_flex.table([row], {"float32": PEAK})
     assert_share_column(lines, 3)
     assert lines[-1].endswith("| 2.00× (1.90..2.10) | 4.00× (3.90..4.10) | 50% | 25% | 12% |")
+
+
+def test_bench_delta_table_has_its_columns_and_the_share():
+    fl = flops.gated_delta_chunked(1, 2, 4096, 128, 128, 64, True)
+    row = dict(side="chunked", dtype="float32", L=4096, H=2, Hk=1, rss=3 * 2**20, traced=4096 * 1024, diff=5e-7,
+               flops=fl, seconds=at_half(fl), ratio=(20.0, 19.0, 21.0))  # fmt: skip
+    theirs = {**row, "side": "transformers", "traced": None, "seconds": 20 * at_half(fl), "ratio": (1.0, 1.0, 1.0)}
+    lines = bench_delta.table([row, theirs], {"float32": PEAK})
+    assert_share_column(lines)
+    header = next(line for line in lines if line.startswith("| L |"))
+    for column in ("side", "dtype", "forward + backward (s)", "transformers / side", "RSS peak (MiB)",
+                   "tracemalloc peak (MiB)", "tracemalloc / token (KiB)", "difference to float64"):  # fmt: skip
+        assert f"| {column} |" in header, column
+    assert lines[-2] == "| 4096 | chunked | float32 | 0.0805 | 20.00× (19.00..21.00) | 50% | 3 | 4 | 1.0 | 5.0e-07 |"
+    assert lines[-1].endswith("| 2.5% | 3 |  |  | 5.0e-07 |")  # transformers: no tracemalloc

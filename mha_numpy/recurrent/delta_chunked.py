@@ -24,12 +24,21 @@ C1–C5 and S2 are formed for a block of chunks (about ``BLOCK_TOKENS`` tokens) 
 grow with L. The backward walks the blocks in reverse: the state's gradient through each chunk of the block
 (← S3, S2, S1: two products a chunk), then the whole block back through C5…C1 (``within_chunks_backward``, each
 line naming its forward line).
+
+Threads: the B·H sequences are independent, so they are cut into bands, one per thread NumPy's BLAS may use
+(``threads.blas_threads``: ``threadpoolctl``'s limit or ``OPENBLAS_NUM_THREADS``), each band run whole on the
+house's pool with BLAS itself held to one thread. The products here are small ((C, dk) @ (dk, dv), (C, C) @
+(C, d)), and BLAS's own threads split each of them at a cost larger than the product: at L = 4096, H = 2,
+d = 128, float32, on 2 shared cores, forward + backward went from 1.04 s (BLAS on two threads) to 0.27 s, 4.3×
+(docs/performance.md, the gated delta rule). Every head's arithmetic is the same in any band: the numbers do not
+depend on the threads.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .. import threads
 from .decayed import decayed_products_backward, decayed_products_cache, decayed_products_forward
 
 BLOCK_TOKENS = 4096  # the tokens of a block of chunks (chunk_blocks)
@@ -74,7 +83,56 @@ def chunk_blocks(N: int, C: int, reverse: bool = False) -> list[slice]:
     return blocks[::-1] if reverse else blocks
 
 
+def head_bands(BH: int) -> list[slice]:
+    """The B·H sequences in consecutive bands, one per thread NumPy's BLAS may use (at most B·H bands)."""
+    return threads.row_bands(BH, max(1, min(threads.blas_threads(), BH)))
+
+
+def on_bands(work, bands: list[slice]) -> None:
+    """``work(i)`` for every band i, on the pool (one thread a band), BLAS held to one thread throughout."""
+    with threads.blas_single_threaded():
+        threads.run_items(work, range(len(bands)), len(bands))
+
+
 def delta_chunked_forward(q, k, v, g, beta, S0, chunk_size: int = 64):
+    """The chunked form, its B·H sequences in bands run side by side (``band_forward`` on each): the same
+    arguments and results as ``band_forward``; the cache holds the bands' caches."""
+    B, H, L, dv = v.shape
+    flat = [x.reshape(1, B * H, *x.shape[2:]) for x in (q, k, v, g, beta, S0)]  # (B, H, ...) -> (1, B·H, ...)
+    o = np.empty((1, B * H, L, dv), dtype=v.dtype)  # (1, B·H, L, dv)
+    S = np.empty((1, B * H, *S0.shape[2:]), dtype=v.dtype)  # (1, B·H, dk, dv)
+    bands = head_bands(B * H)
+    caches = [None] * len(bands)
+
+    def work(i):
+        (o[:, bands[i]], S[:, bands[i]]), caches[i] = band_forward(*(x[:, bands[i]] for x in flat), chunk_size)
+
+    on_bands(work, bands)
+    return (o.reshape(B, H, L, dv), S.reshape(S0.shape)), (bands, caches, q.shape, v.shape, g.shape)
+
+
+def delta_chunked_backward(d_o, d_S, cache):
+    """d_o (B, H, L, dv), d_S (B, H, dk, dv) or None  ->  (dq, dk, dv, dg, d_beta, dS0), ``band_backward`` on
+    each band of the forward."""
+    bands, caches, q_shape, v_shape, g_shape = cache
+    B, H, L, dv = v_shape
+    flat_o = d_o.reshape(1, B * H, L, dv)  # (B, H, L, dv) -> (1, B·H, L, dv)
+    flat_S = None if d_S is None else d_S.reshape(1, B * H, *d_S.shape[2:])  # (1, B·H, dk, dv)
+    dtype = d_o.dtype
+    shapes = (q_shape, q_shape, v_shape, g_shape, v_shape[:3], (B, H, q_shape[3], dv))  # dq, dk, dv, dg, dβ, dS0
+    grads = [np.empty((1, B * H, *s[2:]), dtype=dtype) for s in shapes]  # each (1, B·H, ...)
+
+    def work(i):
+        b = bands[i]
+        band = band_backward(flat_o[:, b], None if flat_S is None else flat_S[:, b], caches[i])
+        for out, x in zip(grads, band, strict=True):
+            out[:, b] = x
+
+    on_bands(work, bands)
+    return tuple(x.reshape(s) for x, s in zip(grads, shapes, strict=True))
+
+
+def band_forward(q, k, v, g, beta, S0, chunk_size: int = 64):
     """C1–C5 a block of chunks at a time, S1–S3 chunk by chunk.   q, k (B, H, L, dk), v (B, H, L, dv),
     g (B, H, L) or (B, H, L, dk), beta (B, H, L), S0 (B, H, dk, dv)  ->  ((o (B, H, L, dv), S_L), cache)."""
     B, H, L, dv = v.shape
@@ -102,7 +160,7 @@ def delta_chunked_forward(q, k, v, g, beta, S0, chunk_size: int = 64):
     return (o, S), (Q, K, V, Bt, gam, T, P, states, W, L, C, g.shape)
 
 
-def delta_chunked_backward(d_o, d_S, cache):
+def band_backward(d_o, d_S, cache):
     """d_o (B, H, L, dv), d_S (B, H, dk, dv) or None  ->  (dq, dk, dv, dg, d_beta, dS0): the blocks of chunks in
     reverse, the state's gradient carried through each block's chunks, then the block's ← C5…C1."""
     Q, K, V, Bt, gam, T, P, states, W, L, C, g_shape = cache
