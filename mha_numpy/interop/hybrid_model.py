@@ -14,8 +14,8 @@ transformers computes some steps in float32 inside a float64 module; the twin ru
 check is of the formulas, not of float32 rounding): ``LlamaRMSNorm`` without its float32 round trip, RoPE's
 (cos, sin) from torch ops in float64 (``llama.torch_cos_sin``), the attention by SDPA (eager's softmax is float32),
 ``Qwen3NextGatedDeltaNet`` through ``qwen3_next_deltanet.deltanet_in_float64`` and ``Mamba2Mixer`` through
-``mamba2.mamba2_in_float64`` (each its forward line for line without the casts). torch and transformers are
-imported lazily.
+``mamba2.mamba2_in_float64`` (each transformers' own forward with its float32 casts lifted, ``lift``). torch and
+transformers are imported lazily.
 """
 
 from __future__ import annotations
@@ -64,53 +64,64 @@ def _configs(model: HybridModel):
     return llama, qwen, mamba
 
 
-def hf_hybrid_twin(model: HybridModel):
-    """A torch module of the hybrid built from transformers' layers (module docstring), with ``model``'s weights
-    (copied), in its dtype. Called as ``twin(input_ids)`` -> logits; run it inside ``float64_twin(twin)``."""
-    torch = require("torch")
-    require("transformers")
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaMLP, LlamaRMSNorm
-    from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
-    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+def _mixer_layer(torch, c, llama, name: str, mixer):
+    """LlamaDecoderLayer's pre-norm frame (RMSNorm, mixer, residual; RMSNorm, LlamaMLP, residual) around a recurrent
+    token mixer held under ``name`` (``linear_attn``, ``mamba``), as the hybrid's parameter names have it."""
+    from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
-    llama, qwen, mamba = _configs(model)
-    c = model.config
-    nn = torch.nn
-
-    class MixerLayer(nn.Module):  # LlamaDecoderLayer's frame with a recurrent token mixer named ``name``
-        def __init__(self, name, mixer):
+    class MixerLayer(torch.nn.Module):
+        def __init__(self):
             super().__init__()
-            self.name = name
             self.input_layernorm = LlamaRMSNorm(c.hidden_size, eps=c.rms_norm_eps)
             setattr(self, name, mixer)
             self.post_attention_layernorm = LlamaRMSNorm(c.hidden_size, eps=c.rms_norm_eps)
             self.mlp = LlamaMLP(llama)
 
         def forward(self, x, position_embeddings):
-            x = x + getattr(self, self.name)(self.input_layernorm(x))
+            x = x + getattr(self, name)(self.input_layernorm(x))
             return x + self.mlp(self.post_attention_layernorm(x))
 
-    def layer(i, kind):
-        if kind == "full_attention":
-            return LlamaDecoderLayer(llama, layer_idx=i)
-        if kind == "linear_attention":
-            return MixerLayer("linear_attn", Qwen3NextGatedDeltaNet(qwen, layer_idx=i))
-        if kind == "mamba":
-            return MixerLayer("mamba", Mamba2Mixer(mamba, layer_idx=i))
-        raise ValueError(f"layer_types[{i}] = {kind!r} has no torch twin here")
+    return MixerLayer()
+
+
+def _twin_layer(torch, model: HybridModel, configs, i: int, kind: str):
+    """Layer ``i`` of the twin: transformers' layer of ``kind`` (module docstring)."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+    from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+
+    llama, qwen, mamba = configs
+    if kind == "full_attention":
+        return LlamaDecoderLayer(llama, layer_idx=i)
+    if kind == "linear_attention":
+        return _mixer_layer(torch, model.config, llama, "linear_attn", Qwen3NextGatedDeltaNet(qwen, layer_idx=i))
+    if kind == "mamba":
+        return _mixer_layer(torch, model.config, llama, "mamba", Mamba2Mixer(mamba, layer_idx=i))
+    raise ValueError(f"layer_types[{i}] = {kind!r} has no torch twin here")
+
+
+def hf_hybrid_twin(model: HybridModel):
+    """A torch module of the hybrid built from transformers' layers (module docstring), with ``model``'s weights
+    (copied), in its dtype. Called as ``twin(input_ids)`` -> logits; run it inside ``float64_twin(twin)``."""
+    torch = require("torch")
+    require("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    configs = _configs(model)
+    c, nn = model.config, torch.nn
 
     class Twin(nn.Module):
         def __init__(self):
             super().__init__()
             self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-            self.layers = nn.ModuleList(layer(i, kind) for i, kind in enumerate(c.layer_types))
+            self.layers = nn.ModuleList(_twin_layer(torch, model, configs, i, k) for i, k in enumerate(c.layer_types))
             self.norm = LlamaRMSNorm(c.hidden_size, eps=c.rms_norm_eps)
             self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
 
         def forward(self, input_ids):
             B, L = input_ids.shape
             x = self.embed_tokens(input_ids)
-            cos_sin = torch_cos_sin(torch, np.broadcast_to(np.arange(L), (B, L)), llama.head_dim, c.rope_theta,
+            cos_sin = torch_cos_sin(torch, np.broadcast_to(np.arange(L), (B, L)), configs[0].head_dim, c.rope_theta,
                                     model.dtype)  # fmt: skip
             for layer in self.layers:
                 x = layer(x, position_embeddings=cos_sin)  # LlamaDecoderLayer: no mask and SDPA = causal
