@@ -14,6 +14,7 @@ from mha_numpy.__main__ import main
 from mha_numpy.data import corpus as C
 from mha_numpy.gradcheck import numerical_gradient
 from mha_numpy.models.gpt import GPT, GPTConfig
+from mha_numpy.train_gpt import evaluate
 
 
 def test_corpus_is_the_king_james_bible_split_by_chapter():
@@ -80,3 +81,19 @@ def test_gpt_command_usage_errors_are_one_line(argv, message, capsys, tmp_path):
     assert _exit_code(["gpt", *argv, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_evaluate_averages_every_token_but_the_first_once():
+    """The validation loss averages the same N - 1 bytes the bigram does: windows overlap by one, the tail counts."""
+    config = GPTConfig(vocab_size=9, context=4, hidden_size=8, num_layers=1, num_heads=2, intermediate_size=8)
+    model = GPT(config, dtype=np.float64, rng=0, std=0.5)
+    ids = np.random.default_rng(1).integers(0, 9, 11)  # windows [0:5], [4:9], [8:11]
+    per_token = []
+    for start in (0, 4, 8):
+        w = ids[start : start + 5]
+        z = model.logits(w[None, :-1])[0][0]  # (l, V)
+        log_p = z - z.max(axis=-1, keepdims=True)
+        log_p -= np.log(np.exp(log_p).sum(axis=-1, keepdims=True))
+        per_token += list(-log_p[np.arange(len(w) - 1), w[1:]])
+    assert len(per_token) == len(ids) - 1
+    assert evaluate(model, ids, batch=2) == pytest.approx(np.mean(per_token), rel=1e-13)
