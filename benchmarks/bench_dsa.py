@@ -11,8 +11,9 @@ head (Hk = 1, as MLA's latent is shared by every head in DeepSeek's absorbed dec
 dense kernel gets K, V repeated to H heads (same arithmetic, it has no shared-key mode). float32, d = dv = 64.
 Times: one run each, wall seconds and the process's CPU seconds (every thread: the chunked kernel runs two, the
 sparse pair one BLAS thread), since on a shared machine the wall time follows the load. Memory: the tracemalloc
-peak of forward + backward (q, k, v and the upstream gradient made before; the selection's index and, for the dense
-row, its (L, L) mask made inside). The dense row is skipped above ``--dense-max-L``.
+peak of forward + backward (q, k, v, the upstream gradient and the selection's int32 index made before; for the
+dense row, its (L, L) mask and the ``TopKSelection``'s copy of the index made inside). The dense row is skipped
+above ``--dense-max-L``.
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ def table(rows: list[dict], load: float) -> list[str]:
         "DSA's attention over the selected keys (sparse) vs dense attention with the selection as a mask (the "
         f"chunked kernel, the (L, L) bool entries), forward + backward, float32, H = {H} query heads sharing one key "
         f"head, d = {D}. One run each on a shared {os.cpu_count()}-core machine (load average {load:.1f} at the "
-        "start): wall time follows the load; CPU time (the process's, every thread) less so. Peak: tracemalloc, "
-        "the selection's int64 index (L · k · 8 bytes) included, and the dense row's (L, L) mask.",
+        "start): wall time follows the load; CPU time (the process's, every thread) less so. Peak: tracemalloc; "
+        "the selection's int32 index (L · k · 4 bytes) is made before and not counted (the sparse pair reads it "
+        "uncopied), the dense row's (L, L) mask and its TopKSelection's copy of the index are.",
         "",
         "| L | k | sparse wall s | sparse CPU s | sparse peak MiB | dense wall s | dense CPU s | dense peak MiB | "
         "dense / sparse wall | dense / sparse CPU |",

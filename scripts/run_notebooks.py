@@ -154,8 +154,9 @@ def keep_committed(new: nbformat.NotebookNode, old: nbformat.NotebookNode) -> li
         x, y = meaningful(c.outputs), meaningful(o.outputs)
         first_run = o.execution_count is None and c.execution_count is not None  # a new notebook's silent cell
         if not first_run and c.source == o.source and len(x) == len(y) and all(map(same_output, x, y)):
-            c.outputs = copy.deepcopy(o.outputs)
-            c.execution_count = o.execution_count
+            c.outputs = copy.deepcopy(o.outputs)  # the count stays the new run's: cells added above shift it
+            if c.execution_count != o.execution_count:
+                changed.append(i)
         else:
             changed.append(i)
     return changed

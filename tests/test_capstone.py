@@ -161,6 +161,16 @@ def test_a_buggy_backward_fails_at_its_first_wrong_gradient_with_the_diagnosis(c
     assert all(line.approximate for line in comparison.lines if line.name in before)
 
 
+@pytest.mark.parametrize(("key", "inherits"), [("bias_not_summed_out", False), ("scale_forgotten", True)])
+def test_the_first_wrong_row_says_whether_later_rows_inherit_it(key, inherits):
+    """A parameter's gradient is a leaf: no later row reads it, so the table must not say the rows below inherit it."""
+    line, buggy = next((line, buggy) for k, line, buggy in BUGGY if k == key)
+    student = _namespace(SOLUTION.read_text().replace(line, buggy, 1))
+    text = str(C.compare(student[C.MODEL.function]))
+    assert ("inherit the error" in text) is inherits, text
+    assert ("a parameter's gradient: no row below is computed from it" in text) is not inherits, text
+
+
 @pytest.mark.parametrize(("capstone", "buggy"), [(C.MODEL, BUGGY), (K.BLOCK, BLOCK_BUGGY)], ids=["model", "block"])
 def test_every_catalogued_bug_is_tested_and_names_a_gradient(capstone, buggy):
     assert {b.key for b in capstone.bugs} == {key for key, _, _ in buggy}

@@ -197,6 +197,19 @@ def test_sparse_attention_memory_is_o_of_l_times_k_not_l_squared():
     assert peaks[4096] < 4.5 * peaks[1024] and peaks[4096] < 4096**2 * 8 / 32, peaks
 
 
+def test_the_index_is_stored_as_int32():
+    """topk_select, TopKSelection (from an int64 index too), the sparse cache and DSA's selection keep int32 (half of
+    int64's bytes; transformers' indexer returns int32), and an int32 index goes through the kernel uncopied."""
+    q, k, v, index = sparse_case()
+    assert index.dtype == np.int32
+    sel = TopKSelection(index.astype(np.int64), k.shape[2])
+    assert sel.index.dtype == np.int32 and sel.nbytes == index.size * 4
+    _, cache = sparse_attention_forward(q, k, v, index)
+    assert cache.index.dtype == np.int32 and np.shares_memory(cache.index, index)
+    _, call = small_dsa().forward(np.random.default_rng(0).standard_normal((2, 5, 12)))
+    assert call.selection.index.dtype == np.int32 and call.mla.attention.index.dtype == np.int32
+
+
 def test_float32_stays_float32():
     q, k, v, index = sparse_case(dtype=np.float32)
     context, cache = sparse_attention_forward(q, k, v, index)
@@ -244,6 +257,52 @@ def test_deepseek_sparse_attention_matches_deepseek_v32_attention():
     assert sum(1 for r in report.rows if r.name.startswith("dL/d")) == 11  # dx and the 10 MLA parameters
 
 
+def test_deepseek_sparse_attention_matches_deepseek_v32_attention_as_shipped_in_float32():
+    """float32, DeepseekV32Attention as shipped (its casts, the indexer's .float() and the norms' and softmax's float32,
+    are no-ops there): output, the indexer's scores, the selection, dL/dx and every MLA gradient to 1e-5 relative;
+    ours stays float32 throughout."""
+    require_torch()
+    pytest.importorskip("transformers")
+    from mha_numpy.interop.deepseek_v32 import (
+        crosscheck_hf_deepseek_v32_attention,
+        from_hf_deepseek_v32_attention,
+        hf_deepseek_v32_attention,
+        selection_margin,
+    )
+
+    module = hf_deepseek_v32_attention(index_topk=4, dtype=np.float32)
+    x = np.random.default_rng(1).standard_normal((2, 10, 16)).astype(np.float32)
+    report = crosscheck_hf_deepseek_v32_attention(module, x, rtol=1e-5)
+    assert report.passed, str(report)
+    dsa = from_hf_deepseek_v32_attention(module)
+    scores, _ = indexer_forward(x, dsa.query_latent(x), dsa.indexer_params, dsa.indexer)
+    assert selection_margin(scores, M.causal_mask(10), 4) > 1e-2  # far above float32's rounding: one selection
+    out, call = dsa.forward(x)
+    grads = dsa.backward(np.ones_like(out), call)
+    assert out.dtype == np.float32 and all(g.dtype == np.float32 for g in grads.values())
+
+
+def test_float32_stays_float32_through_the_indexer_loss():
+    """Both stages (the gathered sparse one too): the loss and every gradient float32, near float64's."""
+    results = {}
+    for dtype in (np.float64, np.float32):
+        dsa = DeepSeekSparseAttention(12, 2, 6, 4, 3, 4, 5, index_n_heads=3, index_head_dim=6, index_topk=3, rng=0,
+                                      dtype=dtype)  # fmt: skip
+        x = np.random.default_rng(5).standard_normal((2, 8, 12)).astype(dtype)
+        q_resid = dsa.query_latent(x)
+        index, target = gathered_case(dsa, x)
+        dense = loss_cases(dsa, x)[0]
+        scores, s_dense = indexer_forward(x, q_resid, dsa.indexer_params, dsa.indexer)
+        loss_d, l_dense = indexer_loss_forward(scores, dense[1], dense[2])
+        loss_s, (s_sparse, l_sparse) = gathered_loss(dsa, x, q_resid, dsa.indexer_params, index, target)
+        results[dtype] = [(loss_d, indexer_backward(indexer_loss_backward(1.0, l_dense), s_dense)),
+                          (loss_s, indexer_backward(indexer_loss_backward(1.0, l_sparse), s_sparse))]  # fmt: skip
+    for (loss32, g32), (loss64, g64) in zip(results[np.float32], results[np.float64]):
+        assert loss32.dtype == np.float32 and abs(loss32 - loss64) < 1e-5 * abs(loss64)
+        for name, g in g32.items():
+            assert g.dtype == np.float32 and rel_err(g, g64[name]) < 1e-4, name
+
+
 def test_deepseek_sparse_attention_gradients_by_central_differences():
     """MLA on the sparse kernel with the indexer's selection fixed: dL/dx and every MLA parameter's gradient."""
     dsa = small_dsa(seed=3)
@@ -272,6 +331,21 @@ def loss_cases(dsa, x):
     causal = M.causal_mask(x.shape[1])
     return [("dense", indexer_target(dense.attn_weights, causal), causal),
             ("sparse", indexer_target(sparse_w, call.selection), call.selection)]  # fmt: skip
+
+
+def gathered_case(dsa, x):
+    """The sparse stage slot by slot, O(L · k): (index (B, L, k), the target (B, L, k) from the sparse attention's
+    selected weights)."""
+    _, call = dsa.forward(x)
+    index = call.selection.index
+    return index, indexer_target(call.mla.attention.selected_weights(), index >= 0)
+
+
+def gathered_loss(dsa, x, q_resid, params, index, target, block_size=None):
+    """The sparse stage's loss and the indexer's gradients on the gathered path (scores (B, L, k) only)."""
+    scores, s_cache = indexer_forward(x, q_resid, params, dsa.indexer, index=index, block_size=block_size)
+    loss, l_cache = indexer_loss_forward(scores, target, index >= 0)
+    return loss, (s_cache, l_cache)
 
 
 def test_indexer_loss_against_torch_autograd_dense_and_sparse():
@@ -303,6 +377,13 @@ def test_indexer_loss_against_torch_autograd_dense_and_sparse():
         assert abs(loss - t_loss.item()) < 1e-12 * abs(t_loss.item()), stage
         for name, tg in zip(INDEXER_PARAMS, t_grads):
             assert rel_err(grads[name], tg.numpy()) < 1e-12, (stage, name)
+        if stage == "sparse":  # the same loss and gradients gathered, scores (B, L, k), blocks of 3 queries
+            index, target_sel = gathered_case(dsa, x)
+            loss, (s_cache, l_cache) = gathered_loss(dsa, x, q_resid, dsa.indexer_params, index, target_sel, 3)
+            grads = indexer_backward(indexer_loss_backward(1.0, l_cache), s_cache)
+            assert abs(loss - t_loss.item()) < 1e-12 * abs(t_loss.item())
+            for name, tg in zip(INDEXER_PARAMS, t_grads):
+                assert rel_err(grads[name], tg.numpy()) < 1e-12, ("gathered", name)
 
 
 def test_indexer_loss_by_central_differences():
@@ -321,6 +402,36 @@ def test_indexer_loss_by_central_differences():
             return tuple(g[n] for n in INDEXER_PARAMS)
 
         grad_check(forward, backward, dict(dsa.indexer_params), list(INDEXER_PARAMS))
+    index, target = gathered_case(dsa, x)
+
+    def gathered(**params):
+        loss, caches = gathered_loss(dsa, x, q_resid, params, index, target, block_size=4)
+        return np.asarray(loss), caches
+
+    grad_check(gathered, backward, dict(dsa.indexer_params), list(INDEXER_PARAMS))
+
+
+def test_sparse_stage_indexer_loss_memory_is_o_of_l_times_k_not_l_squared():
+    """The sparse stage's loss + backward on the gathered path, k = 16: its peak grows with L (x 4 from L = 1024 to
+    4096, not x 16) and stays far below one (L, L) float64 array (128 MiB at L = 4096; the dense stage's scores, their
+    softmax and relu each hold one)."""
+    c = IndexerConfig(num_heads=2, head_dim=8, rope_dim=4)
+    peaks = {}
+    for L_ in (1024, 4096):
+        rng = np.random.default_rng(0)
+        p = c.init_params(8, 4, rng)
+        x, q_resid = rng.standard_normal((1, L_, 8)), rng.standard_normal((1, L_, 4))
+        index = np.sort(rng.integers(0, L_, (1, L_, 64)), axis=-1)[..., ::4]  # (1, L, 16) ascending
+        index = np.where(np.diff(index, axis=-1, prepend=-1) > 0, index, -1)  # a repeat -> -1
+        target = np.where(index >= 0, rng.random(index.shape), 0.0)
+        target /= target.sum(axis=-1, keepdims=True)
+        tracemalloc.start()
+        scores, s_cache = indexer_forward(x, q_resid, p, c, index=index, block_size=32)
+        _, l_cache = indexer_loss_forward(scores, target, index >= 0)
+        indexer_backward(indexer_loss_backward(1.0, l_cache), s_cache)
+        peaks[L_] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert peaks[4096] < 4.5 * peaks[1024] and peaks[4096] < 4096**2 * 8 / 16, peaks
 
 
 def test_indexer_target_sums_heads_and_normalises_over_the_allowed_keys():

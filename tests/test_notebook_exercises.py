@@ -12,6 +12,7 @@ import re
 import runpy
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mha_numpy.checker import answers
@@ -42,6 +43,29 @@ def test_the_check_accepts_the_solution_and_rejects_a_mistake(key):
     assert right.correct, right
     wrong = answers.check(key, SOLUTIONS["MISTAKES"][key])
     assert wrong.status == answers.WRONG and wrong.message, wrong
+
+
+def _four_digits(answer):
+    return np.vectorize(lambda x: float(f"{x:.4g}"))(np.asarray(answer, dtype=np.float64))
+
+
+FLOAT_KEYS = [k for k, v in sorted(SOLUTIONS["SOLUTIONS"].items()) if np.asarray(v).dtype.kind == "f"]
+
+
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+def test_a_hand_answer_written_with_four_significant_digits_is_right(key):
+    """A student works these out on paper: an honest 4-digit answer must not be rejected by a 1e-6 tolerance."""
+    four = answers.check(key, _four_digits(SOLUTIONS["SOLUTIONS"][key]))
+    assert four.correct, four
+
+
+def test_gelu_slope_built_from_the_notebooks_own_phi_is_right_and_a_three_digit_or_wrong_one_is_not():
+    phi1 = 0.241971  # the normal density at 1, to the 6 digits the notebook gives Φ(1) ≈ 0.841345
+    assert answers.check("08.gelu_slope", [0.5, 0.841345 + 1.0 * phi1]).correct
+    assert answers.check("08.gelu_slope", [0.5, 1.083]).correct
+    assert not answers.check("08.gelu_slope", [0.5, 1.08]).correct  # 3 digits: off by 3e-3
+    assert not answers.check("08.gelu_slope", [0.5, 0.8413]).correct  # Φ(1) alone: the x φ(x) term forgotten
+    assert not answers.check("08.gelu_slope", [0.5, 1.085]).correct  # off in the 4th digit
 
 
 def test_a_wrong_answer_says_what_is_wrong_without_the_expected_value():
@@ -124,3 +148,39 @@ def test_each_exercise_cell_filled_with_its_solution_says_correct(path: Path):
             exec("\n".join(filled), namespace)  # the notebook's own cell, answered
             verdict = eval(last, namespace)
             assert verdict.correct, f"{path.name}: {verdict}"
+
+
+def _assigned(cells) -> set[str]:
+    """The names the code cells bind at top level (assignments, imports, defs), IPython's %/! lines left out."""
+    import ast
+
+    names: set[str] = set()
+    for cell in cells:
+        code = "\n".join(line for line in _text(cell).splitlines() if not line.lstrip().startswith(("%", "!")))
+        for node in ast.walk(ast.parse(code)):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.alias):
+                names.add((node.asname or node.name).split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("path", GIVEN, ids=lambda p: p.name[:2])
+def test_the_exercise_cells_do_not_rebind_the_notebooks_names(path: Path):
+    """An exercise's `name = None` must not overwrite what a section made (notebook 01's `scores = None` did: a
+    section cell run again after it read None)."""
+    cells = json.loads(path.read_text())["cells"]
+    start = next(i for i, c in enumerate(cells) if c["cell_type"] == "code" and CHECK_CALL.search(_text(c)))
+    before = _assigned([c for c in cells[:start] if c["cell_type"] == "code"])
+    after = _assigned([c for c in cells[start:] if c["cell_type"] == "code"]) - {"answers"}
+    assert not before & after, f"{path.name}: the exercises rebind {sorted(before & after)}"
+
+
+@pytest.mark.parametrize("number", [9, 10, 11, 12, 13, 14])
+def test_the_exercises_beyond_bert_are_linked_from_a_notebook(number: int):
+    """A reader of the notebook that teaches the topic finds the exercise that asks for it."""
+    (exercise,) = (ROOT / "exercises").glob(f"ex{number:02d}_*.ipynb")
+    linking = [p.name for p in NOTEBOOKS if f"exercises/{exercise.name}" in p.read_text()]
+    assert linking, f"no notebook links {exercise.name}"

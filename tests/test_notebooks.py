@@ -151,6 +151,20 @@ def test_run_notebooks_writes_nothing_when_one_fails(tmp_path: Path, capsys):
     assert nbformat.read(good, as_version=4).cells[0].outputs[0].text == "fine\n"
 
 
+def test_run_notebooks_numbers_the_cells_again_when_one_is_added_above(tmp_path: Path):
+    """A cell inserted above unchanged cells shifts their execution counts: keeping their committed outputs must not
+    keep their old counts too (notebook 12 was saved as [..., 10, 11, 10, 11] and failed the top-to-bottom check)."""
+    path = _tiny_notebook(tmp_path / "a.ipynb", "print('one')")
+    assert _runner().main([str(path), "--timeout", "60"]) == 0
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.insert(0, nbformat.v4.new_code_cell("print('new')"))
+    nbformat.write(nb, path)
+    assert _runner().main([str(path), "--timeout", "60"]) == 0
+    saved = nbformat.read(path, as_version=4)
+    assert [c.execution_count for c in saved.cells] == [1, 2]
+    assert [c.outputs[0].text for c in saved.cells] == ["new\n", "one\n"]
+
+
 def test_run_notebooks_skips_a_notebook_whose_packages_are_missing(tmp_path: Path, capsys):
     """A runtime-only install has no torch: 04, 05, 07 are skipped with a message, the others still run."""
     missing = _tiny_notebook(tmp_path / "a_needs.ipynb", "import no_such_package_xyz", needs=["no_such_package_xyz"])

@@ -215,12 +215,13 @@ def test_llama_crosscheck_fails_on_a_wrong_rotation(transformers, monkeypatch):
     """The check can fail: a rotation by the wrong sign is caught."""
     from mha_numpy.interop import llama
 
-    right = F.rope_forward
+    right = F.rotary_forward  # the one pair every RoPE step turns by
 
-    def wrong(x, positions=None, theta=10000.0, **kw):
-        return right(x, None if positions is None else -np.asarray(positions), theta, **kw)
+    def wrong(x, positions=None, *args, **kw):
+        positions = -np.arange(x.shape[2]) if positions is None else -np.asarray(positions)
+        return right(x, positions, *args, **kw)
 
-    monkeypatch.setattr(F, "rope_forward", wrong)
+    monkeypatch.setattr(F, "rotary_forward", wrong)
     module = llama.hf_llama_attention(16, 4, 2)
     x = np.random.default_rng(14).standard_normal((1, 4, 16))
     report = llama.crosscheck_hf_llama_attention(module, x)

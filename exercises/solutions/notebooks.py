@@ -73,6 +73,18 @@ SOLUTIONS = {
     "15.half_step": [0.25, 0.5],  # S_1 = ½ k v_1ᵀ; u_2 = v_2 − ½ v_1; S_2ᵀk = ½ v_1 + ½ (v_2 − ½ v_1) = ¼ v_1 + ½ v_2
     "15.decay_entry": np.exp(-1.5),  # orthonormal keys: no correction; decayed by g_2, g_3, g_4 (not g_1)
     "15.state_floats": 6 * 4 * 3 + 3 * (2 * 2 * 4 + 6 * 3),  # S: Hv·dk·dv = 72; conv: (K − 1)·(2·Hk·dk + Hv·dv) = 102
+    "16.interleave_order": [0, 2, 4, 6, 1, 3, 5, 7],  # half-split pair i = (i, i + 4) must hold x's (2i, 2i + 1)
+    "16.yarn_scores": [0.1 * np.log(16) + 1, (0.1 * np.log(16) + 1) ** 2],  # q and k each times f: q·k times f²
+    # λ_i = 2π · 500000^(i/64): λ < 2048 for i ≤ 28 (λ_28 = 1956, λ_29 = 2402); λ > 8192 for i ≥ 35 (λ_34 = 6695,
+    # λ_35 = 8219)
+    "16.llama3_pairs": (29, 6, 29),
+    "16.chunk_pairs": 6 + 6 + 3,  # chunks of 3, 3 and 2 positions, each causal: 3·4/2 + 3·4/2 + 2·3/2
+    "17.topk_keys": [0, 2],  # keys 5, 6 masked; of 0 ... 4 the best score 3 is held by 0, 2, 4: the lower two
+    "17.loss_grad": np.array([0.25, 0.25, 0.5]) - np.array([0.5, 0.5, 0.0]),  # softmax(I) = [1/4, 1/4, 1/2], Σp = 1
+    "17.selected_scores": 1 + 2 + 6 * 3,  # queries 0 and 1 have 1 and 2 keys; the other six fill their 3 slots
+    "18.decay_entry": np.exp(-0.5 * (0.5 + 1.0)),  # a_2 + a_3: the tokens after 1 up to 3, not a_1 itself
+    "18.block_rank": 3,  # ≤ N: chunk 0 reaches chunk 2 only through the (N, P) state; = N for random B, C
+    "18.state_bytes": 8 * (4 * 16 * 32 + 3 * (4 * 32 + 2 * 16)),  # S: H·N·P = 2048; conv: (K − 1)·(I + 2·G·N) = 480
 }
 
 MISTAKES = {
@@ -118,4 +130,14 @@ MISTAKES = {
     "15.half_step": [0.5, 0.5],  # linear attention's sum of β-weighted writes: the correction forgotten
     "15.decay_entry": np.exp(-2.0),  # token 1's write decayed by its own g_1 too
     "15.state_floats": 6 * 4 * 3,  # S only: the conv's state forgotten
+    "16.interleave_order": [0, 4, 1, 5, 2, 6, 3, 7],  # the inverse permutation: half-split back to interleaved
+    "16.yarn_scores": [0.1 * np.log(16) + 1, 0.1 * np.log(16) + 1],  # the factor counted once, on q or on k
+    "16.llama3_pairs": (35, 0, 29),  # every pair with λ < N taken as kept
+    "16.chunk_pairs": 9 + 9 + 4,  # the chunks' whole blocks: the causal mask inside forgotten
+    "17.topk_keys": [5, 6],  # the highest scores, but the mask blocks them
+    "17.loss_grad": np.array([0.5, 0.5, 0.0]) - np.array([0.25, 0.25, 0.5]),  # p − softmax(I): the sign flipped
+    "17.selected_scores": 8 * 3,  # L · k: the -1 slots of the first queries counted
+    "18.decay_entry": np.exp(-0.5 * (2.0 + 0.5 + 1.0)),  # token 1's write decayed by its own a_1 too
+    "18.block_rank": 8,  # the chunk's size taken for the rank
+    "18.state_bytes": 8 * 4 * 16 * 32,  # S only: the conv's state forgotten
 }

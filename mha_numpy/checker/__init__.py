@@ -59,9 +59,11 @@ class CheckReport:
         raise KeyError(function)
 
     def row_text(self, r: Row) -> str:
-        """The row's line, and its diagnosis line when a known bug matched."""
+        """The row's line, its relation line when the wrong gradient is the right one bent a known way
+        (``checker.relations``), and its diagnosis line when a known bug matched."""
         width = max(len(f) for f in self.planned or [x.function for x in self.rows] or [r.function])
         line = f"{r.function:<{width}}  {r.status}{'  ' + r.detail if r.detail else ''}"
+        line += f"\n{'':<{width}}  relation: {r.relation}" if r.relation else ""
         return line + (f"\n{'':<{width}}  diagnosis: {r.diagnosis}" if r.bug else "")
 
     def summary(self) -> str:

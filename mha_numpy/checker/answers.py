@@ -25,12 +25,16 @@ from typing import Any
 import numpy as np
 
 from .. import functional as F
+from .. import rope_scaling as RS
 from ..block_mask import create_block_mask
 from ..flex_derive import STEP
-from ..masks import EMPTY, FULL, PARTIAL, document_mod
+from ..masks import EMPTY, FULL, PARTIAL, chunked_causal_mask, document_mod
 from ..models import layers
 from ..recurrent import gated_delta_rule_forward
+from ..recurrent.mamba2 import Mamba2Mixer
 from ..recurrent.qwen3_next import GatedDeltaNet
+from ..recurrent.ssd import ssd_matrix_forward
+from ..sparse import indexer_loss_backward, indexer_loss_forward, topk_select
 from . import check_namespace
 
 NOT_ANSWERED = "not answered yet"
@@ -70,8 +74,14 @@ def check(key: str, answer: Any) -> Verdict:
 # ---- the judges: numbers, exact values, a choice, a function checked by the checker ----
 
 
+HAND_DIGITS = 4  # a hand answer is right when it agrees with the expected value to this many significant digits
+
+
 def numbers(expected: Callable[[], Any], hint: str = "", rtol: float = 1e-6, atol: float = 1e-9) -> Judge:
-    """A number or an array of numbers, right to ``rtol`` (relative to the largest expected entry) or ``atol``."""
+    """A number or an array of numbers, right to ``rtol`` (relative to the largest expected entry) or ``atol``, or
+    to ``HAND_DIGITS`` significant digits of its own entry: an answer worked out on paper and written with 4
+    digits (1.083 for 1.0833155) is right, a wrong formula (0.8413 for it) is not."""
+    digits = 0.5 * 10.0 ** (1 - HAND_DIGITS)  # 5e-4: half a unit of the 4th significant digit, relative
 
     def judge(answer):
         try:
@@ -81,7 +91,7 @@ def numbers(expected: Callable[[], Any], hint: str = "", rtol: float = 1e-6, ato
         want = np.asarray(expected(), dtype=np.float64)
         if got.shape != want.shape:
             return f"your answer has shape {got.shape}, the question asks for shape {want.shape}"
-        tol = atol + rtol * max(1.0, float(np.abs(want).max(initial=0.0)))
+        tol = atol + rtol * max(1.0, float(np.abs(want).max(initial=0.0))) + digits * np.abs(want)
         bad = ~(np.abs(got - want) <= tol)  # a NaN is bad too
         if not bad.any():
             return None
@@ -326,6 +336,41 @@ QUESTIONS: dict[str, Judge] = {
     "15.state_floats": exactly(
         lambda: _state_floats(), "the state is the conv's last K − 1 inputs of every channel and S of every value head"
     ),
+    # 16: today's attention, part three
+    "16.interleave_order": exactly(
+        lambda: _interleave_order(),
+        "the features of pair i: (2i, 2i + 1) interleaved, (i, i + 4) half-split; order[j] says which x goes to j",
+    ),
+    "16.yarn_scores": numbers(
+        lambda: _yarn_scores(), "the factor multiplies cos and sin, so every turned feature of q and of k"
+    ),
+    "16.llama3_pairs": exactly(
+        lambda: _llama3_pairs(), "λ_i < 2048 kept, λ_i > 8192 divided, the pairs between mixed: solve for i"
+    ),
+    "16.chunk_pairs": exactly(
+        lambda: int(chunked_causal_mask(8, chunk_size=3).sum()),
+        "the chunks are positions 0-2, 3-5, 6-7, each causal inside",
+    ),
+    # 17: sparse attention
+    "17.topk_keys": numbers(
+        lambda: _topk_keys(), "only keys 0 ... 4 are allowed; of the equal scores at the k-th place, the lower index"
+    ),
+    "17.loss_grad": numbers(
+        lambda: _loss_grad(), "∂KL/∂I = softmax(I) · Σp − p: the model's distribution minus the target, not the reverse"
+    ),
+    "17.selected_scores": exactly(
+        lambda: _selected_scores(), "query t has t + 1 keys to choose from: the first queries fill fewer than k slots"
+    ),
+    # 18: state-space duality
+    "18.decay_entry": numbers(
+        lambda: _ssd_decay_entry(), "token j's write is decayed by the tokens after it, j < t ≤ i, not by its own a_j"
+    ),
+    "18.block_rank": exactly(
+        lambda: _ssd_block_rank(), "the block reaches chunk 2 only through the state entering it: an (N, P) matrix"
+    ),
+    "18.state_bytes": exactly(
+        lambda: _mamba2_state_bytes(), "the conv keeps its last K − 1 inputs of x, B and C; S is (N, P) a head"
+    ),
 }
 
 
@@ -385,3 +430,74 @@ def _state_floats() -> int:
     """The floats of GatedDeltaNet's decoding state (B = 1) for notebook 15's sizes: its zero state's arrays."""
     state = GatedDeltaNet(16, 2, 6, 4, 3, conv_kernel_size=4).zero_state(1)
     return int(state.conv.size + state.recurrent.size)
+
+
+def _interleave_order() -> np.ndarray:
+    """The order in which ``rope_interleaved_forward`` gathers a head's features into halves (pair i at (i, i + 4)),
+    read off its output at position 0 (no turn) for the features numbered 0 ... 7."""
+    out, _ = F.rope_interleaved_forward(np.arange(8.0)[None, None, None, :], np.array([0]))  # (1, 1, 1, 8)
+    return out.ravel().astype(int)
+
+
+def _yarn_scores() -> list[float]:
+    """[YaRN's attention factor at factor 16, q·k turned with it / q·k turned by the same table with factor 1]."""
+    scaling = RS.check_rope_scaling({"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 4096})
+    inv_freq, factor = RS.rope_frequencies(scaling, 10000.0, 64)
+    q, k = np.random.default_rng(0).standard_normal((2, 1, 1, 1, 64))  # (1, 1, 1, 64) each
+
+    def score(f):
+        rq, _ = F.rotary_forward(q, np.array([5000]), inv_freq, f)
+        rk, _ = F.rotary_forward(k, np.array([3000]), inv_freq, f)
+        return float(rq.ravel() @ rk.ravel())
+
+    return [factor, score(factor) / score(1.0)]
+
+
+def _llama3_pairs() -> tuple[int, int, int]:
+    """(kept, mixed, divided) pairs of Llama 3.1's table (d = 128, θ = 500000, N = 8192, factor 8, low 1, high 4)."""
+    fields = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192,
+              "low_freq_factor": 1.0, "high_freq_factor": 4.0}  # fmt: skip
+    scaled, _ = RS.rope_frequencies(RS.check_rope_scaling(fields), 500000.0, 128)
+    ratio = scaled / RS.default_frequencies(500000.0, 128)  # (64,): 1, between, or 1/8
+    kept, divided = int(np.isclose(ratio, 1.0, rtol=1e-12).sum()), int(np.isclose(ratio, 1 / 8, rtol=1e-12).sum())
+    return kept, ratio.size - kept - divided, divided
+
+
+def _topk_keys() -> np.ndarray:
+    """Query 4's keys by ``topk_select`` (k = 2, causal over 7 keys) for the scores [3, 1, 3, 2, 3, 9, 9]."""
+    scores = np.tile([3.0, 1.0, 3.0, 2.0, 3.0, 9.0, 9.0], (7, 1))[None]  # (1, 7, 7): every query the same row
+    return topk_select(scores, 2, np.tri(7, dtype=bool))[0, 4]  # (2,)
+
+
+def _loss_grad() -> np.ndarray:
+    """∂KL(p ‖ softmax(I))/∂I for I = [0, 0, ln 2], p = [1/2, 1/2, 0], by the library's loss backward."""
+    I, p = np.array([[[0.0, 0.0, np.log(2.0)]]]), np.array([[[0.5, 0.5, 0.0]]])  # noqa: E741  (1, 1, 3)
+    return indexer_loss_backward(1.0, indexer_loss_forward(I, p)[1])[0, 0]
+
+
+def _selected_scores() -> int:
+    """The slots holding a key in causal top-3 selection over L = 8."""
+    return int((topk_select(np.zeros((1, 8, 8)), 3, np.tri(8, dtype=bool)) >= 0).sum())
+
+
+def _ssd_decay_entry() -> float:
+    """exp(segsum(A·Δ))[3, 1] for A = −0.5, Δ = [1, 2, 0.5, 1, 3]: SSD's matrix with B = C = 1 (N = 1) is the decay
+    mask times Δ_j, so M[3, 1] / Δ_1."""
+    dt = np.array([1.0, 2.0, 0.5, 1.0, 3.0])
+    ones = np.ones((1, 1, 5, 1))  # B = C: (1, G, L, N = 1)
+    M, _ = ssd_matrix_forward(dt[None, None], np.array([-0.5]), ones, ones)
+    return float(M[0, 0, 3, 1] / dt[1])
+
+
+def _ssd_block_rank() -> int:
+    """The rank of M[16:24, 0:8] for random B, C (N = 3) and Δ > 0 on 24 tokens (seeded)."""
+    rng = np.random.default_rng(0)
+    B, C = rng.standard_normal((2, 1, 1, 24, 3))  # (1, 1, L, N) each
+    M, _ = ssd_matrix_forward(rng.uniform(0.1, 1.0, (1, 1, 24)), np.array([-0.3]), B, C)
+    return int(np.linalg.matrix_rank(M[0, 0, 16:24, 0:8]))
+
+
+def _mamba2_state_bytes() -> int:
+    """The bytes of Mamba2Mixer's decoding state (B = 1, float64) for notebook 18's sizes: its zero state's arrays."""
+    state = Mamba2Mixer(64, 4, 32, 16, n_groups=1, conv_kernel_size=4).zero_state(1)
+    return int(state.conv.nbytes + state.recurrent.nbytes)

@@ -9,8 +9,9 @@ the library's pairs and returns every intermediate by name. The student writes
 for every intermediate and every parameter, in plain NumPy. ``compare`` prints a table in the order the backward
 meets them (F-label, name, exact, approximate, max diff: Karpathy's backprop-ninja ``cmp``), with the reference
 gradients from the library's backward pairs; ``first_wrong`` names the first one that is wrong, which is where the
-bug is (everything after it inherits the error), and ``diagnose`` names the catalogued bug it matches, computed
-from the *correct* gradient of that step's output. ``train`` trains notebook 07's task with the student's backward.
+bug is (the rows after it computed from it inherit the error; a parameter's gradient passes on nothing), and
+``diagnose`` names the catalogued bug it matches, computed from the *correct* gradient of that step's output.
+``train`` trains notebook 07's task with the student's backward.
 
 The course checker grades ``capstone_model_backward`` on ``MODEL.cases`` (``checker.runner.check_capstone``), in a
 notebook and from ``python -m mha_numpy check``.
@@ -29,6 +30,7 @@ from ..models import layers as LY
 from ..models.tiny import TinyAttentionModel
 from ..optim import Adam, clip_grad_norm
 from ..train import evaluate, make_batch, one_blas_thread
+from . import relations
 from .diagnose import RTOL, scale_of
 
 MODEL_BACKWARD = "capstone_model_backward"
@@ -59,6 +61,12 @@ MODEL_STEPS = (
 def backward_order(steps) -> tuple[tuple[str, str], ...]:
     """(label, name) of every gradient in the order a backward meets them: the last forward line first."""
     return tuple((label, name) for label, _, names in reversed(steps) for name in reversed(names))
+
+
+def step_outputs(steps) -> frozenset[str]:
+    """The names the forward lines compute (left of ``=``): their gradients are read by the rows after them in the
+    backward's order. The others (parameters, embedding tables) are leaves: no row is computed from their gradient."""
+    return frozenset(line.split("=", 1)[0].strip() for _, line, _ in steps)
 
 
 def listing(steps) -> str:
@@ -364,6 +372,21 @@ def diagnose(got: dict, cache: dict, expected: dict, line: Line, catalogue=MODEL
     return None
 
 
+def relation(capstone: Capstone, got, cache: dict, expected: dict, line: Line) -> str:
+    """``relations.explain`` for the first wrong gradient ``line``: its F-line, the factors worth naming (√D, the
+    scale, N = B·L, B, L, H) and the paths into it that ``capstone.paths`` knows."""
+    have = got.get(line.name) if isinstance(got, dict) else None
+    B, L = cache["x"].shape[:2]
+    names = relations.factor_names(d=int(round(cache["scale"] ** -2)), scale=cache["scale"], **{
+        "N (the tokens, B·L)": B * L, "the batch size": B, "L (the positions)": L,
+        "the number of heads": cache["num_heads"]})  # fmt: skip
+    paths = capstone.paths(line.name, cache, expected) if capstone.paths else None
+    code = next(text for label, text, _ in capstone.steps if label == line.label).split("  ")[0]
+    where = f"at {line.label}: {code}"
+    return relations.explain(f"d_{line.name}", where, have, expected[line.name], scale_of(list(expected.values())),
+                             names=names, paths=paths)  # fmt: skip
+
+
 def _close(a, b, scale) -> bool:
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     return a.shape == b.shape and bool(np.all(np.abs(a - b) <= RTOL * scale))
@@ -376,7 +399,8 @@ def _close(a, b, scale) -> bool:
 class Capstone:
     """One capstone: the student's ``function(cache) -> {name: gradient}``, the forward's ``steps`` (label, line,
     names), ``make_case(**case) -> (cache, the pairs' caches)``, ``reference(caches) -> gradients``, the checker's
-    ``cases`` (keyword dicts of ``make_case``) and the catalogued ``bugs``."""
+    ``cases`` (keyword dicts of ``make_case``) and the catalogued ``bugs``; ``paths(name, cache, g)``: the paths
+    into the gradient of ``name`` ({what the path is: its contribution}, or None), for ``relations.missing_path``."""
 
     function: str
     steps: tuple
@@ -384,6 +408,7 @@ class Capstone:
     reference: Callable
     cases: tuple
     bugs: tuple
+    paths: Callable | None = None
 
     @property
     def name(self) -> str:
@@ -396,11 +421,18 @@ class Capstone:
 
     def run(self, got, case: dict):
         """-> (lines, first wrong line or None, its bug or None) of ``got`` against the reference of ``case``."""
+        return self.judge(got, case)[:3]
+
+    def judge(self, got, case: dict):
+        """``run``'s three, and the relation of the first wrong gradient to the right one (``relation``, or "")."""
         cache, caches = self.make_case(**case)
         expected = self.reference(caches)
         lines = compare_grads(got, expected, self.order)
         wrong = first_wrong(lines)
-        return lines, wrong, (diagnose(got, cache, expected, wrong, self.bugs) if wrong else None)
+        if wrong is None:
+            return lines, None, None, ""
+        said = relation(self, got, cache, expected, wrong)
+        return lines, wrong, diagnose(got, cache, expected, wrong, self.bugs), said
 
 
 @dataclass
@@ -412,6 +444,8 @@ class Comparison:
     wrong: Line | None
     bug: CapstoneBug | None
     not_done: bool = False
+    relation: str = ""  # how the first wrong gradient relates to the right one (checker.relations), or ""
+    leaf: bool = False  # the first wrong gradient is a parameter's: no later row is computed from it
 
     def __str__(self) -> str:
         if self.not_done:
@@ -419,7 +453,12 @@ class Comparison:
         text = table(self.lines)
         if self.wrong is None:
             return text + "\nevery gradient matches the library's backward"
-        text += f"\nfirst wrong: {self.wrong.label} {self.wrong.name} (everything below it inherits the error)"
+        if self.leaf:
+            why = "a parameter's gradient: no row below is computed from it, so a wrong row below is a bug of its own"
+        else:
+            why = "the rows below computed from it inherit the error"
+        text += f"\nfirst wrong: {self.wrong.label} {self.wrong.name} ({why})"
+        text += f"\nrelation: {self.relation}" if self.relation else ""
         return text + (f"\ndiagnosis: {self.bug.diagnosis()}" if self.bug else "")
 
 
@@ -432,14 +471,24 @@ def compare(backward: Callable, capstone: Capstone | None = None, case: dict | N
         got = backward(_copy(capstone.make_case(**case)[0]))
     except NotImplementedError:
         return Comparison(capstone.function, [], None, None, not_done=True)
-    return Comparison(capstone.function, *capstone.run(got, case))
+    lines, wrong, bug, said = capstone.judge(got, case)
+    leaf = wrong is not None and wrong.name not in step_outputs(capstone.steps)
+    return Comparison(capstone.function, lines, wrong, bug, relation=said, leaf=leaf)
 
 
 def _copy(cache: dict) -> dict:
     return {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in cache.items()}
 
 
-MODEL = Capstone(MODEL_BACKWARD, MODEL_STEPS, model_case, reference_grads, CASES, MODEL_BUGS)
+def model_paths(name: str, cache: dict, g: dict) -> dict | None:
+    """The four paths into d_x (the residual's skip, and x → q, k, v); None for any other gradient."""
+    if name != "x":
+        return None
+    labels = {"skip": "F15's skip (the residual)", "q": "F4 (x → q)", "k": "F5 (x → k)", "v": "F6 (x → v)"}
+    return {labels[p]: part for p, part in _x_paths(cache, g).items()}
+
+
+MODEL = Capstone(MODEL_BACKWARD, MODEL_STEPS, model_case, reference_grads, CASES, MODEL_BUGS, model_paths)
 
 # --------------------------------------------------------------------------- training with the student's backward
 

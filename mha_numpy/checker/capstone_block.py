@@ -195,4 +195,14 @@ BLOCK_BUGS = (
     *(bug for bug in C.MODEL_BUGS if bug.name in ("ctx", "vh", "scores", "qh", "kh", "q")),
 )  # fmt: skip
 
-BLOCK = Capstone(BLOCK_BACKWARD, BLOCK_STEPS, block_case, block_reference, BLOCK_CASES, BLOCK_BUGS)
+
+def block_paths(name: str, cache: dict, g: dict) -> dict | None:
+    """The two paths into d_x and d_h (the residual's skip, the LayerNorm's); None for any other gradient."""
+    skip = {"x": ("h", "F14", "F1"), "h": ("y", "F20", "F15")}.get(name)
+    if skip is None:
+        return None
+    through, residual, norm = skip
+    return {f"{residual}'s skip (the residual)": g[through], f"{norm}'s LayerNorm": g[name] - g[through]}
+
+
+BLOCK = Capstone(BLOCK_BACKWARD, BLOCK_STEPS, block_case, block_reference, BLOCK_CASES, BLOCK_BUGS, block_paths)

@@ -181,7 +181,8 @@ def _tests(rows: list[Row], modules: dict[str, str], cases: GradeCases, found: l
         elif module.startswith(LIBRARY + ".") or module == LIBRARY:
             status, detail = "FAIL", f"{name} is {module}'s own function, imported: not the submission's work"
         else:
-            status, detail = row.status, row.detail + (f" (diagnosis: {row.diagnosis})" if row.bug else "")
+            status, detail = row.status, row.detail + (f" (relation: {row.relation})" if row.relation else "")
+            detail += f" (diagnosis: {row.diagnosis})" if row.bug else ""
         score = worth if status == "PASS" else 0.0
         tests.append({"name": name, "score": score, "max_score": worth, "status": status, "detail": detail})
     return tests

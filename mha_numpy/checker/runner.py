@@ -6,8 +6,9 @@ changed its arguments. For each pair the student defines (``NAME_forward`` and/o
 case of the pair (``mha_numpy.pairs``): the forward is compared with the reference forward; the backward gets a
 random upstream gradient and is compared with the reference backward and with float64 central differences of
 the forward. The backward reads the cache of the student's forward when that forward passed, else the
-reference forward's cache (so a student can write the backward alone). A failure is matched against the buggy
-variants in ``bugs`` for a diagnosis. All the judging happens here, in the checker's process.
+reference forward's cache (so a student can write the backward alone). A wrong gradient is first related to the
+right one (``relations``: a factor, a transpose, a sum, a path, a part), then matched against the buggy variants in
+``bugs`` for a diagnosis. All the judging happens here, in the checker's process.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 
 from ..gradcheck import numerical_gradient
 from ..pairs import Case, Pair, ReturnConventionError, gradients
-from . import bugs, cases
+from . import bugs, cases, relations
 from . import reference as R
 from .capstone import MODEL, Capstone
 from .capstone_block import BLOCK
@@ -35,12 +36,14 @@ ONLINE_ARGS = ("m", "l", "acc", "scores", "v")  # online_softmax_update's argume
 
 @dataclass
 class Row:
-    """The verdict on one function: PASS, FAIL (detail, and a diagnosis when a known bug matches) or not done yet."""
+    """The verdict on one function: PASS, FAIL (detail; the relation of the wrong gradient to the right one when
+    ``checker.relations`` finds one, and a diagnosis when a known bug matches) or not done yet."""
 
     function: str
     status: str
     detail: str = ""
     bug: bugs.Bug | None = None
+    relation: str = ""
 
     @property
     def diagnosis(self) -> str:
@@ -50,10 +53,11 @@ class Row:
 class _Failed(Exception):
     """A case failed: the message is the row's detail; ``find_bug()`` looks for the known bug it matches."""
 
-    def __init__(self, detail: str, find_bug=None, crash: bool = False):
+    def __init__(self, detail: str, find_bug=None, crash: bool = False, relation: str = ""):
         super().__init__(detail)
         self.find_bug = find_bug
         self.crash = crash  # the student's function raised: its diagnosis matched an error message, not values
+        self.relation = relation  # how the wrong gradient relates to the right one (checker.relations), or ""
 
 
 def _out(result):
@@ -134,7 +138,7 @@ def run_cases(function: str, case_list, run_case, student) -> Row:
     crashes where Lq != Lk, as `.T` does, and only the square case tells them apart).
     """
     student.start(function)
-    first, bug, crash_guess = None, None, None
+    first, bug, crash_guess, relation = None, None, None, ""
     for case in case_list:
         try:
             with np.errstate(all="ignore"):  # a student's NaN is reported in the row, not as a warning
@@ -145,6 +149,7 @@ def run_cases(function: str, case_list, run_case, student) -> Row:
             return Row(function, "FAIL", f"{stop} [case {case.label}]")
         except (_Failed, Mutated, StudentFault) as failure:
             first = first or f"{failure} [case {case.label}]"
+            relation = relation or getattr(failure, "relation", "")
             if getattr(failure, "find_bug", None) is None:
                 continue
             if getattr(failure, "crash", False):
@@ -155,7 +160,7 @@ def run_cases(function: str, case_list, run_case, student) -> Row:
             raise
         except Exception as exc:  # noqa: BLE001 - a student's crash (in this process) is a FAIL, not ours
             first = first or f"{raised(exc)} [case {case.label}]"
-    return Row(function, "PASS") if first is None else Row(function, "FAIL", first, bug or crash_guess)
+    return Row(function, "PASS") if first is None else Row(function, "FAIL", first, bug or crash_guess, relation)
 
 
 def check_forward(pair: Pair, student, rng) -> Row:
@@ -210,7 +215,11 @@ def check_backward(pair: Pair, student, own_forward: bool, rng, forward_failed: 
             got = gradients(pair, result, case)
         except ReturnConventionError as e:
             padded, scale = _padded(pair, result, case), scale_of(expected.values())
-            raise _Failed(str(e), lambda: matching_bug(function, padded, run_variant, scale, expected)) from None
+            said = next((s for n in pair.owed(case) if padded.get(n) is None
+                         for s in [_relation(pair, case, n, padded, expected, scale, d_out)] if s), "")  # fmt: skip
+            said = said or _zeros_for_absent(pair, result, case)
+            find = lambda: matching_bug(function, padded, run_variant, scale, expected)  # noqa: E731
+            raise _Failed(str(e), find, relation=said) from None
         numerical = finite_differences(forward_many, case, pair.owed(case), d_out)
         scale = scale_of([*expected.values(), *numerical.values()])
         for name in pair.owed(case):
@@ -223,9 +232,49 @@ def check_backward(pair: Pair, student, own_forward: bool, rng, forward_failed: 
                         f"; with the reference forward's cache it is right: {forward_name}'s output passed, but its"
                         " cache holds something else than what the backward reads"
                     )
-                raise _Failed(problem, lambda: matching_bug(function, got, run_variant, scale, expected))
+                said = _relation(pair, case, name, got, expected, scale, d_out)
+                raise _Failed(problem, lambda: matching_bug(function, got, run_variant, scale, expected), relation=said)
 
     return run_cases(function, pair.cases(rng), run_case, student)
+
+
+def _zeros_for_absent(pair: Pair, result, case: Case) -> str:
+    """One gradient per entry of ``pair.grads`` where the case gives fewer inputs: the first absent input's gradient
+    that is an array of zeros, said by ``relations.zeros_for_none`` ("" when none is)."""
+    if not isinstance(result, tuple | list) or len(result) != len(pair.grads):
+        return ""
+    for name, grad in zip(pair.grads, result):
+        said = None if case.gives(name) else relations.zeros_for_none(grad)
+        if said:
+            return f"d{name} (in {pair.name}_backward) {said}."
+    return ""
+
+
+def _relation(pair: Pair, case: Case, name: str, got: dict, expected: dict, scale: float, d_out) -> str:
+    """``relations.explain`` for the gradient ``name`` of a pair's backward, with what the case tells: the sizes whose
+    factors are named, the fully masked rows, and (self-attention) the three paths into x."""
+    args = dict(case.args)
+    first = next((np.asarray(v) for v in args.values() if isinstance(v, np.ndarray) and v.ndim >= 2), None)
+    features = next((np.shape(args[n])[-1] for n in ("q", "x", "scores") if np.ndim(args.get(n)) >= 2), 0)
+    sizes = {n: v for n, v in args.items() if isinstance(v, int | float) and not isinstance(v, bool)}  # scale, p, cap
+    sizes.update({f"1 − {n}": 1 - v for n, v in sizes.items() if 0 < v < 1 and n != "scale"})  # dropout's keep
+    sizes.update({"d": features, "the batch size": 0 if first is None else first.shape[0]})  # √d: attention's scale
+    if first is not None and first.ndim >= 3:
+        sizes["N (the rows, every axis but the last)"] = int(np.prod(first.shape[:-1]))
+    if first is not None and first.ndim == 4:
+        sizes["the number of heads"] = first.shape[1]
+    masked = None
+    if isinstance(args.get("mask"), np.ndarray) and args["mask"].dtype == bool:
+        masked = ~args["mask"].any(axis=-1)
+    elif first is not None and np.isneginf(first).any():
+        masked = np.isneginf(first).all(axis=-1)
+    paths = None
+    if pair.name == "self_attention" and name == "x":
+        mha, mha_cache = pair.forward(*case.values())[1]
+        grads = mha.backward(d_out, mha_cache)
+        paths = {f"the {p} path (x used as the {p})": grads[p] for p in ("query", "key", "value")}
+    return relations.explain(f"d{name}", f"in {pair.name}_backward", got.get(name), expected[name], scale,
+                             names=relations.factor_names(**sizes), paths=paths, masked_rows=masked)  # fmt: skip
 
 
 def _right_on_reference_cache(student, pair: Pair, case: Case, d_out, expected: dict, scale: float) -> bool:
@@ -286,10 +335,10 @@ def check_capstone(student, capstone: Capstone, seed: int | None = None) -> Row:
             return Row(function, "FAIL", f"raised {type(exc).__name__}: {message} [case {label}]")
         if not isinstance(got, dict):
             return Row(function, "FAIL", f"must return a dict of gradients by name, returned {type(got).__name__}")
-        _, wrong, bug = capstone.run(got, case)
+        _, wrong, bug, said = capstone.judge(got, case)
         if wrong is not None:
             why = wrong.problem or f"max diff {wrong.max_diff:.1e}"
-            return Row(function, "FAIL", f"first wrong: {wrong.label} d_{wrong.name} ({why}) [case {label}]", bug)
+            return Row(function, "FAIL", f"first wrong: {wrong.label} d_{wrong.name} ({why}) [case {label}]", bug, said)
     return Row(function, "PASS")
 
 

@@ -48,6 +48,8 @@ of ``models.decoder`` vs ``LlamaModel``, ``crosscheck_hf_llama_model``), and ``s
 encoder–decoder of ``models.seq2seq`` vs ``torch.nn.Transformer``: logits, every gradient, the greedy decoding).
 The recurrent family: ``gated_delta`` (transformers' gated delta rule and Kimi Delta Attention functions with the
 float32 casts lifted, and ``torch_gated_delta_rule`` to run them on our (B, H, L, d) arrays, with autograd).
+Sparse attention: ``deepseek_v32`` (``from_hf_deepseek_v32_attention``, DeepSeek Sparse Attention's lightning indexer
+and MLA over its top-k keys vs ``DeepseekV32Attention``, float64 with its casts lifted or float32 as shipped).
 """
 
 from __future__ import annotations
@@ -62,6 +64,14 @@ from .deepseek_v3 import (
     crosscheck_hf_deepseek_v3_cache,
     from_hf_deepseek_v3_attention,
     hf_deepseek_v3_attention,
+)
+from .deepseek_v32 import (
+    HF_DEEPSEEK_V32_INDEXER_NAME_MAP,
+    HF_DEEPSEEK_V32_MLA_NAME_MAP,
+    crosscheck_hf_deepseek_v32_attention,
+    from_hf_deepseek_v32_attention,
+    hf_deepseek_v32_attention,
+    selection_margin,
 )
 from .diffllama import (
     HF_DIFFLLAMA_NAME_MAP,
@@ -179,4 +189,10 @@ __all__ = [
     "hf_gemma3n_layers",
     "gemma3n_kv_sources",
     "crosscheck_hf_gemma3n_layers",
+    "HF_DEEPSEEK_V32_MLA_NAME_MAP",
+    "HF_DEEPSEEK_V32_INDEXER_NAME_MAP",
+    "from_hf_deepseek_v32_attention",
+    "hf_deepseek_v32_attention",
+    "crosscheck_hf_deepseek_v32_attention",
+    "selection_margin",
 ]

@@ -7,8 +7,9 @@ Where transformers casts: ``DeepseekV32Indexer.forward`` scores in float32 (``q.
 weights' ``.float()``), its RMSNorms round through float32 and its eager softmax runs in float32. In float64 the
 check runs the module inside ``float64_throughout``: the indexer's forward is ``indexer_scores_lifted`` (a copy of
 ``DeepseekV32Indexer.forward`` with those three casts lifted, the rest line for line, ``torch.topk`` included), the
-norms and the softmax in the module's dtype. Its indexer runs under ``no_grad`` as shipped: the indexer's
-parameters get no gradient from the attention (ours neither: ``sparse.dsa``).
+norms and the softmax in the module's dtype. A float32 module runs as shipped: every one of those casts is to
+float32, a no-op there (its int32 indices are recorded by a forward hook on the indexer). Its indexer runs under
+``no_grad`` as shipped: the indexer's parameters get no gradient from the attention (ours neither: ``sparse.dsa``).
 
 Ties: ``torch.topk`` leaves equal scores at the k-th place to its kernel, ours keeps the lower key index
 (``sparse.topk``); ReLU's zeros make exact ties possible, so a check's inputs should have none at the k-th place
@@ -164,6 +165,20 @@ def indexer_scores_lifted(indexer, hidden_states, q_resid, position_embeddings, 
 _SAME_DTYPE_EAGER = "mha_numpy_v32_eager_same_dtype"
 
 
+def _eager_same_dtype(module, query, key, value, attention_mask, scaling, dropout=0.0, indices=None, **kwargs):
+    """The eager attention ``float64_throughout`` registers: its softmax in the query's dtype, not float32."""
+    torch = require("torch")
+    if indices is not None:  # under its own name the module passes the indices: fold them as its eager branch
+        index_mask = torch.ones((*indices.shape[:2], key.shape[2]), dtype=torch.bool).scatter(-1, indices.long(),
+                                                                                            False)  # fmt: skip
+        attention_mask = attention_mask.masked_fill(index_mask.unsqueeze(1), torch.finfo(query.dtype).min)
+    weights = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, H, S, T); Hkv = H (the importer's)
+    if attention_mask is not None:
+        weights = weights + attention_mask
+    weights = torch.nn.functional.softmax(weights, dim=-1, dtype=query.dtype)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
 @contextmanager
 def float64_throughout(module: DeepseekV32Attention, chosen: list | None = None):
     """Within the block, ``module`` runs its RMSNorms and its eager softmax in its own dtype, and its indexer as
@@ -174,17 +189,6 @@ def float64_throughout(module: DeepseekV32Attention, chosen: list | None = None)
 
     def rms_norm(self, x):  # DeepseekV32RMSNorm.forward without the float32 round trip
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-    def eager(module, query, key, value, attention_mask, scaling, dropout=0.0, indices=None, **kwargs):  # one dtype
-        if indices is not None:  # under its own name the module passes the indices: fold them as its eager branch
-            index_mask = torch.ones((*indices.shape[:2], key.shape[2]), dtype=torch.bool).scatter(-1, indices.long(),
-                                                                                                False)  # fmt: skip
-            attention_mask = attention_mask.masked_fill(index_mask.unsqueeze(1), torch.finfo(query.dtype).min)
-        weights = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, H, S, T); Hkv = H (the importer's)
-        if attention_mask is not None:
-            weights = weights + attention_mask
-        weights = torch.nn.functional.softmax(weights, dim=-1, dtype=query.dtype)
-        return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
     def indexer(self, hidden_states, q_resid, position_embeddings, attention_mask, position_ids=None, cache=None):
         with torch.no_grad():  # as shipped
@@ -199,7 +203,7 @@ def float64_throughout(module: DeepseekV32Attention, chosen: list | None = None)
     for m in norms:
         m.forward = types.MethodType(rms_norm, m)
     module.indexer.forward = types.MethodType(indexer, module.indexer)
-    ALL_ATTENTION_FUNCTIONS[_SAME_DTYPE_EAGER] = eager
+    ALL_ATTENTION_FUNCTIONS[_SAME_DTYPE_EAGER] = _eager_same_dtype
     module.config._attn_implementation = _SAME_DTYPE_EAGER
     try:
         yield module
@@ -241,14 +245,14 @@ ROWS = (
 def crosscheck_hf_deepseek_v32_attention(
     module: DeepseekV32Attention, hidden_states: np.ndarray, d_output=None, rng=0, rtol: float | None = None
 ) -> CrosscheckReport:
-    """A float64 transformers ``DeepseekV32Attention`` against ``from_hf_deepseek_v32_attention(module)`` and torch
-    autograd, causal, positions 0 ... L-1, HF inside ``float64_throughout`` with float64 (cos, sin). hidden_states
-    (B, L, E). Rows: the output, the indexer's scores on the allowed keys, the selection (0/1), the input's gradient
-    and every MLA parameter's (the indexer's get none on either side: the selection is fixed)."""
+    """A transformers ``DeepseekV32Attention`` against ``from_hf_deepseek_v32_attention(module)`` and torch autograd,
+    causal, positions 0 ... L-1: a float64 module inside ``float64_throughout`` with float64 (cos, sin), a float32 one
+    as shipped (its casts are to float32) with (cos, sin) computed in float64 and rounded. hidden_states (B, L, E).
+    Rows: the output, the indexer's scores on the allowed keys, the selection (0/1), the input's gradient and every
+    MLA parameter's (the indexer's get none on either side: the selection is fixed)."""
     torch = require("torch")
     dsa = from_hf_deepseek_v32_attention(module)
-    if dsa.dtype != np.float64:
-        raise ValueError(f"module is {dsa.dtype}: this check runs float64 modules (casts lifted)")
+    rtol = rtol_for(dsa.dtype, rtol)  # float32 or float64, else ValueError
     x, cfg = hidden(hidden_states, dsa.dtype), module.config
     B, L, _ = x.shape
     d_output = upstream(d_output, x.shape, x.dtype, rng)
@@ -261,12 +265,11 @@ def crosscheck_hf_deepseek_v32_attention(
     mask_t = additive_tensor(torch, allowed, x.dtype)[None, None]  # (1, 1, L, L)
     name_map = {n: HF_DEEPSEEK_V32_MLA_NAME_MAP[n] for n in dsa.mla.params}
     named = {n: p for n, p in module.named_parameters() if not n.startswith("indexer.")}  # no_grad there
-    chosen: list = []
-    tx = tensor(torch, x, grad=True)
-    with float64_throughout(module, chosen), eval_mode(module):
+    chosen, tx = [], tensor(torch, x, grad=True)  # chosen: their indices, each call's
+    with _as_checked(module, dsa.dtype, chosen), eval_mode(module):
         out_t, _ = module(tx, cos_sin, mask_t)
         (dx,), grads = autograd(torch, out_t, [tx], named, d_output)
-        with torch.no_grad():
+        with torch.no_grad():  # in float32 the lifted casts were no-ops: the shipped scores
             q_resid = module.q_a_layernorm(module.q_a_proj(tensor(torch, x)))
             t_scores = indexer_scores_lifted(module.indexer, tensor(torch, x), q_resid, cos_sin, mask_t[:, 0])
     theirs = {"output": out_t.detach().numpy(), "dx": dx, **theirs_grads(grads, name_map)}
@@ -274,7 +277,23 @@ def crosscheck_hf_deepseek_v32_attention(
     theirs["selected"] = _selected(chosen[0].astype(np.int64), L, allowed)
     margin = selection_margin(scores, allowed, dsa.index_topk)
     notes = [f"selection margin (k-th minus (k+1)-th allowed indexer score, smallest): {margin:.2e}; 0: a tie"]
+    notes += ["float32: the module as shipped (its casts are to float32: no-ops)"] if dsa.dtype == np.float32 else []
     title = (f"DeepSeekSparseAttention vs transformers DeepseekV32Attention (H={cfg.num_attention_heads}, "
              f"r={cfg.kv_lora_rank}, nI={cfg.index_n_heads}, dI={cfg.index_head_dim}, k={cfg.index_topk}, "
              f"L={L})")  # fmt: skip
-    return compare(title, x.dtype, rtol_for(x.dtype, rtol), ROWS + grad_rows(name_map), ours, theirs, notes)
+    return compare(title, x.dtype, rtol, ROWS + grad_rows(name_map), ours, theirs, notes)
+
+
+def _as_checked(module: DeepseekV32Attention, dtype, chosen: list):
+    """float64: ``float64_throughout``; float32: as shipped, each call's indices recorded on their way out."""
+    return float64_throughout(module, chosen) if dtype == np.float64 else _recording_indices(module, chosen)
+
+
+@contextmanager
+def _recording_indices(module: DeepseekV32Attention, chosen: list):
+    """Within the block, each call of ``module.indexer`` (as shipped) appends its indices to ``chosen``."""
+    hook = module.indexer.register_forward_hook(lambda _m, _args, out: chosen.append(out.numpy().copy()))
+    try:
+        yield module
+    finally:
+        hook.remove()

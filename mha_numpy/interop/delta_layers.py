@@ -1,12 +1,13 @@
-"""The cross-check of a delta-rule layer (``qwen3_next_deltanet``, ``kimi_linear_kda``) against its transformers
-module, declared for ``harness.compare``: one call under torch autograd with a fresh cache (to read the state after
-it), and decoding token by token.
+"""The cross-check of a recurrent layer (``qwen3_next_deltanet``, ``kimi_linear_kda``, ``mamba2``) against its
+transformers module, declared for ``harness.compare``: one call under torch autograd with a fresh cache (to read the
+state after it), and decoding token by token.
 
 A model file declares a ``LayerKind``: the module's class name, its name map (ours -> the torch parameter, reshaped
-to our parameter's shape) and the tiny config its cache is made from; its ``crosscheck_*`` is
-``compare(title, *layer_sides(...))``. In float64 the module runs as shipped with float32 meaning float64 for the
-call (``lift.float32_is_float64``: its gates, core, gated RMSNorm and cache cast with ``.float()`` and
-``torch.float32``), its outputs and cached state checked to be float64. torch and transformers are imported lazily.
+to our parameter's shape), the tiny config its cache is made from, our state's class and how their recurrent state
+maps to ours; its ``crosscheck_*`` is ``compare(title, *layer_sides(...))``. In float64 the module runs as shipped
+with float32 meaning float64 for the call (``lift.float32_is_float64``: its gates, core, gated RMSNorm and cache cast
+with ``.float()`` and ``torch.float32``), its outputs and cached state checked to be float64. torch and transformers
+are imported lazily.
 """
 
 from __future__ import annotations
@@ -27,11 +28,14 @@ from .report import rtol_for
 @dataclass(frozen=True)
 class LayerKind:
     """How one transformers layer is called and read: ``name`` (its class), ``name_map`` (ours -> its parameter),
-    ``config`` (a tiny config whose layer 0 is a linear-attention layer: the cache is made from it)."""
+    ``config`` (a tiny config whose layer 0 is a linear-attention layer: the cache is made from it), ``state``
+    (our state's class) and ``recurrent_as_ours`` (their cache's recurrent state -> ours; None: the same layout)."""
 
     name: str
     name_map: dict[str, str]
     config: Callable
+    state: type = DeltaNetState
+    recurrent_as_ours: Callable | None = None
 
 
 def params_as_ours(named, name_map, shapes) -> dict[str, np.ndarray]:
@@ -50,12 +54,14 @@ def hf_cache(kind: LayerKind):
     return DynamicCache(config=kind.config())
 
 
-def _state(cache) -> DeltaNetState:
-    """transformers' cache of layer 0 -> our state: its conv state (B, C, K) keeps the last K inputs, ours K-1."""
+def _state(kind: LayerKind, cache):
+    """transformers' cache of layer 0 -> our state (a ``kind.state``): its conv state (B, C, K) keeps the last K
+    inputs, ours K-1."""
     conv = to_numpy(cache.get_conv_state(0, state_idx=0).detach())
-    return DeltaNetState(
-        conv[:, :, 1:].transpose(0, 2, 1), to_numpy(cache.get_recurrent_state(0, state_idx=0).detach())
-    )
+    recurrent = to_numpy(cache.get_recurrent_state(0, state_idx=0).detach())
+    if kind.recurrent_as_ours is not None:
+        recurrent = kind.recurrent_as_ours(recurrent)
+    return kind.state(conv[:, :, 1:].transpose(0, 2, 1), recurrent)  # (B, C, K-1) -> (B, K-1, C)
 
 
 def run_hf(kind: LayerKind, module, shapes, x, attention_mask, d_output, lifted: bool) -> dict:
@@ -70,7 +76,7 @@ def run_hf(kind: LayerKind, module, shapes, x, attention_mask, d_output, lifted:
     if lifted:
         in_float64(out, cache)
     grads = torch.autograd.grad(out, [tx, *named.values()], tensor(torch, d_output))
-    state = _state(cache)
+    state = _state(kind, cache)
     res = {"output": out.detach().numpy(), "dx": grads[0].numpy(), "conv_state": state.conv,
            "recurrent_state": state.recurrent}  # fmt: skip
     by_name = params_as_ours(dict(zip(named, grads[1:])), kind.name_map, shapes)
@@ -125,7 +131,7 @@ def layer_sides(kind: LayerKind, module, layer, hidden_states, attention_mask, d
 
 def decode_hf(kind: LayerKind, module, hidden_states, prefill: int = 3, lifted: bool = True):
     """transformers' decoding: a prefill of ``prefill`` tokens with a fresh cache, then one token a call ->
-    (outputs (B, L, E), the DeltaNetState after the last call in our layout)."""
+    (outputs (B, L, E), the state after the last call in our layout, a ``kind.state``)."""
     torch = require("torch")
     x = np.asarray(hidden_states)
     if not 1 <= prefill <= x.shape[1]:
@@ -137,4 +143,4 @@ def decode_hf(kind: LayerKind, module, hidden_states, prefill: int = 3, lifted: 
             if lifted:
                 in_float64(out, cache)
             outs.append(out.numpy())
-    return np.concatenate(outs, axis=1), _state(cache)
+    return np.concatenate(outs, axis=1), _state(kind, cache)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._lazy import require
-from .lift import float32_is_float64
+from .lift import call_in_float64
 
 _MODULES = {"qwen3_next": "transformers.models.qwen3_next.modeling_qwen3_next",
             "kimi_linear": "transformers.models.kimi_linear.modeling_kimi_linear"}  # fmt: skip
@@ -37,17 +37,7 @@ def in_float64(model: str, name: str, *args, **kwargs):
     """transformers' function ``name`` of ``modeling_<model>`` called with float32 meaning float64 -> its result,
     every tensor of it float64 (TypeError otherwise: a cast the lift did not reach). Tensor arguments: float64
     (ValueError naming the first that is not: the lift would compute a float32 input in float64)."""
-    torch = require("torch")
-    given = {**dict(enumerate(args)), **kwargs}
-    for at, t in given.items():
-        if isinstance(t, torch.Tensor) and t.dtype != torch.float64:
-            raise ValueError(f"{name} in float64 takes float64 tensors, got {t.dtype} for argument {at!r}")
-    with float32_is_float64(torch):
-        result = shipped_function(model, name)(*args, **kwargs)
-    wrong = [t.dtype for t in result if t is not None and t.dtype != torch.float64]
-    if wrong:
-        raise TypeError(f"{name} returned {wrong} with its float32 casts lifted: a cast the lift does not reach")
-    return result
+    return call_in_float64(require("torch"), shipped_function(model, name), *args, **kwargs)
 
 
 def torch_chunk_gated_delta_rule_float64(*args, **kwargs):

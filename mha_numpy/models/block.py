@@ -12,7 +12,8 @@ norm. BERT's layer, the tiny model's block and a Llama decoder layer are configu
           "swiglu" f = W_down (silu(W_gate n) ⊙ W_up n)      (Llama's, no biases)
 
 The attention is a ``MultiHeadAttention`` built by the caller (BERT's with biases; Llama's with ``bias=False``,
-``num_kv_heads`` and ``rope_theta``); the block only calls its ``forward`` and ``backward``. Causality is the
+``num_kv_heads`` and ``rope_theta``), or any token mixer of ``models.mixers`` (a recurrent layer: Gated DeltaNet,
+...; the hybrid stack of ``models.hybrid``); the block only calls its ``forward`` and ``backward``. Causality is the
 caller's mask (or the KV cache's). The weights live in the model's ``params`` dict under checkpoint names;
 ``names`` maps the block's roles to them, so BERT's and Llama's names are two tables, not code:
 
@@ -35,6 +36,7 @@ from .. import functional as F
 from .._checks import check_probability
 from ..attention import MHACache, MultiHeadAttention
 from . import layers as LY
+from .mixers import TokenMixer, as_mixer
 
 NORM_POSITIONS = ("post", "pre")
 NORM_ROLES = {"layer_norm": ("weight", "bias"), "rms_norm": ("weight",)}
@@ -52,7 +54,8 @@ class BlockCache:
 
 
 class Block:
-    """A Transformer block: ``attention`` (a MultiHeadAttention, self-attention) and a feed-forward, with residuals.
+    """A Transformer block: ``attention`` (a MultiHeadAttention, self-attention, or a ``mixers.TokenMixer``) and a
+    feed-forward, with residuals.
 
     params: the model's dict by checkpoint name; ``names`` maps each role (module docstring) to a name in it under
     ``prefix`` (e.g. 'encoder.layer.0.'). norm_position "post" | "pre"; norm "layer_norm" | "rms_norm" with
@@ -62,7 +65,7 @@ class Block:
 
     def __init__(
         self,
-        attention: MultiHeadAttention,
+        attention: MultiHeadAttention | TokenMixer,
         params: dict[str, np.ndarray],
         names: Mapping[str, str],
         prefix: str = "",
@@ -81,17 +84,16 @@ class Block:
         ):
             if value not in allowed:
                 raise ValueError(f"{arg} must be one of {allowed}, got {value!r}")
-        if not isinstance(attention, MultiHeadAttention):
-            raise ValueError(f"attention must be a MultiHeadAttention, got {type(attention).__name__}")
+        mixer = as_mixer(attention)  # the first sublayer, attention or another token mixer; ValueError if neither
         if approximate not in LY.GELU_APPROXIMATIONS:
             raise ValueError(f"approximate must be one of {LY.GELU_APPROXIMATIONS}, got {approximate!r}")
         check_probability(dropout, "dropout")
-        self.attention, self.params, self.prefix = attention, params, prefix
+        self.attention, self.mixer, self.params, self.prefix = attention, mixer, params, prefix
         self.norm_position, self.norm, self.eps, self.ffn = norm_position, norm, eps, ffn
         self.approximate, self.dropout = approximate, float(dropout)
         self.norm_roles = [f"norm{i}.{w}" for i in (1, 2) for w in NORM_ROLES[norm]]
         self.ffn_roles = list(FFN_ROLES[ffn])
-        self.roles = [*attention.params, *self.norm_roles, *self.ffn_roles]
+        self.roles = [*mixer.params, *self.norm_roles, *self.ffn_roles]
         self.names = dict(names)
         self._check_names()
         self._sync()
@@ -113,8 +115,8 @@ class Block:
         absent = [self.prefix + self.names[r] for r in self.roles if self.prefix + self.names[r] not in self.params]
         if absent:
             raise ValueError(f"params lacks {len(absent)} of the block's tensors, e.g. {absent[:3]}")
-        E = self.attention.embed_dim
-        expected = {role: p.shape for role, p in self.attention.params.items()}
+        E = self.mixer.embed_dim
+        expected = {role: p.shape for role, p in self.mixer.params.items()}
         expected.update({role: (E,) for role in self.norm_roles})
         for role, shape in expected.items():
             if self._p(role).shape != shape:
@@ -125,9 +127,9 @@ class Block:
         return self.params[self.prefix + self.names[role]]
 
     def _sync(self) -> None:
-        """Point the attention module at the current arrays of ``params`` (no copy)."""
-        for role in self.attention.params:
-            self.attention.params[role] = self._p(role)
+        """Point the attention module (the mixer) at the current arrays of ``params`` (no copy)."""
+        for role in self.mixer.params:
+            self.mixer.params[role] = self._p(role)
 
     # ------------------------------------------------------------------ the sublayers, by kind
 
@@ -173,10 +175,10 @@ class Block:
         d = dropout or {}
         pre = self.norm_position == "pre"
         n1, c_n1 = self._norm_forward(x, 1) if pre else (x, None)  # F1: (B, L, E)
-        a, c_att = self.attention.forward(
-            n1, n1, n1, mask=mask, training=dropout is not None, dropout_mask=d.get("attention"),
-            positions=positions, kv_cache=kv_cache,
-        )  # F1: (B, L, E) self-attention  # fmt: skip
+        a, c_att = self.mixer.forward(
+            n1, mask=mask, training=dropout is not None, dropout_mask=d.get("attention"), positions=positions,
+            cache=kv_cache,
+        )  # F1: (B, L, E) self-attention (or another token mixer)  # fmt: skip
         a, c_da = self._drop(a, d.get("attention_output"))  # F2: (B, L, E)
         h, _ = LY.add_forward(x, a)  # F2: (B, L, E) residual
         h, c_h = (h, None) if pre else self._norm_forward(h, 1)  # F3: (B, L, E)
@@ -201,8 +203,7 @@ class Block:
         d_h = self._norm_backward(d_h, c["h"], 1, g) if c["h"] is not None else d_h  # ← F3: (B, L, E)
         d_x, d_a = LY.add_backward(d_h)  # ← F2
         d_a = F.dropout_backward(d_a, c["da"])  # ← F2
-        ga = self.attention.backward(d_a, cache.attention)  # ← F1: query, key, value, W_q, ...
-        g.update({self.prefix + self.names[role]: ga[role] for role in self.attention.params})
-        d_n1 = ga["query"] + ga["key"] + ga["value"]  # ← F1: self-attention, three paths (B, L, E)
+        d_n1, ga = self.mixer.backward(d_a, cache.attention)  # ← F1: self-attention's three paths summed (B, L, E)
+        g.update({self.prefix + self.names[role]: ga[role] for role in self.mixer.params})
         d_x = d_x + (self._norm_backward(d_n1, c["n1"], 1, g) if c["n1"] is not None else d_n1)  # ← F1: skip + attn
         return d_x, g

@@ -2,6 +2,7 @@
 
     β = σ(b)                                       the write strength of each token, in (0, 1)
     g = −exp(A_log) · softplus(a + dt_bias)        the log of the state's decay, ≤ 0 (the state is scaled by e^g)
+    Δ = clamp(softplus(dt + dt_bias), lo, hi)      Mamba-2's time step (``time_step_forward``), ≥ 0
 
 Qwen3-Next (``Qwen3NextGatedDeltaNet``): a (…, H) and b (…, H) are projections of the token, one decay per value
 head, A_log and dt_bias (H,) (``decay_forward``). Kimi Linear (``KimiLinearForgetGate``): a (…, H, d), one decay
@@ -89,3 +90,41 @@ def decay_backward(d_g, cache):
     dA_log = d_A * A  # ← F2: d exp(A_log) = exp(A_log)
     da = softplus_backward(-A_b * d_g, c_sp)  # ← F3, F1: (…, H[, d])
     return da, dA_log, da.sum(axis=lead)  # ← F1: dt_bias was added to every token
+
+
+def time_step_forward(dt, dt_bias, limit=(0.0, float("inf"))):
+    """Δ = clamp(softplus(dt + dt_bias), lo, hi): Mamba-2's time step of each token and head (``Mamba2Mixer``, its
+    ``time_step_limit``; the SSD's dt, ``recurrent.ssd``).
+
+    dt: (…, H)   dt_bias: (H,)   limit: (lo, hi) with 0 ≤ lo ≤ hi (hi may be inf)   ->   (Δ (…, H), cache)
+    """
+    dt = as_float_array(dt, "dt")
+    dt_bias = as_float_array(dt_bias, "dt_bias", ndim=1)
+    if dt.ndim < 1 or dt.shape[-1] != dt_bias.shape[0] or dt.dtype != dt_bias.dtype:
+        raise ValueError(f"dt with shape {dt.shape} and dtype {dt.dtype} must be (…, H) with dt_bias's H = "
+                         f"{dt_bias.shape[0]} and dtype {dt_bias.dtype}")  # fmt: skip
+    lo, hi = check_time_step_limit(limit)
+    sp, c_sp = softplus_forward(dt + dt_bias)  # F1: (…, H)
+    return np.clip(sp, lo, hi), (c_sp, (sp >= lo) & (sp <= hi))  # F2: (…, H)
+
+
+def time_step_backward(d_delta, cache):
+    """d_delta: (…, H) -> d_dt (…, H), d_dt_bias (H,); the clamp passes the gradient where softplus lies in
+    [lo, hi], bounds included (torch.clamp's rule), and none outside."""
+    c_sp, inside = cache
+    d_delta = as_float_array(d_delta, "d_delta")
+    if d_delta.shape != inside.shape:
+        raise ValueError(f"d_delta with shape {d_delta.shape} must be the time step's shape {inside.shape}")
+    d_u = softplus_backward(d_delta * inside, c_sp)  # ← F2, F1: (…, H)
+    return d_u, d_u.sum(axis=tuple(range(d_u.ndim - 1)))  # ← F1: dt_bias was added to every token
+
+
+def check_time_step_limit(limit) -> tuple[float, float]:
+    """(lo, hi) as floats with 0 ≤ lo ≤ hi (hi may be inf), or ValueError naming ``limit``."""
+    try:
+        lo, hi = (float(v) for v in limit)
+    except (TypeError, ValueError):
+        raise ValueError(f"limit must be a pair (lo, hi) of numbers, got {limit!r}") from None
+    if not 0.0 <= lo <= hi or np.isnan(hi):
+        raise ValueError(f"limit must be (lo, hi) with 0 <= lo <= hi, got {limit!r}")
+    return lo, hi

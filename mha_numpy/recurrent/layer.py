@@ -1,10 +1,11 @@
-"""What the delta-rule layers share (``qwen3_next.GatedDeltaNet``, ``kimi.KimiDeltaAttention``): the decoding
-state, the parameters' set-up and the checks of a call.
+"""What the recurrent layers share (``qwen3_next.GatedDeltaNet``, ``kimi.KimiDeltaAttention``,
+``mamba2.Mamba2Mixer``): the decoding state, the parameters' set-up and the checks of a call.
 
 A layer subclasses ``RecurrentLayer`` and declares ``PARAM_NAMES``, ``param_shapes()`` and the sizes the state
 needs (``hidden_size``, ``conv_dim``, ``conv_kernel_size``, ``state_heads``, ``head_k_dim``, ``head_v_dim``);
 ``forward(x, attention_mask=None, state=None) -> ((y, state after the call), cache)`` and
-``backward(d_y, cache, d_state=None) -> {"x", every parameter, "state"}`` are its own.
+``backward(d_y, cache, d_state=None) -> {"x", every parameter, "state"}`` are its own. ``STATE`` is the class of
+its state (``DeltaNetState``, or ``mamba2.Mamba2State``): a state of another kind of layer is refused by name.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class RecurrentLayer:
     """The shared part of a delta-rule layer (module docstring)."""
 
     PARAM_NAMES: tuple[str, ...] = ()
+    STATE: type = DeltaNetState  # the class of the layer's state: another kind's state is refused
     hidden_size: int
     conv_kernel_size: int
     head_k_dim: int
@@ -82,10 +84,10 @@ class RecurrentLayer:
         """The state at the start of a sequence: zeros, in the parameters' dtype."""
         B = as_int(batch_size, "batch_size", minimum=1)
         conv = np.zeros((B, self.conv_kernel_size - 1, self.conv_dim), self.dtype)
-        return DeltaNetState(conv, np.zeros((B, self.state_heads, self.head_k_dim, self.head_v_dim), self.dtype))
+        return self.STATE(conv, np.zeros((B, self.state_heads, self.head_k_dim, self.head_v_dim), self.dtype))
 
     def _check(self, x, attention_mask, state):
-        """x (B, L, E) in the parameters' dtype, attention_mask (B, L) bool or None, state a DeltaNetState of the
+        """x (B, L, E) in the parameters' dtype, attention_mask (B, L) bool or None, state a ``STATE`` of the
         zero state's shapes or None; ValueError naming the argument."""
         x = as_float_array(x, "x", ndim=3)
         if x.shape[-1] != self.hidden_size or x.dtype != self.dtype:
@@ -102,8 +104,8 @@ class RecurrentLayer:
                     f"padding), got dtype {attention_mask.dtype} shape {attention_mask.shape}"
                 )
         if state is not None:
-            if not isinstance(state, DeltaNetState):
-                raise ValueError(f"state must be a DeltaNetState or None, got {type(state).__name__}")
+            if not isinstance(state, self.STATE):
+                raise ValueError(f"state must be a {self.STATE.__name__} or None, got {type(state).__name__}")
             zero = self.zero_state(B)
             for name in ("conv", "recurrent"):
                 s, z = getattr(state, name), getattr(zero, name)
@@ -113,7 +115,6 @@ class RecurrentLayer:
                     )
         return x, attention_mask
 
-    @staticmethod
-    def _check_d_state(d_state) -> None:
-        if d_state is not None and not isinstance(d_state, DeltaNetState):
-            raise ValueError(f"d_state must be a DeltaNetState or None, got {type(d_state).__name__}")
+    def _check_d_state(self, d_state) -> None:
+        if d_state is not None and not isinstance(d_state, self.STATE):
+            raise ValueError(f"d_state must be a {self.STATE.__name__} or None, got {type(d_state).__name__}")

@@ -17,10 +17,13 @@ scoring are left out, as transformers leaves them out: the rotation is orthogona
 Parameters (Hugging Face's names in ``interop.deepseek_v32``): W_iq (nI·dI, rq) ``wq_b``, W_ik (dI, E) ``wk``,
 ik_norm, ik_norm_b (dI,) ``k_norm`` (a LayerNorm with bias, eps 1e-6), W_iw (nI, E) ``weights_proj``.
 
-Pairs: ``indexer_keys`` (x -> K), ``indexer_queries`` (x, q_resid -> Q, w), ``indexer_scores`` (Q, w, K -> I), and
-``indexer`` (their composition, with every gradient: the indexer's parameters, x and q_resid). The scores are
-(B, Lq, Lk): ``indexer_topk`` selects block by block instead, O(block · Lk) at a time. DSA keeps no gradient
-through the selection (an argmax); the indexer learns from its own loss (``indexer_loss``), its inputs detached.
+Pairs: ``indexer_keys`` (x -> K), ``indexer_queries`` (x, q_resid -> Q, w), ``indexer_scores`` (Q, w, K -> I),
+``indexer_selected_scores`` (Q, w, K, index -> I at the selected keys only), and ``indexer`` (their composition,
+with every gradient: the indexer's parameters, x and q_resid). The scores are (B, Lq, Lk), as the dense warm-up
+needs them: ``indexer_topk`` selects block by block instead, O(block · Lk) at a time, and the sparse stage's loss
+scores the selected keys only (``indexer_forward(.., index=)``: (B, Lq, k), O(L · k), nothing Lq × Lk). DSA keeps
+no gradient through the selection (an argmax); the indexer learns from its own loss (``indexer_loss``), its inputs
+detached.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ import numpy as np
 from .. import functional as F
 from .._checks import as_float_array, as_int, as_number
 from ..models.layers import layer_norm_backward, layer_norm_forward
-from .topk import QUERY_BLOCK, check_selection_mask, mask_rows, topk_select
+from .sparse_attention import BLOCK_ENTRIES, scatter_keys
+from .topk import QUERY_BLOCK, check_index, check_selection_mask, mask_rows, topk_select
 
 
 @dataclass(frozen=True)
@@ -171,23 +175,89 @@ def indexer_scores_backward(dI, cache):
     return dQ, dw, dK
 
 
+# --------------------------------------------------------------------------- the selected keys' scores only
+
+
+def selected_block_size(B: int, nI: int, dI: int, k: int) -> int:
+    """Queries a block of ``indexer_selected_scores``: its gathered keys (k · dI a query) and its per-head products,
+    relus and their gradients (~3 · nI · k) under ``sparse_attention.BLOCK_ENTRIES``; at most 256."""
+    return max(1, min(256, BLOCK_ENTRIES // max(1, B * k * (dI + 3 * nI))))
+
+
+def _selected_block(Q, w, K, index, i0, i1):
+    """Queries i0 ... i1 - 1 -> their queries Qt (B, n, nI, dI), gathered keys Kg (B, n, k, dI), D (B, n, nI, k)
+    the scaled dot products, I (B, n, k) (0 at the -1 slots)."""
+    idx = index[:, i0:i1]  # (B, n, k), -1: no key (read as key 0, zeroed below)
+    Kg = K[np.arange(K.shape[0])[:, None, None], np.maximum(idx, 0)]  # (B, Lk, dI)[b, idx] -> (B, n, k, dI)
+    Qt = Q[:, :, i0:i1].transpose(0, 2, 1, 3)  # (B, nI, n, dI) -> (B, n, nI, dI)
+    D = Qt @ Kg.swapaxes(-1, -2) * Q.shape[-1] ** -0.5  # F1: (B, n, nI, dI) @ (B, n, dI, k) -> (B, n, nI, k)
+    R = np.maximum(D, 0.0)  # F2: relu
+    scores = (w[:, i0:i1, None, :] @ R)[:, :, 0]  # F3: (B, n, 1, nI) @ (B, n, nI, k) -> (B, n, k)
+    return Qt, Kg, D, np.where(idx >= 0, scores, 0.0)  # F4: the -1 slots score 0 (the loss masks them)
+
+
+def indexer_selected_scores_forward(Q, w, K, index, block_size: int | None = None):
+    """Q (B, nI, Lq, dI), w (B, Lq, nI), K (B, Lk, dI), index (B, Lq, k) (-1: no key) -> I (B, Lq, k): the scores of
+    the selected keys, slot by slot (0 at a -1 slot), cache. Block of queries by block: O(block · nI · k) at a time,
+    O(Lq · k) kept (the index and the scores); the backward recomputes each block's products."""
+    B, nI, Lq, dI = Q.shape
+    n = selected_block_size(B, nI, dI, index.shape[2]) if block_size is None else block_size
+    scores = np.empty(index.shape, dtype=Q.dtype)  # (B, Lq, k)
+    for i0 in range(0, Lq, n):
+        scores[:, i0 : i0 + n] = _selected_block(Q, w, K, index, i0, min(i0 + n, Lq))[3]  # F1-F4
+    return scores, (Q, w, K, index, n)
+
+
+def indexer_selected_scores_backward(dI, cache):
+    """dI (B, Lq, k) -> dQ (B, nI, Lq, dI), dw (B, Lq, nI), dK (B, Lk, dI): each selected key's terms summed into
+    its row (``sparse_attention.scatter_keys``: a key chosen by many queries sums them all), an unchosen key's 0."""
+    Q, w, K, index, n = cache
+    B, _, Lq, _ = Q.shape
+    scale = Q.shape[-1] ** -0.5
+    dQ, dw, dK = np.empty_like(Q), np.empty_like(w), np.zeros_like(K)
+    for i0 in range(0, Lq, n):
+        i1 = min(i0 + n, Lq)
+        Qt, Kg, D, _ = _selected_block(Q, w, K, index, i0, i1)  # F1-F4 recomputed
+        dI_b = np.where(index[:, i0:i1] >= 0, dI[:, i0:i1], 0.0)[:, :, None, :]  # ← F4: (B, n, 1, k)
+        dw[:, i0:i1] = (np.maximum(D, 0.0) @ dI_b.swapaxes(-1, -2))[..., 0]  # ← F3: (B, n, nI, k) @ (B, n, k, 1)
+        dD = w[:, i0:i1, :, None] * dI_b * (D > 0)  # ← F3, F2: (B, n, nI, 1) · (B, n, 1, k) -> (B, n, nI, k)
+        dQ[:, :, i0:i1] = (dD @ Kg * scale).transpose(0, 2, 1, 3)  # ← F1: (B, n, nI, k) @ (B, n, k, dI)
+        for b in range(B):  # ← F1: dK_j = Σ_{i, s: index[i, s] = j} Σ_h dD_his q_hi · scale
+            scatter_keys(dK[b][None], index[b, i0:i1], (dD[b] * scale)[None], Qt[b][None])  # (1, Lk, dI) in place
+    return dQ, dw, dK
+
+
 # --------------------------------------------------------------------------- the composition
 
 
-def indexer_forward(x, q_resid, params, c: IndexerConfig, positions=None):
+def indexer_forward(x, q_resid, params, c: IndexerConfig, positions=None, index=None, block_size: int | None = None):
     """Self-attention's indexer scores: x (B, L, E), q_resid (B, L, rq) -> I (B, L, L) (no mask: ``topk_select``
-    and ``indexer_loss`` take it), cache. positions: None (0 ... L-1), (L,) or (B, L)."""
+    and ``indexer_loss`` take it), cache. positions: None (0 ... L-1), (L,) or (B, L).
+
+    index (B or 1, L, k) (``topk_select``'s, or a ``TopKSelection``'s ``.index``): the scores of the selected keys
+    only, I (B, L, k) slot by slot (0 at a -1 slot), gathered block of queries by block (``block_size``; None: by
+    what a block holds): the sparse stage's loss in O(L · k) memory."""
     x, q_resid = _check_inputs(c, params, x, q_resid, positions)
+    if index is not None:
+        index = check_index(index, x.shape[1])
+        if index.shape[:2] not in ((x.shape[0], x.shape[1]), (1, x.shape[1])):
+            raise ValueError(f"index with shape {index.shape} must be (B, L, k) or (1, L, k), x is {x.shape}")
+        index = np.broadcast_to(index, (x.shape[0], *index.shape[1:]))  # (B, L, k)
+        block_size = None if block_size is None else as_int(block_size, "block_size", minimum=1)
     (Q, w), s_q = indexer_queries_forward(x, q_resid, params, c, positions, check=False)  # F1
     K, s_k = indexer_keys_forward(x, params, c, positions, check=False)  # F2
-    scores, s_s = indexer_scores_forward(Q, w, K)  # F3: (B, L, L)
-    return scores, (s_q, s_k, s_s)
+    if index is None:
+        scores, s_s = indexer_scores_forward(Q, w, K)  # F3: (B, L, L)
+        return scores, (s_q, s_k, s_s, indexer_scores_backward)
+    scores, s_s = indexer_selected_scores_forward(Q, w, K, index, block_size)  # F3: (B, L, k)
+    return scores, (s_q, s_k, s_s, indexer_selected_scores_backward)
 
 
 def indexer_backward(dI, cache) -> dict[str, np.ndarray]:
-    """dI (B, L, L) -> {"x", "q_resid", W_iq, W_ik, ik_norm, ik_norm_b, W_iw}."""
-    s_q, s_k, s_s = cache
-    dQ, dw, dK = indexer_scores_backward(dI, s_s)  # ← F3
+    """dI (B, L, L), or (B, L, k) after ``indexer_forward(.., index=)`` -> {"x", "q_resid", W_iq, W_ik, ik_norm,
+    ik_norm_b, W_iw}."""
+    s_q, s_k, s_s, scores_backward = cache
+    dQ, dw, dK = scores_backward(dI, s_s)  # ← F3
     dx_k, grads = indexer_keys_backward(dK, s_k)  # ← F2
     dx_q, dq_resid, g_q = indexer_queries_backward(dQ, dw, s_q)  # ← F1
     return {"x": dx_q + dx_k, "q_resid": dq_resid, **grads, **g_q}

@@ -10,13 +10,23 @@ and the loss is the KL divergence from the indexer's softmax to it, summed over 
     L = Σ_t KL(p_t ‖ softmax(I_t)) = Σ_t Σ_s p_ts (log p_ts - log softmax(I_t)_s)      (0 · log 0 = 0)
 
 Dense warm-up: s runs over every key the mask allows (causal), the main attention dense. Sparse stage: s runs over
-the selected keys S_t only (``mask=`` the ``TopKSelection``), the target restricted to S_t and L1-normalised there
-(the sparse main attention's weights already live on S_t). The paper also detaches the indexer's input from the
-main model (the indexer learns from L alone, the model from its language loss alone): ``indexer.indexer_backward``
-returns the gradients of x and q_resid too, and a training step drops them.
+the selected keys S_t only, the target restricted to S_t and L1-normalised there (the sparse main attention's
+weights already live on S_t). The sparse stage in O(L · k), the arrays laid out slot by slot (B, Lq, k), nothing
+Lq × Lk::
+
+    p = indexer_target(sparse_cache.selected_weights(), index >= 0)      # (B, H, Lq, k) -> (B, Lq, k)
+    I, c_I = indexer_forward(x, q_resid, params, cfg, index=index)       # the selected keys' scores, gathered
+    loss, c_L = indexer_loss_forward(I, p, index >= 0)                   # the -1 slots masked
+    grads = indexer_backward(indexer_loss_backward(1.0, c_L), c_I)       # scattered to the chosen keys' rows
+
+(``mask=`` a ``TopKSelection`` with (B, Lq, Lk) scores and target gives the same loss and gradients, densely.)
+
+The paper also detaches the indexer's input from the main model (the indexer learns from L alone, the model from its
+language loss alone): ``indexer.indexer_backward`` returns the gradients of x and q_resid too, and a training step
+drops them.
 
 Backward (with Σ_s p_ts = 1, or 0 for a row with no mass): ∂L/∂I_ts = softmax(I_t)_s · Σ_s' p_ts' - p_ts on the
-allowed keys, 0 on the others. The scores here are (B, Lq, Lk), as the dense warm-up needs them.
+allowed keys, 0 on the others. The scores are (B, Lq, Lk) (the dense warm-up) or (B, Lq, k) (the sparse stage).
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ def block_queries(shape_q, shape_k, dv: int, k: int, block_size=None) -> int:
 
 
 def _check(q, k, v, index, mask, block_size):
-    """ValueError naming the argument, before any arithmetic -> q, k, v, index (B, Lq, k) int64, block size."""
+    """ValueError naming the argument, before any arithmetic -> q, k, v, index (B, Lq, k) int32, block size."""
     q, k, v = (as_float_array(x, n, ndim=4) for x, n in ((q, "q"), (k, "k"), (v, "v")))
     (B, H, Lq, d), (Bk, Hk, Lk, dk) = q.shape, k.shape
     if not q.dtype == k.dtype == v.dtype:

@@ -1,6 +1,6 @@
 """Top-k selection per query, and the selection as a mask (``TopKSelection``): which keys each query attends to.
 
-    index = topk_select(scores, k, mask)    scores (B, Lq, Lk), index (B, Lq, min(k, Lk)) int64
+    index = topk_select(scores, k, mask)    scores (B, Lq, Lk), index (B, Lq, min(k, Lk)) int32
 
 Query i keeps the k keys of highest score among those ``mask`` allows, in ascending key order, the rest of its row
 -1 (no key) when fewer than k are allowed. The rules, the same whatever the block size:
@@ -17,6 +17,10 @@ by its index instead of its entries: every kernel takes it as ``mask=`` (the vec
 entries, the chunked one asks it for tiles), and ``sparse_attention.SparseKernel`` gathers the selected keys
 from its index, never building (Lq, Lk). ``selection & causal_mask(L, structured=True)`` keeps the selection on top;
 ``checked_index`` refuses a selected key that such a mask blocks.
+
+The index is int32 wherever it is stored (``INDEX_DTYPE``: half of int64's L · k · 8 bytes, 256 MiB instead of 512 at
+L = 32768, k = 2048; transformers' indexer returns int32 too): keys up to 2³¹ - 1, far beyond any (Lk, d) key array
+this library could hold.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from .._checks import as_array, as_float_array, as_int
 from ..masks import EMPTY, PARTIAL, StructuredMask
 
 QUERY_BLOCK = 256  # rows of scores handled at once: O(QUERY_BLOCK · Lk) temporaries
+INDEX_DTYPE = np.int32  # a selected key's number, -1 for none (the module docstring)
 
 
 def _allowed_rows(mask, b: int, i0: int, i1: int, Lk: int) -> np.ndarray | bool:
@@ -72,7 +77,7 @@ def check_selection_mask(mask, shape) -> np.ndarray | StructuredMask | None:
 
 def topk_select(scores: np.ndarray, k: int, mask=None, block_size: int = QUERY_BLOCK) -> np.ndarray:
     """scores (B, Lq, Lk) float, k >= 1, mask None / bool / StructuredMask (True = may attend) -> index
-    (B, Lq, min(k, Lk)) int64: each query's k best allowed keys in ascending key order, -1 where it has fewer
+    (B, Lq, min(k, Lk)) int32: each query's k best allowed keys in ascending key order, -1 where it has fewer
     (the module docstring's rules: ties by lower index, masked keys never). Memory O(block_size · Lk)."""
     k = as_int(k, "k", minimum=1)
     s = as_float_array(scores, "scores", ndim=3)
@@ -81,7 +86,7 @@ def topk_select(scores: np.ndarray, k: int, mask=None, block_size: int = QUERY_B
     if not np.all(np.isfinite(s)):
         raise ValueError(f"scores with shape {s.shape} holds non-finite values: mask keys with mask=, not -inf")
     k = min(k, Lk)
-    index = np.full((B, Lq, k), -1, dtype=np.int64)
+    index = np.full((B, Lq, k), -1, dtype=INDEX_DTYPE)
     for b in range(B):
         for i0 in range(0, Lq, block_size):
             i1 = min(i0 + block_size, Lq)
@@ -101,17 +106,19 @@ def _best_k(work: np.ndarray, allowed: np.ndarray, k: int) -> np.ndarray:
     chosen = (above | (level & (np.cumsum(level, axis=-1) <= need))) & allowed  # (n, Lk), at most k a row
     rows, cols = np.nonzero(chosen)  # row-major: each row's keys ascending
     rank = np.cumsum(chosen, axis=-1)[rows, cols] - 1  # the slot of each chosen key in its row
-    out = np.full((n, k), -1, dtype=np.int64)
+    out = np.full((n, k), -1, dtype=INDEX_DTYPE)
     out[rows, rank] = cols
     return out
 
 
 def check_index(index, Lk: int, name: str = "index") -> np.ndarray:
-    """index (B, Lq, k) integer, each entry a key 0 ... Lk - 1 or -1 (none), no key twice in a row -> as int64, or
-    ValueError naming ``name``. A key twice would count twice in the softmax."""
+    """index (B, Lq, k) integer, each entry a key 0 ... Lk - 1 or -1 (none), no key twice in a row -> as int32 (no
+    copy when it is int32 already), or ValueError naming ``name``. A key twice would count twice in the softmax."""
     idx = as_array(index, name)
     if not np.issubdtype(idx.dtype, np.integer) or idx.ndim != 3 or idx.shape[-1] < 1:
         raise ValueError(f"{name} must be an integer array (B, Lq, k >= 1), got dtype {idx.dtype} shape {idx.shape}")
+    if Lk > np.iinfo(INDEX_DTYPE).max + 1:
+        raise ValueError(f"Lk={Lk} keys: an int32 {name} numbers at most 2**31 keys")
     if idx.size and (idx.min() < -1 or idx.max() >= Lk):
         raise ValueError(f"{name} holds keys outside -1 ... Lk - 1 = {Lk - 1}: min {idx.min()}, max {idx.max()}")
     s = np.sort(idx, axis=-1)  # (B, Lq, k)
@@ -119,7 +126,7 @@ def check_index(index, Lk: int, name: str = "index") -> np.ndarray:
     if np.any(twice):
         b, i, _ = np.argwhere(twice)[0]
         raise ValueError(f"{name} selects a key twice for query {i} of batch item {b}: {idx[b, i].tolist()}")
-    return idx.astype(np.int64, copy=False)
+    return idx.astype(INDEX_DTYPE, copy=False)  # every entry in -1 ... Lk - 1 < 2³¹: exact
 
 
 class TopKSelection(StructuredMask):

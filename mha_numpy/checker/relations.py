@@ -1,0 +1,215 @@
+"""Say how a wrong gradient relates to the right one, before looking for it in the catalogue of ``bugs``.
+
+A catalogue names only the mistakes somebody wrote into it; most wrong gradients are the right one bent in a simple
+way. Each finder below takes the student's gradient ``got`` and the reference's ``want`` (and what it needs of the
+case) and returns the end of a sentence, or None:
+
+- ``missing``: None or all zeros where the reference is non-zero (``zeros_for_none``: zeros where it is None);
+- ``constant_factor``: got = c · want, c fitted by least squares and named (√d, 1/√d, scale, 2, 1/2, the batch
+  size, the number of heads, −1, ...) or given as a number;
+- ``swapped_axes``: got = want with its axes permuted (a transpose; of equal sizes, the shape does not show it);
+- ``summed_wrong``: got summed over some axes is want (a sum missing: a bias gradient per position), or got is want
+  summed over an axis (a sum too many);
+- ``missing_path``: got = want − one path's contribution (``paths``: what the checker can compute for the case);
+- ``wrong_on_part``: right everywhere except on the fully masked rows, the first row, or one head (one index of one
+  axis).
+
+``explain`` runs them in that order and says the first relation found: the gradient, where it is computed (a pair's
+backward, or a capstone's F-line) and the direction of the fix, never the expected value. Every test of "equal" is
+the checker's: the absolute error against ``RTOL`` times the largest magnitude of the case. A forward whose cache is
+what is wrong is told by the runner itself (``runner._right_on_reference_cache``), not here.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from .diagnose import RTOL
+
+
+def _close(a, b, scale: float) -> bool:
+    return a.shape == b.shape and bool(np.all(np.abs(a - b) <= RTOL * scale))
+
+
+def _nonzero(a, scale: float) -> bool:
+    return bool(a.size) and not bool(np.all(np.abs(a) <= RTOL * scale))  # NaN is not zero
+
+
+def missing(got, want, scale: float) -> str | None:
+    """None, or an array of zeros, where the reference is non-zero."""
+    if not _nonzero(want, scale):
+        return None
+    if got is None:
+        return "is missing (None was returned) where the right gradient is non-zero: compute and return it"
+    if got.shape == want.shape and not _nonzero(got, scale):
+        return "is all zeros where the right gradient is not: this input does change the output, propagate to it"
+    return None
+
+
+def zeros_for_none(got) -> str | None:
+    """An array of zeros returned for an input the call did not give (no bias): the convention is None there."""
+    if got is None or not np.issubdtype(np.asarray(got).dtype, np.number) or np.any(np.asarray(got)):
+        return None
+    return "is an array of zeros where the call gave no such input: return None in its place"
+
+
+def factor_names(**sizes) -> dict[str, float]:
+    """{label: value} of the factors worth naming: for each size given, in its order (``d=4`` gives √d, 1/√d, d, 1/d;
+    ``scale=0.5`` gives scale and 1/scale; ``**{"the batch size": 2}`` gives it and its inverse), then 2 and 1/2.
+    −1 and the negatives are ``constant_factor``'s."""
+    names = {}
+    for label, value in sizes.items():
+        if not value or value == 1:
+            continue
+        if label == "d":
+            names.update({"√d": np.sqrt(value), "1/√d": 1 / np.sqrt(value), "d": float(value), "1/d": 1 / value})
+        elif label == "scale":
+            names.update({"scale": float(value), "1/scale": 1 / value})
+        elif label.split(" (")[0].isidentifier():  # an argument of the call (cap, p, n_rep), or "N (the rows)"
+            names.update({label: float(value), f"1/{label}": 1 / value})
+        else:
+            names.update({label: float(value), f"1/({label})": 1 / value})
+    return {**names, "2": 2.0, "1/2": 0.5}  # the sizes first: "1/scale" says more than "2" when both are 2
+
+
+def constant_factor(got, want, scale: float, names: dict[str, float] | None = None) -> str | None:
+    """got = c · want for one constant c ≠ 1 (least squares, residual below the tolerance); c named when it is one of
+    ``names`` (or minus one of them)."""
+    if got.shape != want.shape or not _nonzero(want, scale) or not _nonzero(got, scale):
+        return None
+    c = float(np.vdot(want, got) / np.vdot(want, want))
+    if abs(c - 1) <= 1e-6 or not _close(got, c * want, scale):
+        return None
+    if abs(c + 1) <= 1e-6:
+        return "has the wrong sign (it is −1 times the right one): flip the sign where it is computed"
+    table = {**(names or {}), **{f"−{k}": -v for k, v in (names or {}).items()}}
+    label = next((k for k, v in table.items() if abs(c / v - 1) <= 1e-6), None)
+    said = f"{label} (= {c:.6g})" if label else f"{c:.6g}"
+    way = "too large" if abs(c) > 1 else "too small"
+    sign = ", and of the wrong sign" if c < 0 else ""
+    fix = next((k for k, v in table.items() if abs(v * c - 1) <= 1e-6), f"{1 / c:.6g}")  # the inverse, named too
+    return f"is {said} times the right one ({way}{sign}): a factor {fix} is missing where it is computed"
+
+
+def swapped_axes(got, want, scale: float) -> str | None:
+    """got = want with its axes permuted (a transpose, or two axes swapped; of equal size, the shape hides it)."""
+    if got.ndim != want.ndim or got.ndim < 2 or not _nonzero(want, scale):
+        return None
+    for perm in itertools.permutations(range(want.ndim)):
+        moved = want.transpose(perm)
+        if perm == tuple(range(want.ndim)) or moved.shape != got.shape:
+            continue
+        if _close(got, moved, scale) and not _close(want, moved, scale):
+            if want.ndim == 2:
+                return "is the transpose of the right one: swap the two factors of its product (or transpose it)"
+            swapped = [i for i, p in enumerate(perm) if p != i]
+            return f"has its axes {tuple(swapped)} swapped: put them back in the forward's order"
+    return None
+
+
+def _subsets(axes):
+    return itertools.chain.from_iterable(itertools.combinations(axes, r) for r in range(1, len(axes) + 1))
+
+
+def summed_wrong(got, want, scale: float) -> str | None:
+    """A sum missing (got summed over some of its axes is want) or a sum too many (got is want summed over an axis,
+    with or without the axis kept)."""
+    if not _nonzero(want, scale):
+        return None
+    if got.ndim >= want.ndim and got.size > want.size:
+        for axes in _subsets(range(got.ndim)):
+            summed = got.sum(axis=axes)
+            if summed.size == want.size and _close(np.squeeze(summed), np.squeeze(want), scale):
+                return (f"has shape {got.shape}: it is the per-item part of the right one, not summed over axes "
+                        f"{axes}: every item along them uses the same input, so the contributions add up")  # fmt: skip
+    for axes in _subsets(range(want.ndim)):
+        summed = want.sum(axis=axes, keepdims=True)
+        dropped = summed.reshape([n for i, n in enumerate(want.shape) if i not in axes])
+        for seen in (dropped, summed, np.broadcast_to(summed, want.shape)):  # the last: summed, then spread back
+            if _close(got, seen, scale) and not _close(want, np.broadcast_to(summed, want.shape), scale):
+                return (f"is summed over axes {axes}, a sum too many: each item along them has a gradient of "
+                        "its own, keep those axes apart")  # fmt: skip
+    return None
+
+
+def missing_path(got, want, scale: float, paths: dict[str, np.ndarray] | None = None) -> str | None:
+    """got = want − the contributions of one or more paths (``paths``: {what the path is: its contribution to this
+    gradient}); the fewest paths that explain it are named."""
+    if got.shape != want.shape:
+        return None
+    parts = {k: np.asarray(v, dtype=np.float64) for k, v in (paths or {}).items()}
+    parts = {k: v for k, v in parts.items() if v.shape == want.shape and _nonzero(v, scale)}
+    for lost in _subsets(list(parts)):
+        if _close(got, want - sum(parts[k] for k in lost), scale):
+            each = "each of those paths'" if len(lost) > 1 else "that path's"
+            what = f"contribution{'s' * (len(lost) > 1)} of {' and '.join(lost)}"
+            return f"lacks the {what}: the input is used there too, add {each} gradient"
+    return None
+
+
+def wrong_on_part(got, want, scale: float, masked_rows=None) -> str | None:
+    """Right everywhere but on the fully masked rows (``masked_rows``: bool, True for a row with no key allowed,
+    broadcastable to got.shape[:-1]), on the first row, on one head, or on one index of one axis."""
+    if got.shape != want.shape or got.ndim < 2:
+        return None
+    with np.errstate(invalid="ignore"):
+        err = np.abs(got - want)
+    bad = ~(err <= RTOL * scale)  # NaN is bad
+    if not bad.any() or bad.all():
+        return None
+    if masked_rows is not None:
+        try:
+            rows = np.broadcast_to(np.asarray(masked_rows, dtype=bool), want.shape[:-1])
+        except ValueError:
+            rows = None
+        if rows is not None and rows.any() and np.array_equal(bad.any(axis=-1), rows):
+            return ("is wrong only on the fully masked rows (no key allowed): there the weights are zero, so "
+                    "nothing flows back; handle those rows without dividing by a zero sum or using -inf")  # fmt: skip
+    for axis in [want.ndim - 2, *([1] if want.ndim == 4 else []), *range(want.ndim)]:
+        if want.shape[axis] < 2:
+            continue
+        hit = np.flatnonzero(np.moveaxis(bad, axis, 0).reshape(want.shape[axis], -1).any(axis=1))
+        if len(hit) != 1:
+            continue
+        i = int(hit[0])
+        rows = want.ndim >= 3 and axis == want.ndim - 2  # positions of a sequence (a table's row 0 is token 0)
+        if rows and i == 0:
+            return "is right except on the first row (index 0 of axis -2): look at how the first row is treated"
+        if rows and i == want.shape[axis] - 1:
+            return "is right except on the last row (axis -2): look for a loop that stops one row early"
+        if axis == 1 and want.ndim == 4:
+            return f"is right except on head {i} (axis 1): look at how that head is indexed"
+        return f"is right except at index {i} of axis {axis}: look at how that slice is treated"
+    return None
+
+
+def _safely(finder) -> str | None:
+    try:
+        return finder()
+    except (ValueError, TypeError, ArithmeticError):  # a student's array no finder expected: no relation, no crash
+        return None
+
+
+def explain(gradient: str, where: str, got, want, scale: float, *, names=None, paths=None, masked_rows=None):
+    """The first relation between the student's ``got`` and the reference's ``want``, as one sentence naming
+    ``gradient`` and ``where`` (a backward, an F-line), or "" when none holds. Never says the expected value."""
+    want = np.asarray(want, dtype=np.float64)
+    if got is not None:
+        got = np.asarray(got)
+        if not np.issubdtype(got.dtype, np.number):
+            return ""
+        got = got.astype(np.float64)
+    said = missing(got, want, scale)
+    if said is None and got is not None:
+        finders = (
+            lambda: constant_factor(got, want, scale, names),
+            lambda: swapped_axes(got, want, scale),
+            lambda: summed_wrong(got, want, scale),
+            lambda: missing_path(got, want, scale, paths),
+            lambda: wrong_on_part(got, want, scale, masked_rows),
+        )
+        with np.errstate(all="ignore"):
+            said = next((s for s in map(_safely, finders) if s), None)
+    return f"{gradient} ({where}) {said}." if said else ""

@@ -1,0 +1,191 @@
+"""The relation finders of mha_numpy/checker/relations.py, one test each, and the student files they name.
+
+Each finder gets a wrong gradient built from a right one by the relation it must see, and a gradient that is wrong
+some other way (it must say nothing). Then every tests/data/students/rel_*.py (bugs outside the catalogue and
+near-variants of catalogued ones, issue 41) FAILs with the relation its ``# relation: FUNCTION SENTENCE`` line says,
+and its other functions pass.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mha_numpy.checker import check_namespace, load_student
+from mha_numpy.checker import relations as R
+
+RNG = np.random.default_rng(41)
+WANT = RNG.standard_normal((2, 3, 4))
+SCALE = float(np.abs(WANT).max())
+NOISE = WANT + 1e-3 * RNG.standard_normal(WANT.shape)  # wrong, but by no relation
+
+
+def test_missing_says_none_and_zeros_where_the_reference_is_not_zero():
+    assert "None was returned" in R.missing(None, WANT, SCALE)
+    assert "all zeros" in R.missing(np.zeros_like(WANT), WANT, SCALE)
+    assert R.missing(np.zeros_like(WANT), np.zeros_like(WANT), 1.0) is None  # zero is right there
+    assert R.missing(NOISE, WANT, SCALE) is None
+    assert R.missing(np.where(WANT > 0, np.nan, 0.0), WANT, SCALE) is None  # NaN is not zero
+
+
+def test_constant_factor_is_named_when_it_is_a_size_and_given_as_a_number_otherwise():
+    names = R.factor_names(d=4, **{"the batch size": 3})
+    assert "√d (= 2) times" in R.constant_factor(2 * WANT, WANT, SCALE, names)
+    assert "a factor 1/√d is missing" in R.constant_factor(2 * WANT, WANT, SCALE, names)
+    assert "1/(the batch size) (= 0.333333) times" in R.constant_factor(WANT / 3, WANT, SCALE, names)
+    assert "wrong sign" in R.constant_factor(-WANT, WANT, SCALE, names)
+    assert "−√d (= -2) times" in R.constant_factor(-2 * WANT, WANT, SCALE, names)
+    assert "1.37 times" in R.constant_factor(1.37 * WANT, WANT, SCALE, names)
+    assert R.constant_factor(NOISE, WANT, SCALE, names) is None
+    assert R.constant_factor(WANT, WANT, SCALE, names) is None
+
+
+def test_swapped_axes_sees_a_transpose_and_two_swapped_axes():
+    square = RNG.standard_normal((4, 4))
+    assert "transpose" in R.swapped_axes(square.T, square, 1.0)
+    four = RNG.standard_normal((2, 3, 3, 5))
+    assert "axes (1, 2) swapped" in R.swapped_axes(four.swapaxes(1, 2), four, 1.0)
+    wide = RNG.standard_normal((3, 5))  # W (out, in): a transposed dW has the wrong shape, and is still named
+    assert "transpose" in R.swapped_axes(wide.T, wide, 1.0)
+    symmetric = square + square.T
+    assert R.swapped_axes(symmetric, symmetric, 1.0) is None  # the transpose equals it: nothing to tell
+    assert R.swapped_axes(NOISE, WANT, SCALE) is None
+
+
+def test_summed_wrong_sees_a_missing_sum_and_a_sum_too_many():
+    per_row = RNG.standard_normal((2, 3, 5))  # a bias gradient left per position
+    assert "not summed over axes (0, 1)" in R.summed_wrong(per_row, per_row.sum(axis=(0, 1)), 1.0)
+    sink = RNG.standard_normal((2, 1))  # one sink a head; the student gave each the total
+    assert "summed over axes (0,), a sum too many" in R.summed_wrong(np.full((2, 1), sink.sum()), sink, 1.0)
+    assert "summed over axes (2,)" in R.summed_wrong(WANT.sum(axis=2), WANT, SCALE)
+    assert R.summed_wrong(NOISE, WANT, SCALE) is None
+
+
+def test_missing_path_names_the_path_whose_contribution_is_missing():
+    paths = {"the query path": RNG.standard_normal(WANT.shape), "the value path": RNG.standard_normal(WANT.shape)}
+    want = WANT + sum(paths.values())
+    scale = float(np.abs(want).max())
+    assert "the value path" in R.missing_path(want - paths["the value path"], want, scale, paths)
+    assert R.missing_path(want - 0.5 * paths["the value path"], want, scale, paths) is None
+    both = R.missing_path(want - sum(paths.values()), want, scale, paths)
+    assert "contributions of the query path and the value path" in both
+    assert R.missing_path(NOISE, WANT, SCALE, None) is None
+
+
+def test_wrong_on_part_names_the_first_row_one_head_and_the_masked_rows():
+    want = RNG.standard_normal((2, 3, 4, 5))
+    first = want.copy()
+    first[..., 0, :] = 0
+    assert "the first row" in R.wrong_on_part(first, want, 1.0)
+    table = want[0, 0].copy()  # (4, 5): row 0 of a table is token 0, not a first position
+    assert "index 0 of axis 0" in R.wrong_on_part(np.where(np.arange(4)[:, None] == 0, 0.0, table), table, 1.0)
+    head = want.copy()
+    head[:, 2] *= 2
+    assert "head 2" in R.wrong_on_part(head, want, 1.0)
+    masked = np.zeros((2, 3, 4), dtype=bool)
+    masked[1, 0, 1] = masked[0, 2, 3] = True
+    blocked = np.where(masked[..., None], np.nan, want)  # NaN where no key is allowed
+    assert "fully masked rows" in R.wrong_on_part(blocked, want, 1.0, masked)
+    assert R.wrong_on_part(want + 1e-3, want, 1.0) is None  # wrong everywhere: no part to name
+
+
+def test_explain_says_gradient_and_place_and_never_crashes_on_odd_answers():
+    said = R.explain("dk", "in attention_scores_backward", -WANT, WANT, SCALE)
+    assert said.startswith("dk (in attention_scores_backward) has the wrong sign")
+    assert R.explain("dk", "here", np.array(["a"] * 24).reshape(WANT.shape), WANT, SCALE) == ""
+    assert R.explain("dk", "here", np.ones((7,)), WANT, SCALE) == ""
+    assert R.explain("dk", "here", NOISE, WANT, SCALE) == ""
+
+
+STUDENTS = sorted((Path(__file__).parent / "data" / "students").glob("rel_*.py"))
+
+
+def _relation(path: Path) -> tuple[str, str]:
+    line = next(x for x in path.read_text(encoding="utf-8").splitlines() if x.startswith("# relation:"))
+    function, sentence = line.removeprefix("# relation:").strip().split(" ", 1)
+    return function, sentence
+
+
+@pytest.mark.parametrize("path", STUDENTS, ids=lambda p: p.stem)
+def test_each_student_file_outside_the_catalogue_is_named_by_its_relation(path):
+    """Ten files main's checker names 0 of (near-variants of catalogued bugs and bugs outside the catalogue): each
+    FAILs where its bug is, with the relation in the report's relation line; its other functions pass."""
+    function, sentence = _relation(path)
+    report = check_namespace(load_student(path), source=path.name)
+    for row in report.rows:
+        if row.function == function:
+            assert row.status == "FAIL" and sentence in row.relation, str(report)
+            assert f"relation: {row.relation}" in str(report)
+        else:
+            assert row.status == "PASS", str(report)
+    assert function in {r.function for r in report.rows}
+
+
+def test_there_are_student_files_for_every_kind_of_relation():
+    """The set covers each finder at least once (a deleted file would leave a relation untested end to end)."""
+    said = " ".join(_relation(p)[1] for p in STUDENTS)
+    kinds = (
+        "all zeros",
+        "is an array of zeros",
+        "fully masked rows",
+        "times the right one",
+        "wrong sign",
+        "transpose",
+        "per-item part",
+        "a sum too many",
+        "lacks the contribution",
+        "right except on the first row",
+    )
+    for words in kinds:
+        assert words in said
+
+
+def test_the_relation_reaches_the_score_file_and_comes_back_from_a_child_process():
+    """The teacher's score file carries the relation in the test's output; ``check_file`` (the file in a child
+    process, which sends back arrays only) finds the same relation as the notebook's in-process check."""
+    from mha_numpy.checker import check_file
+    from mha_numpy.checker.grading import grade_namespace
+
+    path = next(p for p in STUDENTS if p.stem == "rel_softmax_sign")
+    function, sentence = _relation(path)
+    test = next(t for t in grade_namespace(load_student(path)).tests if t["name"] == function)
+    assert test["score"] == 0 and f"(relation: {sentence}" in test["detail"], test
+    assert sentence in check_file(path)[function].relation
+
+
+def test_zeros_for_none_sees_zeros_returned_for_an_input_never_given():
+    assert "return None in its place" in R.zeros_for_none(np.zeros((2, 3)))
+    assert R.zeros_for_none(None) is None and R.zeros_for_none(WANT) is None
+
+
+FACTORS = [
+    ("dropout_no_scale", "is 1 − p (= 0.7) times"),
+    ("soft_cap_times_cap", "is cap (= 2) times"),
+    ("repeat_kv_mean", "is 1/n_rep (= 0.333333) times"),
+    ("cross_entropy_no_mean", "is N (the rows, every axis but the last) (= 6) times"),
+]
+
+
+@pytest.mark.parametrize(("key", "factor"), FACTORS, ids=[k for k, _ in FACTORS])
+def test_a_catalogued_factor_is_named_by_the_calls_own_argument_not_by_a_size_that_happens_to_equal_it(key, factor):
+    """soft-cap's cap is 2 and so is the batch: the factor is named by the argument (before, "the batch size")."""
+    from mha_numpy.checker import bugs, cases
+
+    bug = bugs.find(key)
+    pair = cases.find(bug.pair)
+    ns = {f"{pair.name}_forward": bug.forward or pair.forward, f"{pair.name}_backward": bug.impl}
+    row = check_namespace(ns, only=[pair.name])[bug.function]
+    assert row.status == "FAIL" and factor in row.relation and row.bug == bug, row
+
+
+def test_the_block_capstones_skip_path_is_named_at_its_f_line():
+    """Exercise 10's d_h without F20's skip: the relation names the skip and the LayerNorm's F-line (F15)."""
+    from mha_numpy.checker import capstone_block as K
+
+    _, caches = K.block_case()
+    g = K.block_reference(caches)
+    _, wrong, _, said = K.BLOCK.judge({**g, "h": g["h"] - g["y"]}, {"seed": 0})  # the case block_case() built
+    assert wrong.name == "h" and said.startswith("d_h (at F15: xhat2 = "), said
+    assert "lacks the contribution of F20's skip" in said, said
