@@ -44,10 +44,10 @@ class GPTSizes:
 
     vocab_size: int = 256
     context: int = 64
-    hidden: int = 64
-    layers: int = 2
+    hidden: int = 128
+    layers: int = 3
     heads: int = 4
-    inner: int = 256
+    inner: int = 512
 
 
 def gpt_params(s: GPTSizes, seed: int = 0) -> dict:
@@ -181,14 +181,19 @@ def train(
     val_ids: np.ndarray,
     sizes: GPTSizes = GPTSizes(),
     *,
-    steps: int = 300,
-    batch: int = 16,
+    steps: int = 600,
+    batch: int = 32,
     lr: float = 3e-3,
     seed: int = 0,
     log=None,
 ) -> tuple[float, list]:
     """Stage 4: train with ``block_backward`` (None: the library's) -> (validation loss on ``val_ids``, the training
-    losses). Validation: windows of L + 1 bytes, stride L, over all of ``val_ids`` (as ``train_gpt.evaluate``)."""
+    losses). Validation: windows of L + 1 bytes, stride L, over all of ``val_ids`` (full windows only).
+
+    Measured with exercise 10's worked solution and these defaults (3 blocks, E = 128, 600 steps of 32 windows) on
+    the whole corpus: validation 1.5141 nats/byte against the best bigram's 2.2646 (66.9 %; the target is 75 %),
+    542 s of CPU time on one BLAS thread (638 s of wall time on a shared machine). 300 steps gave 1.8593 (82 %):
+    the loss sits near the bigram's for ~150 steps before attention starts to pay."""
     from ..threads import blas_single_threaded
 
     P = gpt_params(sizes, seed)
