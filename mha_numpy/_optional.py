@@ -22,6 +22,7 @@ EXTRAS = {
     "transformers": ("transformers", "torch"),
     "jax": ("jax", "jax"),  # mha_numpy.testing.from_jax (python -m mha_numpy verify --jax)
     "mpi4py": ("mpi4py", "mpi"),  # mha_numpy.distributed: ring attention over MPI (python -m mha_numpy ring)
+    "bible_cli": ("bible-cli", "corpus"),  # the gpt command's text (mha_numpy.data.corpus)
 }
 
 

@@ -121,9 +121,12 @@ def model_forward(params: dict, tokens: np.ndarray, targets: np.ndarray, num_hea
     return cache, c
 
 
-def attention_forward(x: np.ndarray, P: dict, num_heads: int, scale: float, c: dict) -> dict:
+def attention_forward(x: np.ndarray, P: dict, num_heads: int, scale: float, c: dict, causal: bool = False) -> dict:
     """Self-attention as the capstones cut it (q ... a; F4-F14 of the model, F1-F11 of the block), with the library's
-    pairs: x (B, L, E) -> {name: value}; each pair's cache goes into ``c`` under the name of its output."""
+    pairs: x (B, L, E) -> {name: value}; each pair's cache goes into ``c`` under the name of its output.
+
+    causal=True (exercise 15's GPT) sets the scores above the diagonal to -1e30 before the softmax: their weights
+    are exactly 0, so the softmax's backward already gives them no gradient and the backward is unchanged."""
     q, c["q"] = F.linear_forward(x, P["W_q"], P["b_q"])  # (B, L, E) @ (E, E) -> (B, L, E)
     k, c["k"] = F.linear_forward(x, P["W_k"], P["b_k"])  # (B, L, E)
     v, c["v"] = F.linear_forward(x, P["W_v"], P["b_v"])  # (B, L, E)
@@ -131,6 +134,9 @@ def attention_forward(x: np.ndarray, P: dict, num_heads: int, scale: float, c: d
     kh, c["kh"] = F.split_heads_forward(k, num_heads)  # (B, H, L, D)
     vh, c["vh"] = F.split_heads_forward(v, num_heads)  # (B, H, L, D)
     scores, c["scores"] = F.attention_scores_forward(qh, kh, scale)  # (B, H, L, D) @ (B, H, D, L) -> (B, H, L, L)
+    if causal:
+        L = x.shape[1]
+        scores = np.where(np.tri(L, dtype=bool), scores, -1e30)  # (L, L) lower triangle kept: key j <= query i
     weights, c["weights"] = F.softmax_forward(scores)  # (B, H, L, L)
     ctx, c["ctx"] = F.attention_context_forward(weights, vh)  # (B, H, L, L) @ (B, H, L, D) -> (B, H, L, D)
     merged, c["merged"] = F.merge_heads_forward(ctx)  # (B, H, L, D) -> (B, L, H, D) -> (B, L, E)

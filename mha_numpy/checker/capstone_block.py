@@ -72,8 +72,12 @@ def block_params(E: int, H: int, inner: int, rng: np.random.Generator) -> dict:
     return {name: P[name] for name in PARAMS}
 
 
-def block_forward(params: dict, x: np.ndarray, d_y: np.ndarray, num_heads: int) -> tuple[dict, dict]:
-    """x, d_y (B, L, E) -> (cache: every intermediate, parameter and input by name, the library's caches)."""
+def block_forward(
+    params: dict, x: np.ndarray, d_y: np.ndarray, num_heads: int, causal: bool = False
+) -> tuple[dict, dict]:
+    """x, d_y (B, L, E) -> (cache: every intermediate, parameter and input by name, the library's caches).
+
+    causal: the attention's (``capstone.attention_forward``), for the GPT of exercise 15."""
     P = params
     E = x.shape[-1]
     scale = 1.0 / np.sqrt(E // num_heads)
@@ -81,7 +85,7 @@ def block_forward(params: dict, x: np.ndarray, d_y: np.ndarray, num_heads: int) 
     c: dict = {}
     xhat1, c["xhat1"] = LY.layer_norm_forward(x, ones, zeros, EPS)  # F1: (B, L, E)
     n1 = xhat1 * P["gamma1"] + P["beta1"]  # F2: (B, L, E)
-    values = dict(xhat1=xhat1, n1=n1, **C.attention_forward(n1, P, num_heads, scale, c))  # F3 ... F13
+    values = dict(xhat1=xhat1, n1=n1, **C.attention_forward(n1, P, num_heads, scale, c, causal))  # F3 ... F13
     h = x + values["a"]  # F14: (B, L, E)
     xhat2, c["xhat2"] = LY.layer_norm_forward(h, ones, zeros, EPS)  # F15: (B, L, E)
     n2 = xhat2 * P["gamma2"] + P["beta2"]  # F16: (B, L, E)

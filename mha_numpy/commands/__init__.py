@@ -4,9 +4,9 @@ Commands import their heavy dependencies (matplotlib, torch, ...) inside ``run``
 ``python -m mha_numpy --help`` stays fast and works without them.
 """
 
-from . import bert, check, crosscheck, finetune, gradcheck, ring, tour, train, verify
+from . import bert, check, crosscheck, finetune, gpt, gradcheck, ring, tour, train, verify
 from ._args import Parser, UsageError
 
-COMMANDS = [tour, gradcheck, bert, crosscheck, train, finetune, check, verify, ring]
+COMMANDS = [tour, gradcheck, bert, crosscheck, train, gpt, finetune, check, verify, ring]
 
 __all__ = ["COMMANDS", "Parser", "UsageError"]
