@@ -32,6 +32,7 @@ import numpy as np
 from .. import functional as F
 from ..models import layers as LY
 from ..optim import Adam, clip_grad_norm
+from ..threads import blas_single_threaded
 from . import capstone as C
 from . import capstone_block as CB
 
@@ -194,8 +195,6 @@ def train(
     the whole corpus: validation 1.5141 nats/byte against the best bigram's 2.2646 (66.9 %; the target is 75 %),
     542 s of CPU time on one BLAS thread (638 s of wall time on a shared machine). 300 steps gave 1.8593 (82 %):
     the loss sits near the bigram's for ~150 steps before attention starts to pay."""
-    from ..threads import blas_single_threaded
-
     P = gpt_params(sizes, seed)
     opt, rng, losses = Adam(P, lr=lr), np.random.default_rng(seed + 1), []
     with blas_single_threaded():

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._optional import missing
+
 PACKAGE, VERSION = "bible-cli", "1.0.3"
 _MODULE, _FILE = "bible_cli", "dataset.json"
 _NOTE = re.compile(r"\{[^{}]*:[^{}]*\}")  # a marginal note: "{...: Heb. ...}"
@@ -36,8 +38,6 @@ VALIDATION_EVERY = 10  # chapter k -> validation when k % 10 == 9
 
 def corpus_path() -> Path:
     """Where ``bible-cli`` put its text, found without importing the package; ``MissingDependency`` if absent."""
-    from .._optional import missing
-
     spec = importlib.util.find_spec(_MODULE)
     if spec is None or not spec.submodule_search_locations:
         raise missing(_MODULE, "the capstone corpus (the King James Bible)")
