@@ -35,6 +35,7 @@ import numpy as np
 from ..attention import MultiHeadAttention
 from ._lazy import require
 from .decoder_attention import DecoderAttention, crosscheck_decoder_attention, crosscheck_decoder_kv_cache
+from .harness import on_kernel
 from .llama import from_llama_like, llama_like_sizes
 from .names import HF_LLAMA_NAME_MAP
 from .report import CrosscheckReport
@@ -68,11 +69,7 @@ def from_hf_gemma2_attention(module: Gemma2Attention) -> MultiHeadAttention:
 def _imported(module, kernel, recompute: bool) -> MultiHeadAttention:
     if getattr(module.config, "use_bidirectional_attention", False):
         raise ValueError("the module's config has use_bidirectional_attention=True; the checks model causal layers")
-    mha = from_hf_gemma2_attention(module)
-    if kernel is not None:
-        mha.kernel = kernel
-    mha.recompute = recompute
-    return mha
+    return on_kernel(from_hf_gemma2_attention(module), kernel, recompute)
 
 
 def _title(module, mha, what: str) -> str:

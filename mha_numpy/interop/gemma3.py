@@ -35,6 +35,7 @@ import numpy as np
 from ..attention import MultiHeadAttention
 from ._lazy import require
 from .decoder_attention import DecoderAttention, crosscheck_decoder_attention, crosscheck_decoder_kv_cache
+from .harness import on_kernel
 from .llama import from_llama_like, llama_like_sizes
 from .qwen3 import HF_QWEN3_NAME_MAP
 from .report import CrosscheckReport
@@ -120,11 +121,7 @@ def from_hf_gemma3_attention(module: Gemma3Attention) -> MultiHeadAttention:
 
 
 def _imported(module, kernel, recompute: bool) -> MultiHeadAttention:
-    mha = from_hf_gemma3_attention(module)
-    if kernel is not None:
-        mha.kernel = kernel
-    mha.recompute = recompute
-    return mha
+    return on_kernel(from_hf_gemma3_attention(module), kernel, recompute)
 
 
 def _title(module, mha, what: str) -> str:

@@ -106,6 +106,14 @@ def positions_of(pos, B: int, L: int) -> np.ndarray:
     return np.broadcast_to(np.arange(L) if pos is None else np.asarray(pos), (B, L)).astype(np.int64)
 
 
+def on_kernel(module, kernel=None, recompute: bool = False):
+    """An imported module set to run on ``kernel`` (None: its default) and with ``recompute``, for a check's row."""
+    if kernel is not None:
+        module.kernel = kernel
+    module.recompute = recompute
+    return module
+
+
 def run_ours(module, inputs: tuple, d_output, dx_from=("query", "key", "value"), **kwargs) -> tuple[dict, dict]:
     """Our module's forward on ``inputs`` (``kwargs`` passed on) and backward of ``d_output`` -> (values, grads).
 

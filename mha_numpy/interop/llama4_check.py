@@ -28,6 +28,7 @@ from .harness import (
     decode_calls,
     eval_mode,
     grad_rows,
+    on_kernel,
     positions_of,
     run_ours,
     shipped_gap,
@@ -133,11 +134,7 @@ def _imported(module, kernel, recompute: bool) -> MultiHeadAttention:
     if module.config._attn_implementation != "eager":
         raise ValueError(f"the cross-check runs HF's eager attention (it returns the weights); the module has "
                          f"attn_implementation={module.config._attn_implementation!r}")  # fmt: skip
-    mha = from_hf_llama4_attention(module)
-    if kernel is not None:
-        mha.kernel = kernel
-    mha.recompute = recompute
-    return mha
+    return on_kernel(from_hf_llama4_attention(module), kernel, recompute)
 
 
 def _checked_mask(mask, shape) -> np.ndarray:

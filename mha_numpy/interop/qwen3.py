@@ -37,6 +37,7 @@ import numpy as np
 from ..attention import MultiHeadAttention
 from ._lazy import require
 from .decoder_attention import DecoderAttention, crosscheck_decoder_attention, crosscheck_decoder_kv_cache
+from .harness import on_kernel
 from .llama import from_llama_like, llama_like_sizes
 from .names import HF_LLAMA_NAME_MAP
 from .report import CrosscheckReport
@@ -94,11 +95,7 @@ def from_hf_qwen3_attention(module: Qwen3Attention) -> MultiHeadAttention:
 
 
 def _imported(module, kernel, recompute: bool) -> MultiHeadAttention:
-    mha = from_hf_qwen3_attention(module)
-    if kernel is not None:
-        mha.kernel = kernel
-    mha.recompute = recompute
-    return mha
+    return on_kernel(from_hf_qwen3_attention(module), kernel, recompute)
 
 
 def _title(module, mha, what: str) -> str:
