@@ -32,6 +32,8 @@ from .load import BadPath, CannotRun, StudentFileError, check_path, load_student
 from .process import DEFAULT_TIMEOUT, ChildProcess
 from .runner import CAPSTONES, NOT_DONE, Row, check_student, plan
 from .student import InProcess
+from .systems import SIZE as SYSTEMS_SIZE
+from .systems import check_systems
 
 
 @dataclass
@@ -92,7 +94,9 @@ def _ignored(names, only) -> list[str]:
     return [n for n in names if n.endswith(("_forward", "_backward")) and n not in known] if only is None else []
 
 
-def _check(student, only, source: str, echo: Callable[[str], None] | None) -> CheckReport:
+def _check(
+    student, only, source: str, echo: Callable[[str], None] | None, systems_size: int | None = None
+) -> CheckReport:
     report = CheckReport(source=source, ignored=_ignored(student.names, only), planned=plan(student.names, only))
 
     def on_row(row: Row) -> None:
@@ -101,6 +105,9 @@ def _check(student, only, source: str, echo: Callable[[str], None] | None) -> Ch
             echo(report.row_text(row))
 
     check_student(student, only, on_row)
+    flash = [r.status for r in report.rows if r.function.startswith("flash_attention_")]
+    if systems_size and flash == ["PASS", "PASS"]:  # exercise 13's numbers right: now its memory and time
+        on_row(check_systems(student, systems_size))
     report.refused = list(getattr(student, "refused", []))  # a file's child process says what it asked for
     if echo is not None:
         echo(report.summary())
@@ -116,9 +123,11 @@ def check_namespace(namespace: dict, only=None, source: str = "", echo=None) -> 
     return _check(InProcess(namespace), only, source, echo)
 
 
-def check_file(path, only=None, timeout: float = DEFAULT_TIMEOUT, echo=None) -> CheckReport:
+def check_file(path, only=None, timeout: float = DEFAULT_TIMEOUT, echo=None, systems_size=SYSTEMS_SIZE) -> CheckReport:
     """Check every known function the file at ``path`` (.py, or a notebook's code cells) defines, run in a child
-    process: ``timeout`` seconds for importing it and for each function's check.
+    process: ``timeout`` seconds for importing it and for each function's check. When exercise 13's pair passes,
+    one more row: its peak memory and time at L = ``systems_size`` against the targets of ``checker.systems``
+    (None: not measured).
 
     BadPath (a StudentFileError) when ``path`` is not a .py or .ipynb file; CannotRun (also one) when it cannot be
     imported (a syntax error, an error, sys.exit, a time-out while importing). ``echo(line)`` gets each line of the
@@ -127,7 +136,7 @@ def check_file(path, only=None, timeout: float = DEFAULT_TIMEOUT, echo=None) -> 
     path = check_path(path)
     child = ChildProcess(path, timeout)
     try:
-        report = _check(child, only, str(path), echo)
+        report = _check(child, only, str(path), echo, systems_size)
     finally:
         child.close()
     report.output = child.output

@@ -10,7 +10,9 @@ It takes the checker's requests on its stdin and answers on its stdout, which it
 reach first: the student's code reads an empty stdin, and what it prints goes to the output file the checker
 gave as stderr. Requests: ``("load", path, shown)`` -> the names the file defines; ``("call", function, args,
 keep_cache)`` -> the result, with a forward's cache kept here and replaced by a ``CacheRef``; ``("map",
-function, list of args)`` -> the results of one call on each (caches dropped: finite differences); ``("quit",)``.
+function, list of args)`` -> the results of one call on each (caches dropped: finite differences);
+``("measure", forward, backward, args, d_out)`` -> exercise 13's peak bytes and seconds (``checker.systems``);
+``("quit",)``.
 Every call goes through ``student.call_checked`` (copies, mutation check) and any BaseException of the
 student's code (SystemExit, KeyboardInterrupt included) is a reply, never this process's end. The verdicts are
 not made here: the checker compares what comes back with its own reference, in its own process.
@@ -24,6 +26,7 @@ import os
 import sys
 import threading
 import time
+import tracemalloc
 
 import numpy as np
 
@@ -144,6 +147,28 @@ class Server:
             result = (result[0], cache)
         return {"kind": "ok", "result": result}
 
+    def measure(self, forward: str, backward: str, args: list, d_out) -> dict:
+        """Exercise 13's systems stage: ``forward(*args)`` then ``backward(d_out, cache)`` once, under tracemalloc
+        (NumPy reports its arrays to it) -> the peak bytes allocated during the two calls and their seconds."""
+        fwd, bwd = self.namespace.get(forward), self.namespace.get(backward)
+        if not (callable(fwd) and callable(bwd)):
+            return {"kind": "raised", "type": "NameError", "message": f"{forward} or {backward} is not defined",
+                    "not_done": False}  # fmt: skip
+        values = [v for _, v in args]
+        try:
+            with np.errstate(all="ignore"):
+                _start_trace()
+                began = _clock()
+                _, cache = fwd(*values)
+                bwd(d_out, cache)
+                seconds = _clock() - began
+                peak = _traced()[1]
+        except BaseException as e:  # noqa: BLE001 - whatever the student's code raises is a verdict, not our end
+            return _raised(e)
+        finally:
+            _stop_trace()
+        return {"kind": "ok", "result": (int(peak), float(seconds))}
+
     def call_many(self, function: str, arg_lists: list) -> dict:
         """``call`` on each argument list (caches dropped); the first reply that is not a result ends it."""
         results = []
@@ -153,6 +178,14 @@ class Server:
                 return reply
             results.append(reply["result"])
         return {"kind": "ok", "result": results}
+
+
+_start_trace, _stop_trace, _traced, _clock = (  # bound before the student's file runs
+    tracemalloc.start,
+    tracemalloc.stop,
+    tracemalloc.get_traced_memory,
+    time.perf_counter,
+)
 
 
 def _watch_parent(interval: float = 0.5) -> None:
@@ -177,7 +210,12 @@ def main() -> None:
     requests, replies = _streams()
     sys.argv[:] = [""]  # the student's file learns nothing of how the checker started this process
     server = Server(guard)
-    handlers = {"load": server.load, "call": server.call, "map": server.call_many}  # bound before the file runs
+    handlers = {
+        "load": server.load,
+        "call": server.call,
+        "map": server.call_many,
+        "measure": server.measure,
+    }  # bound before the file runs
     send_reply(replies, {"kind": "ready"})
     while True:
         request = read_request(requests)

@@ -232,6 +232,10 @@ class ChildProcess:
         """``call`` on each argument list in one message, the caches dropped: the list of results."""
         return self._request(("map", function, arg_lists), function)
 
+    def measure(self, forward: str, backward: str, args: list, d_out) -> tuple[int, float]:
+        """``forward`` then ``backward`` once in the child, under tracemalloc: (peak bytes, seconds)."""
+        return self._request(("measure", forward, backward, args, d_out), backward)
+
     def _request(self, request: tuple, function: str):
         if self.proc is None:
             self._start()  # the last one died or was stopped: a fresh process, the file imported again
