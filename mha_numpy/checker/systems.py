@@ -1,8 +1,9 @@
 """Exercise 13's systems stage: the student's flash forward + backward graded on memory and time, not only numbers.
 
-The student's child process runs ``flash_attention_forward`` then ``flash_attention_backward`` once at L = 4096
+The student's child process runs ``flash_attention_forward`` then ``flash_attention_backward`` at L = 4096
 (d = 64, one head, float64, no mask, key blocks of 128) under tracemalloc, which NumPy reports its arrays to: the
-peak is measured, not read from the code. This process runs the library's ``kernels.ChunkedKernel`` (one thread)
+peak is measured, not read from the code; ``child.MEASURE_REPEATS`` runs, the largest peak and the fastest time
+kept. This process runs the library's ``kernels.ChunkedKernel`` (one thread)
 on the same inputs the same way. Targets (stated in exercises/ex13_flash_backward.ipynb):
 
 - memory: peak < ``MEMORY_FRACTION`` of one (L, L) array of the inputs' dtype (a kernel that builds the scores,
@@ -18,6 +19,7 @@ import tracemalloc
 import numpy as np
 
 from ..kernels import ChunkedKernel
+from .child import MEASURE_REPEATS
 from .runner import Row
 
 SIZE, HEAD_DIM, BLOCK = 4096, 64, 128
@@ -34,16 +36,17 @@ def inputs(size: int, head_dim: int = HEAD_DIM, seed: int = 0):
 
 def library_cost(q, k, v, d_o) -> tuple[int, float]:
     """The chunked kernel's forward + backward on the same inputs: (peak bytes under tracemalloc, seconds)."""
-    kernel = ChunkedKernel(num_threads=1)
-    tracemalloc.start()
-    try:
-        began = time.perf_counter()
-        _, cache = kernel.forward(q, k, v)
-        kernel.backward(d_o, cache)
-        seconds = time.perf_counter() - began
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    kernel, peak, seconds = ChunkedKernel(num_threads=1), 0, float("inf")
+    for _ in range(MEASURE_REPEATS):  # as the student's side: the largest peak, the fastest time
+        tracemalloc.start()
+        try:
+            began = time.perf_counter()
+            _, cache = kernel.forward(q, k, v)
+            kernel.backward(d_o, cache)
+            seconds = min(seconds, time.perf_counter() - began)
+            peak = max(peak, tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
     return peak, seconds
 
 
