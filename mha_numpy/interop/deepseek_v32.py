@@ -29,6 +29,7 @@ from ..sparse.dsa import DeepSeekSparseAttention
 from ..sparse.indexer import indexer_forward
 from ._lazy import require
 from .convert import numpy_dtype_of
+from .deepseek_v3 import HF_DEEPSEEK_V3_NAME_MAP
 from .harness import (
     Row,
     additive_tensor,
@@ -49,19 +50,9 @@ from .report import CrosscheckReport, rtol_for
 if TYPE_CHECKING:  # annotations only
     from transformers.models.deepseek_v32.modeling_deepseek_v32 import DeepseekV32Attention
 
-HF_DEEPSEEK_V32_MLA_NAME_MAP: NameMap = {
-    "W_qa": ("q_a_proj.weight", None),
-    "b_qa": ("q_a_proj.bias", None),
-    "q_a_norm": ("q_a_layernorm.weight", None),
-    "W_qb": ("q_b_proj.weight", None),
-    "W_kva": ("kv_a_proj_with_mqa.weight", None),
-    "b_kva": ("kv_a_proj_with_mqa.bias", None),
-    "kv_a_norm": ("kv_a_layernorm.weight", None),
-    "W_kvb": ("kv_b_proj.weight", None),
-    "W_o": ("o_proj.weight", None),
-    "b_o": ("o_proj.bias", None),
-}
-"""DeepseekV32Attention's MLA parameters as ours (the biases present with attention_bias)."""
+HF_DEEPSEEK_V32_MLA_NAME_MAP: NameMap = {k: v for k, v in HF_DEEPSEEK_V3_NAME_MAP.items() if k != "W_q"}
+"""DeepseekV32Attention's MLA parameters as ours: DeepSeek-V3's map without ``W_q`` (V3.2 always takes the query
+through its LoRA, q_a_proj / q_b_proj; the biases present with attention_bias)."""
 
 HF_DEEPSEEK_V32_INDEXER_NAME_MAP: NameMap = {
     "W_iq": ("indexer.wq_b.weight", None),
