@@ -61,6 +61,7 @@ SOLUTIONS = {
     "11.soft_cap": 30 * np.tanh(np.array([10.0, 100.0]) / 30),
     "11.soft_cap_grad": 1 - np.tanh(np.array([10.0, 100.0]) / 30) ** 2,
     "11.sink": [1 / 3, 1 / 3],
+    "11.keys_seen": [6, 7, 8],  # query i is the token at position 5 + i: keys 0 ... 5 + i
     "00.nw_weights": _softmax([-0.5, 0.0, -2.0]),  # −(0 − x)² / 2 for x = −1, 0, 2
     "00.score_variance": 64 * 2.0**2,  # d terms, each of variance v · v
     "12.merge_context": np.array([2.0, 6.0]) / 8.0,  # weights e^lse_s / (2 + 6) on [1, 0] and [0, 1]
@@ -118,6 +119,7 @@ MISTAKES = {
     "11.soft_cap": np.minimum(np.array([10.0, 100.0]), 30.0),  # a hard clip
     "11.soft_cap_grad": [1.0, 0.0],
     "11.sink": [0.5, 0.5],  # the plain softmax
+    "11.keys_seen": [1, 2, 3],  # top-left: the first new token sees key 0 only
     "00.nw_weights": [1 / 3, 1 / 3, 1 / 3],  # a softmax of q·x = 0 for q = 0
     "00.score_variance": 64 * 2.0,  # d · v: the variance of one factor, not of the product
     "12.merge_context": [0.5, 0.5],  # the plain average of the two contexts

@@ -28,7 +28,7 @@ from .. import functional as F
 from .. import rope_scaling as RS
 from ..block_mask import create_block_mask
 from ..flex_derive import STEP
-from ..masks import EMPTY, FULL, PARTIAL, chunked_causal_mask, document_mod
+from ..masks import EMPTY, FULL, PARTIAL, causal_mask, chunked_causal_mask, document_mod
 from ..models import layers
 from ..recurrent import gated_delta_rule_forward
 from ..recurrent.mamba2 import Mamba2Mixer
@@ -289,6 +289,10 @@ QUESTIONS: dict[str, Judge] = {
     ),
     "11.sink": numbers(
         lambda: F.sink_softmax_forward(np.zeros(2), np.zeros(()))[0], "the sink adds exp(0) = 1 to the denominator"
+    ),
+    "11.keys_seen": numbers(
+        lambda: causal_mask(3, 8, align="bottom-right").sum(-1),
+        "new query i is the token at position 5 + i: it sees keys 0 … 5 + i",
     ),
     # 00: the road to attention
     "00.nw_weights": numbers(
