@@ -20,7 +20,8 @@ from mha_numpy.__main__ import main
 from mha_numpy.checker import answers, short_answers
 from mha_numpy.checker.grading import MANUAL_TAG, grade_file
 from mha_numpy.checker.rubric import RUBRIC, markdown
-from mha_numpy.checker.written import NOT_A_LITERAL, NotALiteral, value, written_answers, written_tests
+from mha_numpy.checker.short_answers import NOT_A_LITERAL
+from mha_numpy.checker.written import NotALiteral, value, written_answers, written_tests
 
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISES = sorted((ROOT / "exercises").glob("ex*.ipynb"))
@@ -71,6 +72,15 @@ def test_a_set_of_choices_in_any_order_and_what_a_wrong_one_says():
     assert "a list of some of" in short_answers.check("ex14.inline_2", "dk").message
     ragged = short_answers.check("ex02.inline_1", [(0, 0), 1])  # no array: said, not raised
     assert ragged.status == answers.WRONG and "ragged" in ragged.message
+
+
+def test_in_the_notebook_an_answer_computed_by_numpy_is_not_answered_as_in_the_teachers_grade():
+    """The grade reads the form's line and never runs it: `inline_2 = np.zeros(3)` there is not an answer, so the
+    notebook must not call it correct either."""
+    for answer in (np.zeros(3), [np.float64(0.0)] * 3, np.array(0.0)):
+        verdict = short_answers.check("ex05.inline_2", answer)
+        assert verdict.status == answers.NOT_ANSWERED and verdict.message == NOT_A_LITERAL
+    assert short_answers.check("ex05.inline_2", [0, 0.0, -0.0]).correct
 
 
 def test_an_unknown_key_is_an_error_that_lists_the_keys():

@@ -46,11 +46,27 @@ class Form:
     points: float = 1.0
 
 
+NOT_A_LITERAL = "not a literal: write the value (a number, a string, a tuple or a list), not a name or a call"
+
+
 def check(key: str, answer: Any) -> Verdict:
-    """Judge ``answer`` to the short part of inline question ``key`` (e.g. ``"ex05.inline_1"``); None: not answered."""
+    """Judge ``answer`` to the short part of inline question ``key`` (e.g. ``"ex05.inline_1"``); None: not answered.
+
+    An answer that no value written out can be (a NumPy array or number: ``np.zeros(3)`` on the form's line) is
+    not answered, as the teacher's grade, which reads the line and does not run it, would find it."""
     if key not in FORMS:
         raise KeyError(f"no short answer {key!r}; the keys are {sorted(FORMS)}")
+    if answer is not None and not written_out(answer):
+        return Verdict(key, answers.NOT_ANSWERED, NOT_A_LITERAL)
     return answers.judged(key, FORMS[key].judge, answer)
+
+
+def written_out(answer: Any) -> bool:
+    """Whether ``answer`` is what a literal or arithmetic on numbers gives: Python's bool, int, float and str, in
+    tuples and lists (not NumPy's arrays and numbers, whatever they hold)."""
+    if isinstance(answer, tuple | list):
+        return all(written_out(item) for item in answer)
+    return type(answer) in (bool, int, float, str)
 
 
 # ---- the expected values, each from the library or an independent route ----

@@ -26,11 +26,11 @@ from . import short_answers
 from .answers import CORRECT, NOT_ANSWERED
 from .load import CannotRun, code_cells
 from .rubric import RUBRIC
+from .short_answers import NOT_A_LITERAL
 
 QUESTION = re.compile(r"\*\*Inline question (\d+)\.\*\*")
 YOUR_ANSWER = "*Your answer:*"
 TITLE = re.compile(r"^# Exercise (\d+)\b", re.MULTILINE)
-NOT_A_LITERAL = "not a literal: write the value (a number, a string, a tuple or a list), not a name or a call"
 _ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
                ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}  # fmt: skip
 MANUAL = "to grade by hand"  # a written answer's status in the grade
