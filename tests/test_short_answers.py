@@ -138,7 +138,7 @@ def test_a_form_line_is_read_as_a_literal_or_arithmetic_on_numbers(text, expecte
 
 
 @pytest.mark.parametrize("text", ["np.ones(3) - 1", "x", "len([1])", "[i for i in range(3)]", "10 ** 10 ** 10",
-                                  '"a" * 3', "1 / 0", "True + 1"])  # fmt: skip
+                                  "((2**64)**64)**64", '"a" * 3', "1 / 0", "True + 1"])  # fmt: skip
 def test_anything_else_on_a_form_line_is_not_a_literal_and_never_runs(text):
     with pytest.raises(NotALiteral):
         value(ast.parse(text, mode="eval").body)

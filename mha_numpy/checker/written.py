@@ -34,7 +34,7 @@ TITLE = re.compile(r"^# Exercise (\d+)\b", re.MULTILINE)
 _ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
                ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}  # fmt: skip
 MANUAL = "to grade by hand"  # a written answer's status in the grade
-MAX_EXPONENT = 64  # 16384**2 is an answer; 10**10**10 is not one to compute
+MAX_EXPONENT = 64  # 16384**2 is an answer; 10**10**10 or ((2**64)**64)**64 is not one to compute
 
 
 class NotALiteral(ValueError):
@@ -55,8 +55,8 @@ def value(node: ast.expr):
         return -operand if isinstance(node.op, ast.USub) else operand
     if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
         left, right = _number(value(node.left)), _number(value(node.right))
-        if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
-            raise NotALiteral(f"an exponent of {right}: write the value")
+        if isinstance(node.op, ast.Pow) and (abs(right) > MAX_EXPONENT or abs(left) > 2**MAX_EXPONENT):
+            raise NotALiteral(f"{left} ** {right} is not an answer to compute: write the value")
         try:
             return _ARITHMETIC[type(node.op)](left, right)
         except (ArithmeticError, ValueError) as e:
