@@ -128,6 +128,22 @@ def test_each_form_filled_with_its_model_answer_says_correct_in_the_notebook_and
             assert short_answers.check(key, value(assignment.value)).correct, key
 
 
+def test_a_solved_copy_has_every_form_answered_and_the_grade_reads_each_as_right(tmp_path):
+    """scripts/fill_exercises.py writes the model answers on the form lines, as values the teacher's grade reads."""
+    import importlib.util
+
+    import nbformat
+
+    spec = importlib.util.spec_from_file_location("fill_exercises", ROOT / "scripts" / "fill_exercises.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for path in EXERCISES:
+        nb = script.fill(nbformat.read(path, as_version=4), ROOT / "exercises" / "solutions" / f"{path.stem}.py")
+        nbformat.write(nb, tmp_path / path.name)
+        short = [t for t in written_tests(tmp_path / path.name) if t["name"].endswith("(short answer)")]
+        assert all(t["status"] == "PASS" for t in short), (path.name, short)
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [("(5, 3)", (5, 3)), ("[0, 1.0, -2]", [0, 1.0, -2]), ('"nan"', "nan"), ("4 * 16384**2 * 4", 4294967296),
