@@ -65,13 +65,19 @@ def check(key: str, answer: Any) -> Verdict:
     """Judge ``answer`` to the question ``key`` (e.g. ``"03.softmax_jacobian"``); ``None`` means not answered yet."""
     if key not in QUESTIONS:
         raise KeyError(f"no exercise {key!r}; the keys are {sorted(QUESTIONS)}")
+    return judged(key, QUESTIONS[key], answer)
+
+
+def judged(key: str, judge: Judge, answer: Any) -> Verdict:
+    """The Verdict of ``judge`` on ``answer`` (``None``: not answered yet): every registry of questions says it so
+    (``checker.short_answers`` too)."""
     if answer is None:
         return Verdict(key, NOT_ANSWERED, "replace None with your answer and run the cell again")
-    problem = QUESTIONS[key](answer)
+    problem = judge(answer)
     return Verdict(key, CORRECT) if problem is None else Verdict(key, WRONG, problem)
 
 
-# ---- the judges: numbers, exact values, a choice, a function checked by the checker ----
+# ---- the judges: numbers, exact values, a choice, a set of choices, a function checked by the checker ----
 
 
 HAND_DIGITS = 4  # a hand answer is right when it agrees with the expected value to this many significant digits
@@ -107,7 +113,10 @@ def exactly(expected: Callable[[], Any], hint: str = "") -> Judge:
 
     def judge(answer):
         want = np.asarray(expected())
-        got = np.asarray(answer)
+        try:
+            got = np.asarray(answer)
+        except (TypeError, ValueError):  # a ragged list: no array at all
+            return f"expected {'a value' if want.ndim == 0 else f'an array of shape {want.shape}'}, got a ragged list"
         if got.shape != want.shape:
             return f"your answer has shape {got.shape}, the question asks for shape {want.shape}"
         if want.dtype == bool and got.dtype != bool:
@@ -129,6 +138,24 @@ def choice(expected: str, options: tuple[str, ...], hint: str = "") -> Judge:
         if not isinstance(answer, str) or answer not in options:
             return f"answer with one of {list(options)}"
         return None if answer == expected else "not this one" + (f". Hint: {hint}" if hint else "")
+
+    return judge
+
+
+def choices(expected: Callable[[], Any], options: tuple[str, ...], hint: str = "") -> Judge:
+    """Some of ``options`` (a list or tuple of strings, in any order): right when it is the expected set."""
+
+    def judge(answer):
+        if isinstance(answer, str) or not isinstance(answer, list | tuple | set):
+            return f"answer with a list of some of {list(options)}"
+        unknown = [a for a in answer if not isinstance(a, str) or a not in options]
+        if unknown:
+            return f"{unknown} not among {list(options)}"
+        want = set(expected())
+        if set(answer) == want:
+            return None
+        what = "one that is not in the set" if set(answer) - want else "one is missing"
+        return f"not this set: {what}" + (f". Hint: {hint}" if hint else "")
 
     return judge
 
