@@ -88,7 +88,8 @@ def test_without_a_writable_clear_refs_the_stage_still_measures_honestly():
 
 def test_watch_sees_an_l_by_l_array_whatever_allocates_it_and_nothing_when_nothing_is_built():
     """The calibration at L = 4096: a process that writes one (L, L) float64 array (NumPy, a bytearray) shows 128 MiB
-    more (134.0 and 134.3 MB measured: 99.9% and 100.05% of it); one that sleeps, or only reserves the array without writing it, shows almost nothing."""
+    more (134.0 and 134.3 MB measured: 99.9% and 100.05% of it); one that sleeps, or only reserves the array without
+    writing it, shows almost nothing."""
     code = (
         "import sys, time, numpy as np\nL = 4096\nprint('ready', flush=True)\nfor line in sys.stdin:\n"
         "    what = line.strip()\n"
@@ -148,3 +149,17 @@ def test_check_no_systems_flag_skips_the_stage_and_says_so(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert FUNCTION not in r.stdout and "systems stage skipped (--no-systems)" in r.stdout, r.stdout
     assert "not passed" in r.stdout.splitlines()[-1], r.stdout
+
+
+def test_the_targets_the_exercise_and_the_course_state_are_the_checkers():
+    import json
+
+    from mha_numpy.checker.systems import MEMORY_FRACTION, SIZE, TIME_RATIO
+
+    cells = json.loads((ROOT / "exercises" / "ex13_flash_backward.ipynb").read_text(encoding="utf-8"))["cells"]
+    text = "".join(next(c for c in cells if c.get("id") == "systems-targets")["source"])
+    assert f"$L_q = L_k = {SIZE}$" in text and "from outside" in text and "tracemalloc" not in text, text
+    assert f"peak < {MEMORY_FRACTION:g} × one $(L, L)$ array" in text and f"at most {TIME_RATIO:g} ×" in text, text
+    course = " ".join((ROOT / "docs" / "course.md").read_text(encoding="utf-8").split())
+    assert f"at L = {SIZE}" in course and f"< {MEMORY_FRACTION:g} of one (L, L) array" in course
+    assert f"time ≤ {TIME_RATIO:g}× the library's" in course and "measured by the checker's process" in course
