@@ -5,7 +5,9 @@ clean environment (only PATH, HOME and the locale are passed on), in a fresh tem
 its own session, and has it import the file. The child never imports ``mha_numpy``: ``BOOT`` loads its own
 modules (``child``, ``guard``, ``load``, ``protocol``, ``student``) from their files under another package name,
 and ``checker.guard`` refuses the library to the student's code. Then it offers what ``InProcess`` offers
-(``names``, ``start``, ``call``), so the runner checks a file and a notebook's namespace alike.
+(``names``, ``start``, ``call``), so the runner checks a file and a notebook's namespace alike; and ``stage``,
+``trim``, ``measure``, ``measured`` for exercise 13's systems stage (``checker.systems``, which also starts the
+library's kernel in a process of its own with ``boot``).
 
 Reports and score files come from this process only. While a child lives, this process is not dumpable (Linux;
 with the child giving up CAP_SYS_PTRACE, its ``/proc/<pid>/fd`` cannot be opened by the student's code, so nothing

@@ -5,15 +5,19 @@ measures the student's process from the checker's process with it, never from wh
 
 - before: ``/proc/PID/clear_refs`` ← "5" resets the process's high-water mark of resident memory (VmHWM) to its
   resident memory now, and the resident memory of its tree now (``/proc/PID/statm``) is the baseline;
-- during: a thread of this process samples the tree's resident memory every ``INTERVAL`` seconds (the tree: the
-  process, its descendants and every process of its session, rescanned every ``RESCAN`` samples);
-- after: VmHWM (``/proc/PID/status``) is the process's peak as the kernel saw it, between two samples too.
+- during: a thread of this process reads the process's VmRSS and VmHWM (``/proc/PID/status``) and the resident
+  memory of the rest of its tree every ``INTERVAL`` seconds (the tree: its descendants and every process of its
+  session, rescanned every ``RESCAN`` samples); a peak between two samples shows in the next one's VmHWM;
+- after: one more sample, VmHWM the process's peak as the kernel saw it.
 
-The peak above the baseline is the larger of the two. The student's code may reset its own high-water mark (it can
+The peak above the baseline is the largest of them. The student's code may reset its own high-water mark (it can
 write its own clear_refs) but cannot stop the sampling: writing a (4096, 4096) float64 array takes tens of
-milliseconds, many samples. Resident memory counts the pages touched, whichever allocator made them (NumPy, ctypes,
-a bytearray, an mmap): ``np.empty((L, L))`` never written costs nothing, ``bytearray(n)`` (zeroed) costs n bytes.
-The descendants' pages shared with the process (a fork's) are counted once more: an over-count, never an under-count.
+milliseconds, many samples; and a VmHWM that goes down between two samples is a reset, said in the report, the peak
+then only known from below (``UNKNOWN`` above). Resident memory counts the pages touched, whichever allocator made
+them (NumPy, ctypes, a bytearray, an mmap): ``np.empty((L, L))`` never written costs nothing, ``bytearray(n)``
+(zeroed) costs n bytes. The descendants' pages shared with the process (a fork's) are counted once more: an
+over-count, never an under-count. Not counted: memory outside the process's tree (a file written to a tmpfs, a
+process that left the session and its parent).
 
 Where clear_refs cannot be written (the process made itself not dumpable and the checker is not root, a kernel
 without it), VmHWM is the peak since the process started: the call's peak when the call raised it, else only a bound
@@ -27,7 +31,7 @@ import os
 import threading
 from dataclasses import dataclass
 
-INTERVAL = 0.002  # seconds between two samples of the resident memory (a read of statm costs ~30 µs)
+INTERVAL = 0.002  # seconds between two samples (a read of status costs ~90 µs, of statm ~30 µs)
 RESCAN = 25  # samples between two searches of the process's tree (a scan of /proc costs ~2 ms)
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 SLACK = 4 << 20  # bytes VmHWM may read lower than a moment ago without a reset (the kernel's per-CPU counters)
