@@ -11,8 +11,8 @@ from ._args import positive_float
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_CANNOT_RUN = 0, 1, 2, 3
 EXIT_CODES = (
     "exit codes: 0 = every function found was checked and passed, exercise 13's systems stage too unless --no-systems "
-    "skipped it (with --submit: the score file was written); 1 = a function or the systems stage failed or is not done "
-    "yet, or none was found; 2 = usage error (no such file, a directory, not a .py or "
+    "skipped it (with --submit: the score file was written); 1 = a function failed or is not done yet (or the systems "
+    "stage failed or was not measured), or none was found; 2 = usage error (no such file, a directory, not a .py or "
     ".ipynb file, a bad option or cases file); 3 = the file could not be run (a syntax error, or an error, sys.exit, "
     "os._exit or the time limit while importing it; with --submit the score file is written, every test at 0)."
 )
