@@ -34,7 +34,11 @@ from dataclasses import dataclass
 INTERVAL = 0.002  # seconds between two samples (a read of status costs ~90 µs, of statm ~30 µs)
 RESCAN = 25  # samples between two searches of the process's tree (a scan of /proc costs ~2 ms)
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-SLACK = 4 << 20  # bytes VmHWM may read lower than a moment ago without a reset (the kernel's per-CPU counters)
+CPUS = os.cpu_count() or 1
+# bytes a reading may be off without anything happening: the kernel keeps a process's page counts per CPU and reads
+# their sum approximately, each off by up to a batch (32 pages, or 2 per CPU if more) per CPU: 256 KiB on 2 CPUs,
+# 32 MiB on 64 (a VmHWM lower than a moment ago by less is no reset)
+SLACK = max(4 << 20, max(32, 2 * CPUS) * CPUS * PAGE)
 UNKNOWN = 1 << 62  # Peak.high when nothing bounds the peak (the process reset its own high-water mark)
 
 
