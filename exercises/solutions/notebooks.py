@@ -66,6 +66,7 @@ SOLUTIONS = {
     "00.score_variance": 64 * 2.0**2,  # d terms, each of variance v · v
     "12.merge_context": np.array([2.0, 6.0]) / 8.0,  # weights e^lse_s / (2 + 6) on [1, 0] and [0, 1]
     "12.merge_lse": np.log(8.0),
+    "12.ring_work": [[1 + 2 + 3 + 4, 5 + 6 + 7 + 8, 9 + 10 + 11 + 12], [26, 26, 26]],  # zigzag: 78 / 3 each
     "13.cache_rows": (5, 8),
     "13.memory_grad_terms": 4,
     "14.rel_bias_columns": [0, 6],  # clip(1 − 5) + 3 = −3 + 3, clip(6 − 0) + 3 = 3 + 3
@@ -124,6 +125,7 @@ MISTAKES = {
     "00.score_variance": 64 * 2.0,  # d · v: the variance of one factor, not of the product
     "12.merge_context": [0.5, 0.5],  # the plain average of the two contexts
     "12.merge_lse": np.log(6.0),  # the larger partial's lse
+    "12.ring_work": [[16, 32, 48], [26, 26, 26]],  # the diagonal block counted in full, as if unmasked
     "13.cache_rows": (5, 5),  # the cross-attention keys taken for the decoder's own
     "13.memory_grad_terms": 2,  # one per layer: the value path forgotten
     "14.rel_bias_columns": [6, 0],  # the distance i − j instead of j − i

@@ -218,6 +218,16 @@ C12 = [np.array([1.0, 0.0]).reshape(1, 1, 1, 2), np.array([0.0, 1.0]).reshape(1,
 LSE12 = [np.full((1, 1, 1), np.log(2.0)), np.full((1, 1, 1), np.log(6.0))]  # their log-sum-exps: sums 2 and 6
 
 
+def _ring_work12(P=3, L=12):
+    """(2, P): the scores each rank computes over a causal ring, contiguous then zigzag shards, counted from the
+    causal mask's rows (not from ``mha_numpy.distributed``, which the notebook prints)."""
+    seen = causal_mask(L).sum(axis=1)  # (L,): query i sees i + 1 keys
+    c = L // (2 * P)  # zigzag: 2P chunks of c positions, rank r holds chunks r and 2P - 1 - r
+    contiguous = [seen[r * 2 * c : (r + 1) * 2 * c].sum() for r in range(P)]
+    zigzag = [seen[r * c : (r + 1) * c].sum() + seen[(2 * P - 1 - r) * c : (2 * P - r) * c].sum() for r in range(P)]
+    return np.array([contiguous, zigzag])
+
+
 def _causal_tiles(L=8, tile=2):
     allowed = np.tril(np.ones((L, L), dtype=bool))
     return sum(allowed[i : i + tile, j : j + tile].any() for i in range(0, L, tile) for j in range(0, L, tile))
@@ -337,6 +347,9 @@ QUESTIONS: dict[str, Judge] = {
     "12.merge_lse": numbers(
         lambda: F.merge_attention_forward(C12, LSE12)[0][1].ravel()[0],
         "the denominators add: lse = log(e^lse₁ + e^lse₂)",
+    ),
+    "12.ring_work": exactly(
+        _ring_work12, "a rank computes each of its queries' allowed scores once over the ring: query i has i + 1"
     ),
     # 13: learned cross-attention
     "13.cache_rows": exactly(
