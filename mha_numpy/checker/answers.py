@@ -471,8 +471,10 @@ def _decay_entry() -> float:
 
 
 def _state_floats() -> int:
-    """The floats of GatedDeltaNet's decoding state (B = 1) for notebook 15's sizes: its zero state's arrays."""
-    state = GatedDeltaNet(16, 2, 6, 4, 3, conv_kernel_size=4).zero_state(1)
+    """The floats of GatedDeltaNet's decoding state (B = 1) at Qwen3-Next-80B-A3B's linear-layer sizes (16 key heads,
+    32 value heads, 128 dims each, conv kernel 4): its zero state's arrays. The hidden size (8 here, 2048 in the model)
+    sizes only the projections."""
+    state = GatedDeltaNet(8, 16, 32, 128, 128, conv_kernel_size=4).zero_state(1)
     return int(state.conv.size + state.recurrent.size)
 
 
