@@ -68,10 +68,25 @@ def test_missing_path_names_the_path_whose_contribution_is_missing():
     want = WANT + sum(paths.values())
     scale = float(np.abs(want).max())
     assert "the value path" in R.missing_path(want - paths["the value path"], want, scale, paths)
-    assert R.missing_path(want - 0.5 * paths["the value path"], want, scale, paths) is None
     both = R.missing_path(want - sum(paths.values()), want, scale, paths)
     assert "contributions of the query path and the value path" in both
     assert R.missing_path(NOISE, WANT, SCALE, None) is None
+    two_bent = want - 0.5 * paths["the value path"] - 0.3 * paths["the query path"]
+    assert R.missing_path(two_bent, want, scale, paths) is None  # two paths bent: no one path explains it
+
+
+def test_missing_path_names_a_factor_or_a_sign_on_one_path_only():
+    """got = want + (c − 1) · one path: the path named, and c as constant_factor names it."""
+    paths = {"the cos term": RNG.standard_normal(WANT.shape), "the sin term": RNG.standard_normal(WANT.shape)}
+    want = sum(paths.values())
+    scale = float(np.abs(want).max())
+    flipped = R.missing_path(want - 2 * paths["the sin term"], want, scale, paths)
+    assert "the sin term with the wrong sign" in flipped, flipped
+    halved = R.missing_path(want - 0.5 * paths["the cos term"], want, scale, paths, R.factor_names(d=9))
+    assert "the cos term 1/2 (= 0.5) times its right value" in halved and "a factor 2 is missing" in halved, halved
+    assert R.missing_path(want + 1e-3 * RNG.standard_normal(WANT.shape), want, scale, paths) is None
+    term = np.ones(WANT.shape[:-1] + (1,))  # a term constant along the last axis (a mean's) is broadcast
+    assert "the mean's term" in R.missing_path(WANT - term, WANT, SCALE, {"the mean's term": term})
 
 
 def test_wrong_on_part_names_the_first_row_one_head_and_the_masked_rows():
@@ -89,6 +104,40 @@ def test_wrong_on_part_names_the_first_row_one_head_and_the_masked_rows():
     blocked = np.where(masked[..., None], np.nan, want)  # NaN where no key is allowed
     assert "fully masked rows" in R.wrong_on_part(blocked, want, 1.0, masked)
     assert R.wrong_on_part(want + 1e-3, want, 1.0) is None  # wrong everywhere: no part to name
+
+
+def test_wrong_on_part_names_a_part_the_caller_gives_when_every_wrong_entry_is_in_it():
+    want = RNG.standard_normal((2, 2, 3, 5))
+    blocked = RNG.random(want.shape) < 0.3
+    parts = {"the blocked entries": blocked, "everything": np.ones(want.shape, dtype=bool)}
+    leak = np.where(blocked, want + 1.0, want)  # wrong on some blocked entries only
+    assert R.wrong_on_part(leak, want, 1.0, parts=parts) == "is wrong only on the blocked entries"
+    outside = leak.copy()
+    outside[~blocked] += 1.0  # also wrong outside the part: not that part, and "everything" says nothing
+    assert R.wrong_on_part(outside, want, 1.0, parts=parts) is None
+    assert R.wrong_on_part(leak, want, 1.0, parts={"bad shape": np.ones((7,), dtype=bool)}) is None
+
+
+def test_varying_factor_sees_a_factor_per_row_and_per_head_not_a_constant_or_noise():
+    want = RNG.standard_normal((2, 3, 4, 5))
+    per_row = want * RNG.uniform(0.5, 2.0, (2, 3, 4, 1))  # a wrong normaliser, one per row
+    assert "row by row" in R.varying_factor(per_row, want, 1.0)
+    per_head = want * np.array([1.0, 2.0, 0.5])[:, None, None]  # (3, 1, 1): one factor a head
+    assert "from one head to the next" in R.varying_factor(per_head, want, 1.0)
+    assert R.varying_factor(2 * want, want, 1.0) is None  # one constant: constant_factor's
+    assert R.varying_factor(want + 1e-3 * RNG.standard_normal(want.shape), want, 1.0) is None
+    narrow = RNG.standard_normal((3, 2))  # rows of two entries fit any factor: not told
+    assert R.varying_factor(narrow * RNG.uniform(0.5, 2, (3, 1)), narrow, 1.0) is None
+
+
+def test_explain_says_nothing_of_a_right_answer_even_with_paths_parts_and_blocked_scores():
+    want = RNG.standard_normal((2, 3, 4))
+    want[0, 1, :] = -np.inf  # a blocked row of scores: −inf where −inf is right is equal
+    got = want + 1e-9 * np.where(np.isinf(want), 0, 1)
+    paths = {"a path": np.ones(want.shape)}
+    parts = {"a part": np.ones(want.shape, dtype=bool)}
+    assert R.explain("out", "here", got, want, 3.0, paths=paths, parts=parts) == ""
+    assert "wrong sign" in R.explain("out", "here", np.where(np.isinf(want), want, -want), want, 3.0)
 
 
 def test_explain_says_gradient_and_place_and_never_crashes_on_odd_answers():
@@ -189,3 +238,56 @@ def test_the_block_capstones_skip_path_is_named_at_its_f_line():
     _, wrong, _, said = K.BLOCK.judge({**g, "h": g["h"] - g["y"]}, {"seed": 0})  # the case block_case() built
     assert wrong.name == "h" and said.startswith("d_h (at F15: xhat2 = "), said
     assert "lacks the contribution of F20's skip" in said, said
+
+
+def _hinted_gradients():
+    """(pair, case, gradient name) for every graded pair's case and owed gradient that ``pair_hints`` gives paths."""
+    from mha_numpy.checker import cases, pair_hints
+
+    for pair in cases.PAIRS:
+        if pair.name not in pair_hints.HINTS and pair.name not in pair_hints.NEEDS_FORWARD:
+            continue
+        for case in pair.cases(np.random.default_rng(5)):
+            for name in pair.owed(case):
+                yield pair, case, name
+
+
+def test_each_pairs_paths_add_up_to_its_reference_gradient_and_its_parts_fit_it():
+    """A path that is not one of the gradient's terms would name a wrong path: the paths pair_hints gives of every
+    graded pair's gradient sum to the reference's, on every course case, and every part broadcasts to it."""
+    from mha_numpy.checker import pair_hints
+    from mha_numpy.pairs import gradients
+
+    seen = set()
+    for pair, case, name in _hinted_gradients():
+        out, cache = pair.forward(*case.values())
+        d_out = RNG.standard_normal() if pair.scalar_output else RNG.standard_normal(np.shape(out))
+        want = gradients(pair, pair.backward(d_out, cache), case)[name]
+        paths, parts = pair_hints.hints(pair, case, name, d_out)
+        if paths:
+            seen.add(pair.name)
+            total = sum(np.broadcast_to(v, want.shape) for v in paths.values())
+            assert np.allclose(total, want, atol=1e-12 * np.abs(want).max()), (pair.name, case.label, name)
+        for where in parts.values():
+            np.broadcast_to(where, want.shape)
+    assert seen >= {"softmax", "sink_softmax", "scaled_dot_product_attention", "flash_attention", "layer_norm",
+                    "repeat_kv", "rope", "soft_cap", "softmax_cross_entropy", "self_attention",
+                    "delta_rule_recurrent"}, seen  # fmt: skip
+
+
+def test_each_capstones_paths_add_up_to_its_reference_gradient():
+    """The model's d_x, d_scores, d_logits, d_pos_emb; the block's d_x and d_h (the skip and the norm, the norm's
+    three), d_n1, d_u, d_scores: each sums to the reference."""
+    from mha_numpy.checker import capstone as C
+    from mha_numpy.checker import capstone_block as K
+
+    for capstone, names in ((C.MODEL, ("x", "scores", "logits", "pos_emb")), (K.BLOCK, ("x", "h", "n1", "u",
+                                                                                      "scores"))):  # fmt: skip
+        cache, caches = capstone.make_case(**capstone.cases[0])
+        g = capstone.reference(caches)
+        for name in names:
+            paths = list(capstone.paths(name, cache, g).values())
+            whole = sum(paths[:2]) if capstone is K.BLOCK and name in ("x", "h") else sum(paths)
+            assert np.allclose(whole, g[name], atol=1e-12 * np.abs(g[name]).max()), (capstone.name, name)
+            if capstone is K.BLOCK and name in ("x", "h"):  # the LayerNorm's own three sum to its path
+                assert np.allclose(sum(paths[2:]), paths[1], atol=1e-12 * np.abs(g[name]).max()), name

@@ -47,14 +47,16 @@ def delta_backward_with(carry: bool = True, beta_error: bool = True, decay_after
     """The exercise's backward, plainly, with one step wrong: not ``carry``, the state's gradient restarted at every
     token (only q_t do_tᵀ); not ``beta_error``, dβ_t = k_tᵀ dS v_t (the write taken for β k vᵀ); not ``decay_after``,
     the decay applied to the gradient of S_t before the write's backward instead of after it; not ``key_read``, dk_t
-    without the read of R2 (−S̃_t du_t)."""
+    without the read of R2 (−S̃_t du_t). ``backward(d_o, cache, paths)`` with a dict ``paths`` fills it with the two
+    paths into dk (the write's, the read's) and into dβ (through v_t and through the read of u_t)."""
 
-    def backward(d_o, cache):
+    def backward(d_o, cache, paths: dict | None = None):
         q, k, v, g, beta, initial_state, states = cache
         a = np.exp(g)  # (B, H, L)
         dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
         dg, d_beta = np.zeros(g.shape), np.zeros(beta.shape)
         dS = np.zeros(states.shape[:2] + states.shape[3:])  # (B, H, dk, dv)
+        part = {n: np.zeros(k.shape) for n in ("k_write", "k_read")} | {n: np.zeros(beta.shape) for n in ("b_v", "b_r")}
         for t in reversed(range(q.shape[2])):
             a_t, b_t = a[:, :, t, None, None], beta[:, :, t, None]  # (B, H, 1, 1), (B, H, 1)
             q_t, k_t, v_t, do_t = q[:, :, t], k[:, :, t], v[:, :, t], d_o[:, :, t]
@@ -72,9 +74,15 @@ def delta_backward_with(carry: bool = True, beta_error: bool = True, decay_after
             du = b_t * np.einsum("bhk,bhkv->bhv", k_t, dS)  # ← R3
             dv[:, :, t] = du  # ← R2
             dk[:, :, t] = b_t * dS_u - (np.einsum("bhkv,bhv->bhk", S_dec, du) if key_read else 0.0)  # ← R3, R2
+            part["k_write"][:, :, t], part["k_read"][:, :, t] = b_t * dS_u, -np.einsum("bhkv,bhv->bhk", S_dec, du)
+            read = np.einsum("bhk,bhkv->bhv", k_t, S_dec)  # (B, H, dv): S̃_tᵀ k_t, the read of R2
+            part["b_v"][:, :, t] = np.einsum("bhk,bhkv,bhv->bh", k_t, dS, v_t)  # dβ_t through u_t's v_t
+            part["b_r"][:, :, t] = -np.einsum("bhk,bhkv,bhv->bh", k_t, dS, read)  # ... and through its −S̃_tᵀ k_t
             dS_dec = dS - k_t[..., :, None] * du[..., None, :]  # ← R2
             dg[:, :, t] = a_t[..., 0, 0] * np.sum(dS_dec * S_prev, axis=(-2, -1))  # ← R1
             dS = a_t * dS_dec if decay_after else dS_dec  # ← R1
+        if paths is not None:
+            paths.update(part)
         return dq, dk, dv, dg, d_beta, None if initial_state is None else dS
 
     return backward

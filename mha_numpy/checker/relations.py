@@ -28,6 +28,8 @@ import numpy as np
 
 from .diagnose import RTOL
 
+MAX_SUBSETS = 64  # combinations of paths tried (a gradient has a handful of paths; six give 63)
+
 
 def _close(a, b, scale: float) -> bool:
     return a.shape == b.shape and bool(np.all(np.abs(a - b) <= RTOL * scale))
@@ -74,6 +76,16 @@ def factor_names(**sizes) -> dict[str, float]:
     return {**names, "2": 2.0, "1/2": 0.5}  # the sizes first: "1/scale" says more than "2" when both are 2
 
 
+def _factor_words(c: float, names: dict[str, float] | None) -> tuple[str, str]:
+    """(c said: its name and value when it is one of ``names`` or minus one, else the number; the inverse that fixes
+    it, named the same way)."""
+    table = {**(names or {}), **{f"−{k}": -v for k, v in (names or {}).items()}}
+    label = next((k for k, v in table.items() if abs(c / v - 1) <= 1e-6), None)
+    said = f"{label} (= {c:.6g})" if label else f"{c:.6g}"
+    fix = next((k for k, v in table.items() if abs(v * c - 1) <= 1e-6), f"{1 / c:.6g}")  # the inverse, named too
+    return said, fix
+
+
 def constant_factor(got, want, scale: float, names: dict[str, float] | None = None) -> str | None:
     """got = c · want for one constant c ≠ 1 (least squares, residual below the tolerance); c named when it is one of
     ``names`` (or minus one of them)."""
@@ -84,12 +96,9 @@ def constant_factor(got, want, scale: float, names: dict[str, float] | None = No
         return None
     if abs(c + 1) <= 1e-6:
         return "has the wrong sign (it is −1 times the right one): flip the sign where it is computed"
-    table = {**(names or {}), **{f"−{k}": -v for k, v in (names or {}).items()}}
-    label = next((k for k, v in table.items() if abs(c / v - 1) <= 1e-6), None)
-    said = f"{label} (= {c:.6g})" if label else f"{c:.6g}"
+    said, fix = _factor_words(c, names)
     way = "too large" if abs(c) > 1 else "too small"
     sign = ", and of the wrong sign" if c < 0 else ""
-    fix = next((k for k, v in table.items() if abs(v * c - 1) <= 1e-6), f"{1 / c:.6g}")  # the inverse, named too
     return f"is {said} times the right one ({way}{sign}): a factor {fix} is missing where it is computed"
 
 
@@ -134,24 +143,42 @@ def summed_wrong(got, want, scale: float) -> str | None:
     return None
 
 
-def missing_path(got, want, scale: float, paths: dict[str, np.ndarray] | None = None) -> str | None:
+def missing_path(got, want, scale: float, paths: dict[str, np.ndarray] | None = None, names=None) -> str | None:
     """got = want − the contributions of one or more paths (``paths``: {what the path is: its contribution to this
-    gradient}); the fewest paths that explain it are named."""
+    gradient}); the fewest paths that explain it are named. Else got = want + (c − 1) · one path: that path's part
+    is c times its right value (a factor, a sign, on one path only), c named as ``constant_factor`` names it."""
     if got.shape != want.shape:
         return None
-    parts = {k: np.asarray(v, dtype=np.float64) for k, v in (paths or {}).items()}
-    parts = {k: v for k, v in parts.items() if v.shape == want.shape and _nonzero(v, scale)}
-    for lost in _subsets(list(parts)):
+    parts = {}
+    for k, v in (paths or {}).items():
+        try:
+            v = np.broadcast_to(np.asarray(v, dtype=np.float64), want.shape)  # a term constant along an axis
+        except ValueError:
+            continue
+        if _nonzero(v, scale):
+            parts[k] = v
+    for lost in itertools.islice(_subsets(list(parts)), MAX_SUBSETS):
         if _close(got, want - sum(parts[k] for k in lost), scale):
             each = "each of those paths'" if len(lost) > 1 else "that path's"
             what = f"contribution{'s' * (len(lost) > 1)} of {' and '.join(lost)}"
             return f"lacks the {what}: the input is used there too, add {each} gradient"
+    for k, part in parts.items():
+        c = 1 + float(np.vdot(part, got - want) / np.vdot(part, part))
+        if abs(c - 1) <= 1e-6 or abs(c) <= 1e-6 or not _close(got, want + (c - 1) * part, scale):
+            continue
+        if abs(c + 1) <= 1e-6:
+            return f"has the contribution of {k} with the wrong sign (the rest is right): flip the sign on that path"
+        said, fix = _factor_words(c, names)
+        return (f"has the contribution of {k} {said} times its right value (the rest is right): a factor {fix} "
+                "is missing on that path")  # fmt: skip
     return None
 
 
-def wrong_on_part(got, want, scale: float, masked_rows=None) -> str | None:
+def wrong_on_part(got, want, scale: float, masked_rows=None, parts=None) -> str | None:
     """Right everywhere but on the fully masked rows (``masked_rows``: bool, True for a row with no key allowed,
-    broadcastable to got.shape[:-1]), on the first row, on one head, or on one index of one axis."""
+    broadcastable to got.shape[:-1]), on one of ``parts`` ({what the part is and where to look: bool, True on the
+    part, broadcastable to got.shape}: the first that holds every wrong entry and is not the whole), on the first
+    row, on one head, or on one index of one axis."""
     if got.shape != want.shape or got.ndim < 2:
         return None
     with np.errstate(invalid="ignore"):
@@ -167,6 +194,13 @@ def wrong_on_part(got, want, scale: float, masked_rows=None) -> str | None:
         if rows is not None and rows.any() and np.array_equal(bad.any(axis=-1), rows):
             return ("is wrong only on the fully masked rows (no key allowed): there the weights are zero, so "
                     "nothing flows back; handle those rows without dividing by a zero sum or using -inf")  # fmt: skip
+    for label, where in (parts or {}).items():
+        try:
+            region = np.broadcast_to(np.asarray(where, dtype=bool), want.shape)
+        except ValueError:
+            continue
+        if region.any() and not region.all() and not (bad & ~region).any():
+            return f"is wrong only on {label}"
     for axis in [want.ndim - 2, *([1] if want.ndim == 4 else []), *range(want.ndim)]:
         if want.shape[axis] < 2:
             continue
@@ -185,6 +219,27 @@ def wrong_on_part(got, want, scale: float, masked_rows=None) -> str | None:
     return None
 
 
+def varying_factor(got, want, scale: float) -> str | None:
+    """got = c · want with c not one constant: one factor per index of one axis (per head, per batch item), or one
+    per row of the last axis (a row's normaliser wrong: a sum over the keys with a term missing or extra)."""
+    if got.shape != want.shape or got.ndim < 2 or not _nonzero(want, scale) or not _nonzero(got, scale):
+        return None
+    rows = () if want.shape[-1] < 3 else ("row",)  # a row of 1 or 2 entries fits any factor: nothing to tell
+    for axis in [*(a for a in range(want.ndim) if 1 < want.shape[a] <= want.size // 3), *rows]:  # ≥ 3 a factor
+        over = (want.ndim - 1,) if axis == "row" else tuple(i for i in range(want.ndim) if i != axis)
+        num, den = (got * want).sum(axis=over, keepdims=True), (want * want).sum(axis=over, keepdims=True)
+        c = np.where(den > 0, num / np.where(den > 0, den, 1.0), 1.0)
+        used = c[den > (RTOL * scale) ** 2]
+        if used.size < 2 or np.ptp(used) <= 1e-6 * np.abs(used).max() or not _close(got, c * want, scale):
+            continue
+        if axis == "row":
+            return ("is, row by row (over the last axis), the right row times a factor of its own: a quantity "
+                    "of each row is wrong, a normaliser (a softmax's sum, a sink's term, 1/ℓ) or a decay")  # fmt: skip
+        what = "head" if axis == 1 and want.ndim == 4 else f"index of axis {axis}"
+        return f"is the right one times a factor that changes from one {what} to the next: look at what that axis holds"
+    return None
+
+
 def _safely(finder) -> str | None:
     try:
         return finder()
@@ -192,23 +247,31 @@ def _safely(finder) -> str | None:
         return None
 
 
-def explain(gradient: str, where: str, got, want, scale: float, *, names=None, paths=None, masked_rows=None):
+def explain(gradient: str, where: str, got, want, scale: float, *, names=None, paths=None, masked_rows=None,
+            parts=None):  # fmt: skip
     """The first relation between the student's ``got`` and the reference's ``want``, as one sentence naming
-    ``gradient`` and ``where`` (a backward, an F-line), or "" when none holds. Never says the expected value."""
+    ``gradient`` and ``where`` (a backward, an F-line), or "" when none holds (always "" when ``got`` is right to
+    the tolerance: no relation is said of a right answer). Never says the expected value."""
     want = np.asarray(want, dtype=np.float64)
     if got is not None:
         got = np.asarray(got)
         if not np.issubdtype(got.dtype, np.number):
             return ""
         got = got.astype(np.float64)
+        if got.shape == want.shape:
+            same_inf = np.isinf(got) & (got == want)  # −inf where −inf is right (a blocked score): equal, as 0 and 0
+            got, want = np.where(same_inf, 0.0, got), np.where(same_inf, 0.0, want)
+            if _close(got, want, scale):
+                return ""
     said = missing(got, want, scale)
     if said is None and got is not None:
         finders = (
             lambda: constant_factor(got, want, scale, names),
             lambda: swapped_axes(got, want, scale),
             lambda: summed_wrong(got, want, scale),
-            lambda: missing_path(got, want, scale, paths),
-            lambda: wrong_on_part(got, want, scale, masked_rows),
+            lambda: missing_path(got, want, scale, paths, names),
+            lambda: wrong_on_part(got, want, scale, masked_rows, parts),
+            lambda: varying_factor(got, want, scale),
         )
         with np.errstate(all="ignore"):
             said = next((s for s in map(_safely, finders) if s), None)

@@ -1,0 +1,192 @@
+"""What ``relations`` needs to know of a graded pair's case: the paths each gradient sums, and the parts of it a bug
+may be confined to, for every pair of the course (exercises 1-8 and 11-14).
+
+``hints(pair_name, case, name, d_out) -> (paths, parts)``: ``paths`` {what the path is: its contribution to
+d``name``} for ``relations.missing_path`` (a path missing, or one path's part scaled or of the wrong sign);
+``parts`` {what the part is, and where to look: bool, True on it} for ``relations.wrong_on_part``. Both computed
+from the case's inputs and the upstream gradient with the library's pairs, only when a gradient is wrong; a pair or
+a gradient with none gives empty dicts. The paths of a gradient sum to it:
+
+    softmax, sink softmax   dx = p ∘ dp − p ∘ Σ(p ∘ dp)                    the weights' path, the normaliser's
+    attention (6, 13)       dq = (p ∘ dp) K · s − (p ∘ Σ(p ∘ dp)) K · s      the same two, through the scores
+    self-attention          dx = via the query + via the key + via the value
+    cross-entropy           dlogits = p / N − onehot / N
+    layer norm              dx = rstd·dx̂ − rstd·mean(dx̂) − rstd·x̂·mean(dx̂ ∘ x̂)   the direct, the mean's, the variance's
+    repeat_kv               dx = Σ over the group's copies
+    rope                    dx = d_out · cos − rotate_half(d_out) · sin
+    soft-cap                dscores = d_out − tanh²(s / cap) · d_out
+    delta rule              dk = the write's (β dS u) + the read's (−S̃ du);  dβ = through v_t + through −S̃ᵀk
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import functional as F
+from . import delta_rule as DR
+
+WEIGHTS = "the p ∘ dp term (the weights' own path)"
+NORMALISER = "the −p ∘ Σ(p ∘ dp) term (the softmax normaliser's path)"
+BLOCKED = "the blocked entries (score −inf): their weight is 0 whatever the score, so their gradient is 0"
+
+
+def _softmax_terms(p, dp) -> dict:
+    return {WEIGHTS: p * dp, NORMALISER: -p * (p * dp).sum(axis=-1, keepdims=True)}
+
+
+def _softmax(a, d_out, name):
+    if name != "x":
+        return {}, {}
+    p = F.softmax_forward(a["x"])[0]
+    return _softmax_terms(p, d_out), {BLOCKED: np.isneginf(a["x"])}
+
+
+def _sink_softmax(a, d_out, name):
+    if name != "x":
+        return {}, {}
+    p = F.sink_softmax_forward(a["x"], a["sink"])[0]
+    return _softmax_terms(p, d_out), {BLOCKED: np.isneginf(a["x"])}
+
+
+def _attention(a, d_out, name):
+    """dq and dk of exercise 6's and 13's attention, each as the softmax's two terms through the scores; for
+    exercise 13 (``block``), the key blocks as parts of dk and dv."""
+    q, k, v, mask = a["q"], a["k"], a["v"], a.get("mask")
+    s = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])  # (B, H, Lq, d) @ (B, H, d, Lk) -> (B, H, Lq, Lk)
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    p = F.softmax_forward(s)[0]  # (B, H, Lq, Lk), 0 on a fully masked row
+    terms = _softmax_terms(p, d_out @ v.swapaxes(-1, -2))  # dp: (B, H, Lq, dv) @ (B, H, dv, Lk)
+    paths = {}
+    if name == "q":
+        paths = {f"{t}, through the scores": ds / np.sqrt(q.shape[-1]) @ k for t, ds in terms.items()}  # (Lq, d)
+    elif name == "k":
+        paths = {f"{t}, through the scores": ds.swapaxes(-1, -2) / np.sqrt(q.shape[-1]) @ q for t, ds in terms.items()}
+    parts = {}
+    block, Lk = a.get("block"), k.shape[-2]
+    if isinstance(block, int) and block > 0 and name in ("k", "v"):
+        for j in range(0, Lk, block):
+            last = ", the last and partial one" if j + block > Lk else ""
+            keys = np.zeros((Lk, 1), dtype=bool)
+            keys[j : j + block] = True
+            parts[f"key block {j // block} (keys {j} to {min(j + block, Lk) - 1}{last}): look at that tile"] = keys
+    return paths, parts
+
+
+def _self_attention(a, d_out, name, forward):
+    if name != "x":
+        return {}, {}
+    mha, mha_cache = forward()[1]
+    grads = mha.backward(d_out, mha_cache)
+    return {f"the {p} path (x used as the {p})": grads[p] for p in ("query", "key", "value")}, {}
+
+
+def _apply_mask(a, d_out, name):
+    mask = a.get("mask")
+    if name != "scores" or not isinstance(mask, np.ndarray) or mask.dtype != bool:
+        return {}, {}
+    return {}, {"the blocked entries (mask False): there the score is replaced by −inf, so its gradient is 0": ~mask}
+
+
+def _dropout(a, d_out, name):
+    keep = a.get("keep_mask")
+    if name != "x" or keep is None:
+        return {}, {}
+    return {}, {
+        "the dropped entries (keep_mask False): their output is 0 whatever x, so their gradient is 0": ~keep,
+        "the kept entries (keep_mask True): there the gradient is d_out / (1 − p)": keep,
+    }
+
+
+def _embedding(a, d_out, name):
+    ids, table = np.asarray(a["ids"]), a["table"]
+    counts = np.bincount(ids.ravel(), minlength=table.shape[0])[:, None]  # (V, 1)
+    return {}, {
+        "the rows of ids that occur more than once: each occurrence's row of d_out adds up (np.add.at)": counts > 1,
+        "the rows of ids that never occur: their gradient is 0": counts == 0,
+    }
+
+
+def _cross_entropy(a, d_out, name):
+    logits, targets = a["logits"], np.asarray(a["targets"])
+    N = targets.size
+    p = F.softmax_forward(logits)[0]  # (..., V)
+    onehot = np.eye(logits.shape[-1])[targets]  # (..., V)
+    paths = {
+        "the p / N term (the softmax's)": d_out * p / N,
+        "the −onehot / N term (at the targets)": -d_out * onehot / N,
+    }
+    return paths, {"the targets' entries (the one-hot's −1)": onehot.astype(bool)}
+
+
+def _layer_norm(a, d_out, name):
+    if name != "x":
+        return {}, {}
+    x = a["x"]
+    rstd = 1.0 / np.sqrt(x.var(axis=-1, keepdims=True) + a["eps"])  # (..., 1)
+    xhat = (x - x.mean(axis=-1, keepdims=True)) * rstd
+    dxhat = d_out * a["gamma"]
+    return {
+        "the direct path through x̂ (rstd · dx̂)": rstd * dxhat,
+        "the mean's path (−rstd · mean(dx̂))": -rstd * dxhat.mean(axis=-1, keepdims=True),
+        "the variance's path (−rstd · x̂ · mean(dx̂ ∘ x̂))": -rstd * xhat * (dxhat * xhat).mean(axis=-1, keepdims=True),
+    }, {}
+
+
+def _repeat_kv(a, d_out, name):
+    n = a["n_rep"]
+    B, H, L, d = a["x"].shape
+    copies = d_out.reshape(B, H, n, L, d)  # (B, Hkv·n_rep, L, d) -> (B, Hkv, n_rep, L, d): head h <- h // n_rep
+    return {f"copy {r} of each group (query head h·n_rep + {r})": copies[:, :, r] for r in range(n)}, {}
+
+
+def _rope(a, d_out, name, forward):
+    cos, sin = forward()[1]
+    return {
+        "the cos term (d_out · cos)": d_out * cos,
+        "the sin term (−rotate_half(d_out) · sin)": -F.rotate_half(d_out) * sin,
+    }, {}
+
+
+def _soft_cap(a, d_out, name):
+    t = np.tanh(a["scores"] / a["cap"])
+    return {"d_out itself (the 1 of 1 − tanh²)": d_out, "the −tanh²(s / cap) · d_out term": -(t * t) * d_out}, {}
+
+
+def _delta_rule(a, d_out, name):
+    if name not in ("k", "beta"):
+        return {}, {}
+    _, cache = DR.delta_rule_recurrent_forward(*(a[n] for n in ("q", "k", "v", "g", "beta", "initial_state")))
+    part: dict = {}
+    DR.delta_backward_with()(d_out, cache, part)
+    if name == "k":
+        return {"the write's path (β_t dS u_t, ← R3)": part["k_write"], "the read's path (−S̃_t du_t, ← R2)":
+                part["k_read"]}, {}  # fmt: skip
+    return {"the v_t of the error u_t (← R3)": part["b_v"], "the read −S̃_tᵀ k_t of the error u_t (← R3, R2)":
+            part["b_r"]}, {}  # fmt: skip
+
+
+HINTS = {
+    "softmax": _softmax,
+    "sink_softmax": _sink_softmax,
+    "scaled_dot_product_attention": _attention,
+    "flash_attention": _attention,
+    "apply_mask": _apply_mask,
+    "dropout": _dropout,
+    "embedding": _embedding,
+    "softmax_cross_entropy": _cross_entropy,
+    "layer_norm": _layer_norm,
+    "repeat_kv": _repeat_kv,
+    "soft_cap": _soft_cap,
+    "delta_rule_recurrent": _delta_rule,
+}
+NEEDS_FORWARD = {"self_attention": _self_attention, "rope": _rope}  # read the reference forward's cache
+
+
+def hints(pair, case, name: str, d_out) -> tuple[dict, dict]:
+    """({path: contribution}, {part: where}) for the gradient ``name`` of ``pair`` on ``case`` (see the module)."""
+    args = dict(case.args)
+    if pair.name in NEEDS_FORWARD:
+        return NEEDS_FORWARD[pair.name](args, d_out, name, lambda: pair.forward(*case.values()))
+    find = HINTS.get(pair.name)
+    return find(args, d_out, name) if find else ({}, {})
