@@ -9,6 +9,7 @@ a gradient with none gives empty dicts. The paths of a gradient sum to it:
 
     softmax, sink softmax   dx = p ∘ dp − p ∘ Σ(p ∘ dp)                    the weights' path, the normaliser's
     attention (6, 13)       dq = (p ∘ dp) K · s − (p ∘ Σ(p ∘ dp)) K · s      the same two, through the scores
+    flash attention (13)    dq = Σ over the key blocks of dS_j K_j · s       one a tile (dk, dv: a tile's keys a part)
     self-attention          dx = via the query + via the key + via the value
     cross-entropy           dlogits = p / N − onehot / N
     layer norm              dx = rstd·dx̂ − rstd·mean(dx̂) − rstd·x̂·mean(dx̂ ∘ x̂)   the direct, the mean's, the variance's
@@ -64,12 +65,18 @@ def _attention(a, d_out, name):
         paths = {f"{t}, through the scores": ds.swapaxes(-1, -2) / np.sqrt(q.shape[-1]) @ q for t, ds in terms.items()}
     parts = {}
     block, Lk = a.get("block"), k.shape[-2]
-    if isinstance(block, int) and block > 0 and name in ("k", "v"):
-        for j in range(0, Lk, block):
-            last = ", the last and partial one" if j + block > Lk else ""
+    if not isinstance(block, int) or block < 1:
+        return paths, parts
+    ds = sum(terms.values()) / np.sqrt(q.shape[-1])  # (B, H, Lq, Lk): the scores' gradient
+    for j in range(0, Lk, block):
+        last = ", the last and partial one" if j + block > Lk else ""
+        tile = f"key block {j // block} (keys {j} to {min(j + block, Lk) - 1}{last})"
+        if name == "q":  # dq sums one contribution a tile
+            paths[f"{tile}'s tile"] = ds[..., j : j + block] @ k[..., j : j + block, :]  # (Lq, bk) @ (bk, d)
+        else:
             keys = np.zeros((Lk, 1), dtype=bool)
             keys[j : j + block] = True
-            parts[f"key block {j // block} (keys {j} to {min(j + block, Lk) - 1}{last}): look at that tile"] = keys
+            parts[f"{tile}: look at that tile"] = keys
     return paths, parts
 
 
@@ -153,6 +160,14 @@ def _soft_cap(a, d_out, name):
     return {"d_out itself (the 1 of 1 − tanh²)": d_out, "the −tanh²(s / cap) · d_out term": -(t * t) * d_out}, {}
 
 
+def _relative_position_bias(a, d_out, name):
+    """The table's two end columns: every distance beyond ±R is clipped onto them, so they collect many pairs."""
+    table = a["table"]
+    ends = np.zeros((1, table.shape[1]), dtype=bool)
+    ends[0, [0, -1]] = True
+    return {}, {"the table's end columns (distances clipped to ±R: every pair farther apart adds there too)": ends}
+
+
 def _delta_rule(a, d_out, name):
     if name not in ("k", "beta"):
         return {}, {}
@@ -178,6 +193,7 @@ HINTS = {
     "layer_norm": _layer_norm,
     "repeat_kv": _repeat_kv,
     "soft_cap": _soft_cap,
+    "relative_position_bias": _relative_position_bias,
     "delta_rule_recurrent": _delta_rule,
 }
 NEEDS_FORWARD = {"self_attention": _self_attention, "rope": _rope}  # read the reference forward's cache
