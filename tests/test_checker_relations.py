@@ -131,6 +131,17 @@ def test_varying_factor_sees_a_factor_per_row_and_per_head_not_a_constant_or_noi
     assert R.varying_factor(narrow * RNG.uniform(0.5, 2, (3, 1)), narrow, 1.0) is None
 
 
+def test_explain_stays_bounded_and_quiet_on_hostile_answers():
+    """A student's array of 40 axes, of complex numbers, of objects, of NaN, a list: no crash, no relation, and the
+    search bounded (2⁴⁰ subsets of axes would never end)."""
+    import time
+
+    start = time.perf_counter()
+    for got in (np.ones((1,) * 39 + (25,)), WANT + 1j, np.full(WANT.shape, np.nan), [[1, 2], [3]], np.array([None])):
+        assert R.explain("dk", "here", got, WANT, SCALE) == ""
+    assert time.perf_counter() - start < 2.0
+
+
 def test_explain_says_nothing_of_a_right_answer_even_with_paths_parts_and_blocked_scores():
     want = RNG.standard_normal((2, 3, 4))
     want[0, 1, :] = -np.inf  # a blocked row of scores: −inf where −inf is right is equal
@@ -305,3 +316,15 @@ def test_each_capstones_paths_add_up_to_its_reference_gradient():
             assert np.allclose(whole, g[name], atol=1e-12 * np.abs(g[name]).max()), (capstone.name, name)
             if capstone is K.BLOCK and name in ("x", "h"):  # the LayerNorm's own three sum to its path
                 assert np.allclose(sum(paths[2:]), paths[1], atol=1e-12 * np.abs(g[name]).max()), name
+
+
+CORRECT = sorted((Path(__file__).parent / "data" / "students").glob("ok_*.py"))
+
+
+@pytest.mark.parametrize("path", CORRECT, ids=lambda p: p.stem)
+def test_each_correct_file_in_an_unusual_style_passes_and_is_related_to_nothing(path):
+    """No false alarm: einsum, explicit Jacobians, one-hot products, the inverse rotation, the sink as a column, D as
+    rowsum(dO ∘ O): every function passes, no row carries a relation."""
+    report = check_namespace(load_student(path), source=path.name)
+    assert report.passed and len(report.rows) >= 10, str(report)
+    assert not any(r.relation for r in report.rows), str(report)

@@ -28,7 +28,8 @@ import numpy as np
 
 from .diagnose import RTOL
 
-MAX_SUBSETS = 64  # combinations of paths tried (a gradient has a handful of paths; six give 63)
+MAX_SUBSETS = 64  # combinations of paths or axes tried (a gradient has a handful of paths; six give 63)
+MAX_NDIM = 6  # the most axes a got is searched over (the course's arrays have at most 5): the search stays bounded
 
 
 def _close(a, b, scale: float) -> bool:
@@ -104,9 +105,9 @@ def constant_factor(got, want, scale: float, names: dict[str, float] | None = No
 
 def swapped_axes(got, want, scale: float) -> str | None:
     """got = want with its axes permuted (a transpose, or two axes swapped; of equal size, the shape hides it)."""
-    if got.ndim != want.ndim or got.ndim < 2 or not _nonzero(want, scale):
+    if got.ndim != want.ndim or not 2 <= got.ndim <= MAX_NDIM or not _nonzero(want, scale):
         return None
-    for perm in itertools.permutations(range(want.ndim)):
+    for perm in itertools.permutations(range(want.ndim)):  # at most 6! = 720
         moved = want.transpose(perm)
         if perm == tuple(range(want.ndim)) or moved.shape != got.shape:
             continue
@@ -127,13 +128,13 @@ def summed_wrong(got, want, scale: float) -> str | None:
     with or without the axis kept)."""
     if not _nonzero(want, scale):
         return None
-    if got.ndim >= want.ndim and got.size > want.size:
-        for axes in _subsets(range(got.ndim)):
+    if want.ndim <= got.ndim <= MAX_NDIM and got.size > want.size:  # a hostile (1,) * 40 would take 2⁴⁰ subsets
+        for axes in itertools.islice(_subsets(range(got.ndim)), MAX_SUBSETS):
             summed = got.sum(axis=axes)
             if summed.size == want.size and _close(np.squeeze(summed), np.squeeze(want), scale):
                 return (f"has shape {got.shape}: it is the per-item part of the right one, not summed over axes "
                         f"{axes}: every item along them uses the same input, so the contributions add up")  # fmt: skip
-    for axes in _subsets(range(want.ndim)):
+    for axes in itertools.islice(_subsets(range(want.ndim)), MAX_SUBSETS):
         summed = want.sum(axis=axes, keepdims=True)
         dropped = summed.reshape([n for i, n in enumerate(want.shape) if i not in axes])
         for seen in (dropped, summed, np.broadcast_to(summed, want.shape)):  # the last: summed, then spread back
@@ -254,8 +255,11 @@ def explain(gradient: str, where: str, got, want, scale: float, *, names=None, p
     the tolerance: no relation is said of a right answer). Never says the expected value."""
     want = np.asarray(want, dtype=np.float64)
     if got is not None:
-        got = np.asarray(got)
-        if not np.issubdtype(got.dtype, np.number):
+        try:
+            got = np.asarray(got)
+        except (ValueError, TypeError):  # a ragged list: no array to relate
+            return ""
+        if not np.issubdtype(got.dtype, np.number) or np.iscomplexobj(got):
             return ""
         got = got.astype(np.float64)
         if got.shape == want.shape:
