@@ -55,6 +55,18 @@ def test_swapped_axes_sees_a_transpose_and_two_swapped_axes():
     assert R.swapped_axes(NOISE, WANT, SCALE) is None
 
 
+def test_reordered_sees_heads_tiled_for_repeated_and_rows_reversed_not_a_changed_row():
+    kv = RNG.standard_normal((2, 2, 3, 4))
+    repeated, tiled = np.repeat(kv, 3, axis=1), np.tile(kv, (1, 3, 1, 1))  # (2, 6, 3, 4) each, heads in two orders
+    assert "has the right heads in another order" in R.reordered(tiled, repeated, 1.0)
+    rows = RNG.standard_normal((4, 5))
+    assert "indices of axis 0 in another order" in R.reordered(rows[::-1], rows, 1.0)
+    changed = rows[::-1].copy()
+    changed[0] += 1.0  # one slice that is none of want's: no reordering
+    assert R.reordered(changed, rows, 1.0) is None
+    assert R.reordered(rows, rows, 1.0) is None and R.reordered(NOISE, WANT, SCALE) is None
+
+
 def test_summed_wrong_sees_a_missing_sum_and_a_sum_too_many():
     per_row = RNG.standard_normal((2, 3, 5))  # a bias gradient left per position
     assert "not summed over axes (0, 1)" in R.summed_wrong(per_row, per_row.sum(axis=(0, 1)), 1.0)
@@ -209,6 +221,7 @@ def test_there_are_student_files_for_every_kind_of_relation():
         "is wrong only on the dropped entries",
         "is wrong only on the rows of ids",
         "has its axes (1, 2) swapped",
+        "in another order",
         "right when it reads the reference forward's cache",
     )
     for words in kinds:

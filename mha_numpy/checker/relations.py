@@ -29,6 +29,7 @@ import numpy as np
 from .diagnose import RTOL
 
 MAX_SUBSETS = 64  # combinations of paths or axes tried (a gradient has a handful of paths; six give 63)
+MAX_SLICES = 64  # the longest axis searched for a reordering (n² slice comparisons)
 MAX_NDIM = 6  # the most axes a got is searched over (the course's arrays have at most 5): the search stays bounded
 
 
@@ -116,6 +117,29 @@ def swapped_axes(got, want, scale: float) -> str | None:
                 return "is the transpose of the right one: swap the two factors of its product (or transpose it)"
             swapped = [i for i, p in enumerate(perm) if p != i]
             return f"has its axes {tuple(swapped)} swapped: put them back in the forward's order"
+    return None
+
+
+def reordered(got, want, scale: float) -> str | None:
+    """got holds want's slices along one axis in another order (heads repeated as np.tile where np.repeat belongs,
+    rows reversed, the two halves of rotate_half swapped): every slice of got is one of want's, and every one of
+    want's is there."""
+    if got.shape != want.shape or not _nonzero(want, scale):
+        return None
+    for axis in range(want.ndim):
+        n = want.shape[axis]
+        if not 2 <= n <= MAX_SLICES:
+            continue
+        g, w = np.moveaxis(got, axis, 0).reshape(n, -1), np.moveaxis(want, axis, 0).reshape(n, -1)
+        same = np.all(np.abs(g[:, None, :] - w[None, :, :]) <= RTOL * scale, axis=-1)  # (n, n): slice i is want's j
+        if same.any(axis=1).all() and same.any(axis=0).all() and not same[np.arange(n), np.arange(n)].all():
+            i = int(np.flatnonzero(~same[np.arange(n), np.arange(n)])[0])
+            j = int(np.flatnonzero(same[i])[0])
+            what = "heads" if axis == 1 and want.ndim == 4 else f"indices of axis {axis}"
+            return (
+                f"has the right {what} in another order (index {i} holds what belongs at index {j}): look at how "
+                "that axis is ordered (np.repeat against np.tile, a reshape's order, a reversed range)"
+            )
     return None
 
 
@@ -272,6 +296,7 @@ def explain(gradient: str, where: str, got, want, scale: float, *, names=None, p
         finders = (
             lambda: constant_factor(got, want, scale, names),
             lambda: swapped_axes(got, want, scale),
+            lambda: reordered(got, want, scale),
             lambda: summed_wrong(got, want, scale),
             lambda: missing_path(got, want, scale, paths, names),
             lambda: wrong_on_part(got, want, scale, masked_rows, parts),
