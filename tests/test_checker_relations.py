@@ -43,6 +43,15 @@ def test_constant_factor_is_named_when_it_is_a_size_and_given_as_a_number_otherw
     assert R.constant_factor(WANT, WANT, SCALE, names) is None
 
 
+def test_a_factor_is_named_by_the_computation_before_the_arrays_sizes_and_by_every_size_that_fits():
+    """cap = 2 and the batch = 2: "cap" alone; no factor of the computation fits: every size that does, and 2."""
+    names = R.factor_names({"the batch size": 2, "the number of heads": 3}, cap=2.0)
+    assert "is cap (= 2) times" in R.constant_factor(2 * WANT, WANT, SCALE, names)
+    names = R.factor_names({"the batch size": 2, "the number of heads": 3}, cap=5.0)
+    assert "is the batch size or 2 (= 2) times" in R.constant_factor(2 * WANT, WANT, SCALE, names)
+    assert "a factor 1/(the number of heads) is missing" in R.constant_factor(3 * WANT, WANT, SCALE, names)
+
+
 def test_swapped_axes_sees_a_transpose_and_two_swapped_axes():
     square = RNG.standard_normal((4, 4))
     assert "transpose" in R.swapped_axes(square.T, square, 1.0)
@@ -311,6 +320,22 @@ def test_each_pairs_paths_add_up_to_its_reference_gradient_and_its_parts_fit_it(
     assert seen >= {"softmax", "sink_softmax", "scaled_dot_product_attention", "flash_attention", "layer_norm",
                     "repeat_kv", "rope", "soft_cap", "softmax_cross_entropy", "self_attention",
                     "delta_rule_recurrent"}, seen  # fmt: skip
+
+
+def test_each_forwards_terms_add_up_to_its_output():
+    """The terms forward_hints gives of an output (linear's bias, LayerNorm's beta, rope's cos and sin, the float mask,
+    self-attention's b_o) sum to the reference forward's output on every course case."""
+    from mha_numpy.checker import cases, pair_hints
+
+    seen = set()
+    for pair in cases.PAIRS:
+        for case in pair.cases(np.random.default_rng(6)):
+            paths, _ = pair_hints.forward_hints(pair, case)
+            if paths:
+                out = pair.forward(*case.values())[0]
+                seen.add(pair.name)
+                assert np.allclose(sum(np.broadcast_to(v, out.shape) for v in paths.values()), out), pair.name
+    assert seen == {"linear", "layer_norm", "rope", "apply_mask", "self_attention"}, seen
 
 
 def test_each_capstones_paths_add_up_to_its_reference_gradient():

@@ -377,10 +377,9 @@ def relation(capstone: Capstone, got, cache: dict, expected: dict, line: Line) -
     scale, N = B·L, B, L, H) and the paths into it that ``capstone.paths`` knows."""
     have = got.get(line.name) if isinstance(got, dict) else None
     B, L = cache["x"].shape[:2]
-    names = relations.factor_names(d=int(round(cache["scale"] ** -2)), scale=cache["scale"], **{
-        "N (the tokens, B·L)": B * L, "the batch size": B, "L (the positions)": L,
-        "the number of heads": cache["num_heads"],
-        "E (the width)": cache["x"].shape[-1]})  # fmt: skip
+    shapes = {"N (the tokens, B·L)": B * L, "the batch size": B, "L (the positions)": L,
+              "the number of heads": cache["num_heads"], "E (the width)": cache["x"].shape[-1]}  # fmt: skip
+    names = relations.factor_names(shapes, d=int(round(cache["scale"] ** -2)), scale=cache["scale"])
     paths = capstone.paths(line.name, cache, expected) if capstone.paths else None
     parts = capstone.parts(line.name, cache) if capstone.parts else None
     code = next(text for label, text, _ in capstone.steps if label == line.label).split("  ")[0]

@@ -199,6 +199,39 @@ HINTS = {
 NEEDS_FORWARD = {"self_attention": _self_attention, "rope": _rope}  # read the reference forward's cache
 
 
+def forward_hints(pair, case) -> tuple[dict, dict]:
+    """({term: its part of the output}, {part: where}) for ``pair``'s forward on ``case``: the terms a forward adds
+    (a bias, a float mask, rope's cos and sin) and the parts an output may be wrong on alone (the blocked or the
+    dropped entries)."""
+    a = dict(case.args)
+    if pair.name == "linear":
+        return {"x @ W.T": a["x"] @ a["W"].T, "the bias b": a["b"]}, {}  # (..., in) @ (in, out)
+    if pair.name == "layer_norm":
+        x = a["x"]
+        xhat = (x - x.mean(axis=-1, keepdims=True)) / np.sqrt(x.var(axis=-1, keepdims=True) + a["eps"])
+        return {"gamma · x̂": a["gamma"] * xhat, "the bias beta": a["beta"]}, {}
+    if pair.name == "rope":
+        cos, sin = pair.forward(*case.values())[1]
+        return {
+            "the cos term (x · cos)": a["x"] * cos,
+            "the sin term (rotate_half(x) · sin)": F.rotate_half(a["x"]) * sin,
+        }, {}
+    if pair.name == "self_attention":
+        out = pair.forward(*case.values())[0]
+        b_o = a["params"]["b_o"]
+        return {"the output projection (merged @ W_o.T)": out - b_o, "the output bias b_o": b_o}, {}
+    if pair.name == "apply_mask":
+        mask = a["mask"]
+        if mask.dtype == bool:
+            return {}, {"the blocked entries (mask False): there the score becomes −inf": ~mask}
+        return {"the scores": a["scores"], "the float mask (added to the scores)": mask}, {}
+    if pair.name == "dropout":
+        return _dropout(a, None, "x")
+    if pair.name in ("softmax", "sink_softmax"):
+        return {}, {BLOCKED: np.isneginf(a["x"])}
+    return {}, {}
+
+
 def hints(pair, case, name: str, d_out) -> tuple[dict, dict]:
     """({path: contribution}, {part: where}) for the gradient ``name`` of ``pair`` on ``case`` (see the module)."""
     args = dict(case.args)

@@ -59,33 +59,52 @@ def zeros_for_none(got) -> str | None:
     return "is an array of zeros where the call gave no such input: return None in its place"
 
 
-def factor_names(**sizes) -> dict[str, float]:
+class Factors(dict):
+    """{label: value} of the factors worth naming; ``shapes``: the labels that are only sizes of the case's arrays (the
+    batch, the heads, N, 2): said when no factor of the computation itself (√d, the scale, an argument) fits."""
+
+    shapes: frozenset = frozenset()
+
+
+def factor_names(shapes: dict | None = None, **sizes) -> Factors:
     """{label: value} of the factors worth naming: for each size given, in its order (``d=4`` gives √d, 1/√d, d, 1/d;
-    ``scale=0.5`` gives scale and 1/scale; ``**{"the batch size": 2}`` gives it and its inverse), then 2 and 1/2.
-    −1 and the negatives are ``constant_factor``'s."""
-    names = {}
-    for label, value in sizes.items():
-        if not value or value == 1:
-            continue
-        if label == "d":
-            names.update({"√d": np.sqrt(value), "1/√d": 1 / np.sqrt(value), "d": float(value), "1/d": 1 / value})
-        elif label == "scale":
-            names.update({"scale": float(value), "1/scale": 1 / value})
-        elif label.split(" (")[0].isidentifier():  # an argument of the call (cap, p, n_rep), or "N (the rows)"
-            names.update({label: float(value), f"1/{label}": 1 / value})
-        else:
-            names.update({label: float(value), f"1/({label})": 1 / value})
-    return {**names, "2": 2.0, "1/2": 0.5}  # the sizes first: "1/scale" says more than "2" when both are 2
+    ``scale=0.5`` gives scale and 1/scale; ``**{"the batch size": 2}`` gives it and its inverse), then those of
+    ``shapes`` (the sizes of the case's arrays: the batch, N, the heads), then 2 and 1/2, these last two groups
+    named only when the first has no name for the factor. −1 and the negatives are ``constant_factor``'s."""
+    names, shaped = Factors(), set()
+    for group, given in ((False, sizes), (True, shapes or {})):
+        for label, value in given.items():
+            if not value or value == 1:
+                continue
+            if label == "d":
+                new = {"√d": np.sqrt(value), "1/√d": 1 / np.sqrt(value), "d": float(value), "1/d": 1 / value}
+            elif label == "scale":
+                new = {"scale": float(value), "1/scale": 1 / value}
+            elif label.split(" (")[0].isidentifier():  # an argument of the call (cap, p, n_rep), or "N (the rows)"
+                new = {label: float(value), f"1/{label}": 1 / value}
+            else:
+                new = {label: float(value), f"1/({label})": 1 / value}
+            names.update({k: v for k, v in new.items() if k not in names})
+            shaped |= set(new) if group else set()
+    names.update({"2": 2.0, "1/2": 0.5})
+    names.shapes = frozenset(shaped | {"2", "1/2"})
+    return names
 
 
 def _factor_words(c: float, names: dict[str, float] | None) -> tuple[str, str]:
-    """(c said: its name and value when it is one of ``names`` or minus one, else the number; the inverse that fixes
-    it, named the same way)."""
+    """(c said: its names and value when it is one of ``names`` or minus one, else the number; the inverse that fixes
+    it, named the same way). Every name of that value is said, in ``names``' order, the sizes of the arrays only when
+    nothing else fits (``Factors.shapes``): on a case where the batch, the heads and 2 are all 2, any of them."""
+    shapes = getattr(names, "shapes", frozenset())
     table = {**(names or {}), **{f"−{k}": -v for k, v in (names or {}).items()}}
-    label = next((k for k, v in table.items() if abs(c / v - 1) <= 1e-6), None)
-    said = f"{label} (= {c:.6g})" if label else f"{c:.6g}"
-    fix = next((k for k, v in table.items() if abs(v * c - 1) <= 1e-6), f"{1 / c:.6g}")  # the inverse, named too
-    return said, fix
+
+    def said(value: float) -> str:
+        labels = [k for k, v in table.items() if abs(value / v - 1) <= 1e-6]
+        first = [k for k in labels if k.lstrip("−") not in shapes]
+        return " or ".join(first or labels)
+
+    named, fix = said(c), said(1 / c)
+    return (f"{named} (= {c:.6g})" if named else f"{c:.6g}"), fix or f"{1 / c:.6g}"
 
 
 def constant_factor(got, want, scale: float, names: dict[str, float] | None = None) -> str | None:
@@ -184,9 +203,10 @@ def missing_path(got, want, scale: float, paths: dict[str, np.ndarray] | None = 
             parts[k] = v
     for lost in itertools.islice(_subsets(list(parts)), MAX_SUBSETS):
         if _close(got, want - sum(parts[k] for k in lost), scale):
-            each = "each of those paths'" if len(lost) > 1 else "that path's"
-            what = f"contribution{'s' * (len(lost) > 1)} of {' and '.join(lost)}"
-            return f"lacks the {what}: the input is used there too, add {each} gradient"
+            several = len(lost) > 1
+            what = f"contribution{'s' * several} of {' and '.join(lost)}"
+            it = "them" if several else "it"
+            return f"lacks the {what}: the right one sums {it} with the rest, add {it}"
     for k, part in parts.items():
         c = 1 + float(np.vdot(part, got - want) / np.vdot(part, part))
         if abs(c - 1) <= 1e-6 or abs(c) <= 1e-6 or not _close(got, want + (c - 1) * part, scale):
@@ -217,8 +237,10 @@ def wrong_on_part(got, want, scale: float, masked_rows=None, parts=None) -> str 
         except ValueError:
             rows = None
         if rows is not None and rows.any() and np.array_equal(bad.any(axis=-1), rows):
-            return ("is wrong only on the fully masked rows (no key allowed): there the weights are zero, so "
-                    "nothing flows back; handle those rows without dividing by a zero sum or using -inf")  # fmt: skip
+            return (
+                "is wrong only on the fully masked rows (no key allowed): there the weights are zero, and so are the "
+                "context and the gradients; handle those rows without dividing by a zero sum or using -inf"
+            )
     for label, where in (parts or {}).items():
         try:
             region = np.broadcast_to(np.asarray(where, dtype=bool), want.shape)

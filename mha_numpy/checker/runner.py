@@ -175,8 +175,12 @@ def check_forward(pair: Pair, student, rng) -> Row:
         scale = scale_of([expected])
         problem = compare("out", got, expected, scale)
         if problem:
+            try:
+                paths, parts = pair_hints.forward_hints(pair, case)
+            except (ValueError, TypeError, KeyError, ArithmeticError):
+                paths, parts = {}, {}
             said = relations.explain("out", f"of {function}", _first(got), expected, scale, names=_names(case),
-                                     masked_rows=_masked_rows(case))  # fmt: skip
+                                     paths=paths, masked_rows=_masked_rows(case), parts=parts)  # fmt: skip
             find = lambda: matching_bug(function, {"out": got}, run_variant, scale, {"out": expected})  # noqa: E731
             raise _Failed(problem, find, relation=said)
 
@@ -268,21 +272,22 @@ def _zeros_for_absent(pair: Pair, result, case: Case) -> str:
 
 def _names(case: Case) -> dict[str, float]:
     """The factors worth naming on ``case``: the call's own numbers (scale, p and 1 − p, cap, n_rep, block), √d and d
-    of the features, the batch size, N (the rows), the number of heads, the positions (Lq) and the keys (Lk)."""
+    of attention's q, the batch size, N (the rows), the number of heads, the positions (Lq) and the keys (Lk)."""
     args = dict(case.args)
     first = next((np.asarray(v) for v in args.values() if isinstance(v, np.ndarray) and v.ndim >= 2), None)
-    features = next((np.shape(args[n])[-1] for n in ("q", "x", "scores") if np.ndim(args.get(n)) >= 2), 0)
+    features = np.shape(args["q"])[-1] if np.ndim(args.get("q")) >= 2 else 0  # attention's d: its scale is 1/√d
     sizes = {n: v for n, v in args.items() if isinstance(v, int | float) and not isinstance(v, bool)}  # scale, p, cap
     sizes.update({f"1 − {n}": 1 - v for n, v in sizes.items() if 0 < v < 1 and n != "scale"})  # dropout's keep
-    sizes.update({"d": features, "the batch size": 0 if first is None else first.shape[0]})  # √d: attention's scale
+    sizes["d"] = features  # √d: attention's scale
+    shapes = {"the batch size": 0 if first is None else first.shape[0]}
     if first is not None and first.ndim >= 3:
-        sizes["N (the rows, every axis but the last)"] = int(np.prod(first.shape[:-1]))
+        shapes["N (the rows, every axis but the last)"] = int(np.prod(first.shape[:-1]))
     if first is not None and first.ndim == 4:
-        sizes["the number of heads"] = first.shape[1]
-        sizes["Lq (the query positions)"] = first.shape[2]
+        shapes["the number of heads"] = first.shape[1]
+        shapes["Lq (the query positions)"] = first.shape[2]
     if np.ndim(args.get("k")) == 4:
-        sizes["Lk (the keys)"] = np.shape(args["k"])[2]
-    return relations.factor_names(**sizes)
+        shapes["Lk (the keys)"] = np.shape(args["k"])[2]
+    return relations.factor_names(shapes, **sizes)
 
 
 def _masked_rows(case: Case):
