@@ -310,8 +310,11 @@ def test_each_pairs_paths_add_up_to_its_reference_gradient_and_its_parts_fit_it(
         d_out = RNG.standard_normal() if pair.scalar_output else RNG.standard_normal(np.shape(out))
         want = gradients(pair, pair.backward(d_out, cache), case)[name]
         paths, parts = pair_hints.hints(pair, case, name, d_out)
-        tiles = [v for k, v in paths.items() if "tile" in k]  # flash's dq: by the softmax's terms and by tiles
-        for family in filter(None, ([v for k, v in paths.items() if "tile" not in k], tiles)):
+        # two ways to cut one gradient: flash's dq by the softmax's terms and by tiles; the delta rule's by step and
+        # by token (through time)
+        other = [v for k, v in paths.items() if "tile" in k or "through time" in k]
+        for family in filter(None, ([v for k, v in paths.items() if "tile" not in k and "through time" not in k],
+                                    other)):  # fmt: skip
             seen.add(pair.name)
             total = sum(np.broadcast_to(v, want.shape) for v in family)
             assert np.allclose(total, want, atol=1e-12 * np.abs(want).max()), (pair.name, case.label, name)

@@ -16,7 +16,8 @@ a gradient with none gives empty dicts. The paths of a gradient sum to it:
     repeat_kv               dx = Σ over the group's copies
     rope                    dx = d_out · cos − rotate_half(d_out) · sin
     soft-cap                dscores = d_out − tanh²(s / cap) · d_out
-    delta rule              dk = the write's (β dS u) + the read's (−S̃ du);  dβ = through v_t + through −S̃ᵀk
+    delta rule              dk = the write's (β dS u) + the read's (−S̃ du);  dβ = through v_t + through −S̃ᵀk;
+                            dk, dv, dβ, dg = token t's own + what the later tokens carried back (through time)
 """
 
 from __future__ import annotations
@@ -169,16 +170,25 @@ def _relative_position_bias(a, d_out, name):
 
 
 def _delta_rule(a, d_out, name):
-    if name not in ("k", "beta"):
+    """dk: the write's and the read's paths; dβ: through v_t and through the read; and dk, dv, dβ, dg each as token
+    t's own part and the part the state's gradient carried back from the later tokens brings (through time)."""
+    if name not in ("k", "v", "beta", "g"):
         return {}, {}
     _, cache = DR.delta_rule_recurrent_forward(*(a[n] for n in ("q", "k", "v", "g", "beta", "initial_state")))
     part: dict = {}
-    DR.delta_backward_with()(d_out, cache, part)
+    grads = dict(zip(("q", "k", "v", "g", "beta"), DR.delta_backward_with()(d_out, cache, part)))
+    carried = part[{"k": "k_carried", "v": "v_carried", "beta": "b_carried", "g": "g_carried"}[name]]
+    paths = {
+        "the gradient of the state carried back from the later tokens (through time, ← R1 of token t + 1)": carried,
+        "token t's own q_t do_tᵀ (through time)": grads[name] - carried,
+    }
     if name == "k":
-        return {"the write's path (β_t dS u_t, ← R3)": part["k_write"], "the read's path (−S̃_t du_t, ← R2)":
-                part["k_read"]}, {}  # fmt: skip
-    return {"the v_t of the error u_t (← R3)": part["b_v"], "the read −S̃_tᵀ k_t of the error u_t (← R3, R2)":
-            part["b_r"]}, {}  # fmt: skip
+        paths = {"the write's path (β_t dS u_t, ← R3)": part["k_write"], "the read's path (−S̃_t du_t, ← R2)":
+                 part["k_read"], **paths}  # fmt: skip
+    if name == "beta":
+        paths = {"the v_t of the error u_t (← R3)": part["b_v"], "the read −S̃_tᵀ k_t of the error u_t (← R3, R2)":
+                 part["b_r"], **paths}  # fmt: skip
+    return paths, {}
 
 
 HINTS = {
