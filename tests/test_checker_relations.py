@@ -76,6 +76,16 @@ def test_reordered_sees_heads_tiled_for_repeated_and_rows_reversed_not_a_changed
     assert R.reordered(rows, rows, 1.0) is None and R.reordered(NOISE, WANT, SCALE) is None
 
 
+def test_scrambled_sees_a_reshape_without_its_transpose_not_a_changed_value():
+    heads = RNG.standard_normal((2, 2, 3, 3))  # (B, H, L, d)
+    right = heads.transpose(0, 2, 1, 3).reshape(2, 3, 6)  # merged: (B, L, H·d)
+    assert "right values in other places" in R.scrambled(heads.reshape(2, 3, 6), right, 1.0)
+    changed = heads.reshape(2, 3, 6).copy()
+    changed[0, 0, 0] += 1.0
+    assert R.scrambled(changed, right, 1.0) is None and R.scrambled(NOISE, WANT, SCALE) is None
+    assert R.scrambled(np.ones((2, 3)), np.ones((2, 3)), 1.0) is None  # nothing to move: every value the same
+
+
 def test_summed_wrong_sees_a_missing_sum_and_a_sum_too_many():
     per_row = RNG.standard_normal((2, 3, 5))  # a bias gradient left per position
     assert "not summed over axes (0, 1)" in R.summed_wrong(per_row, per_row.sum(axis=(0, 1)), 1.0)

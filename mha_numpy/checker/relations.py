@@ -162,6 +162,19 @@ def reordered(got, want, scale: float) -> str | None:
     return None
 
 
+def scrambled(got, want, scale: float) -> str | None:
+    """got holds want's values, each once, in other places (of the same size; no axis permuted nor reordered: those
+    are told first): a reshape where a transpose belongs, or the reverse."""
+    if got.size != want.size or got.size < 2 or not _nonzero(want, scale) or np.ptp(want) <= RTOL * scale:
+        return None
+    if not bool(np.all(np.abs(np.sort(got, axis=None) - np.sort(want, axis=None)) <= RTOL * scale)):
+        return None
+    return (
+        "has the right values in other places (the same entries, moved): a reshape where a transpose belongs, or "
+        "a transpose where a reshape belongs; follow the forward's reshapes and transposes back in reverse order"
+    )
+
+
 def _subsets(axes):
     return itertools.chain.from_iterable(itertools.combinations(axes, r) for r in range(1, len(axes) + 1))
 
@@ -319,6 +332,7 @@ def explain(gradient: str, where: str, got, want, scale: float, *, names=None, p
             lambda: constant_factor(got, want, scale, names),
             lambda: swapped_axes(got, want, scale),
             lambda: reordered(got, want, scale),
+            lambda: scrambled(got, want, scale),
             lambda: summed_wrong(got, want, scale),
             lambda: missing_path(got, want, scale, paths, names),
             lambda: wrong_on_part(got, want, scale, masked_rows, parts),

@@ -282,12 +282,19 @@ def _names(case: Case) -> dict[str, float]:
     shapes = {"the batch size": 0 if first is None else first.shape[0]}
     if first is not None and first.ndim >= 3:
         shapes["N (the rows, every axis but the last)"] = int(np.prod(first.shape[:-1]))
+    if first is not None and first.ndim == 3:
+        shapes["L (axis 1, the positions)"] = first.shape[1]
     if first is not None and first.ndim == 4:
         shapes["the number of heads"] = first.shape[1]
         shapes["Lq (the query positions)"] = first.shape[2]
     if np.ndim(args.get("k")) == 4:
         shapes["Lk (the keys)"] = np.shape(args["k"])[2]
-    return relations.factor_names(shapes, **sizes)
+    names = relations.factor_names(shapes, **sizes)
+    p = args.get("p")
+    if isinstance(p, float) and 0 < p < 1:  # dropout's 1/p where 1/(1 − p) belongs, and the reverse
+        keep = 1 - p
+        names.update({"(1 − p)/p": keep / p, "p/(1 − p)": p / keep})
+    return names
 
 
 def _masked_rows(case: Case):
