@@ -1,23 +1,32 @@
-"""Say how a wrong gradient relates to the right one, before looking for it in the catalogue of ``bugs``.
+"""Say how a wrong gradient (or output) relates to the right one, before looking for it in the catalogue of ``bugs``.
 
 A catalogue names only the mistakes somebody wrote into it; most wrong gradients are the right one bent in a simple
-way. Each finder below takes the student's gradient ``got`` and the reference's ``want`` (and what it needs of the
-case) and returns the end of a sentence, or None:
+way. Each finder below takes the student's ``got`` and the reference's ``want`` (and what it needs of the case) and
+returns the end of a sentence, or None:
 
 - ``missing``: None or all zeros where the reference is non-zero (``zeros_for_none``: zeros where it is None);
-- ``constant_factor``: got = c · want, c fitted by least squares and named (√d, 1/√d, scale, 2, 1/2, the batch
-  size, the number of heads, −1, ...) or given as a number;
+- ``constant_factor``: got = c · want, c fitted by least squares and named (``factor_names``: √d, 1/√d, the scale,
+  the call's own numbers such as cap, n_rep, 1 − p; then, only when none fits, every size of the case's arrays that
+  does: the batch, the heads, N, L, 2), −1, or given as a number;
 - ``swapped_axes``: got = want with its axes permuted (a transpose; of equal sizes, the shape does not show it);
+- ``reordered``: want's slices along one axis in another order (np.tile for np.repeat, two halves swapped);
+- ``scrambled``: want's values, each once, in other places (a reshape where a transpose belongs);
 - ``summed_wrong``: got summed over some axes is want (a sum missing: a bias gradient per position), or got is want
   summed over an axis (a sum too many);
-- ``missing_path``: got = want − one path's contribution (``paths``: what the checker can compute for the case);
-- ``wrong_on_part``: right everywhere except on the fully masked rows, the first row, or one head (one index of one
-  axis).
+- ``missing_path``: got = want − one or more paths' contributions, or want + (c − 1) · one path (a factor or a sign
+  on one path only); ``paths``: {what the path is: its contribution}, given by the caller for each gradient
+  (``pair_hints`` for the pairs, ``Capstone.paths`` for the capstones);
+- ``wrong_on_part``: right everywhere except on the fully masked rows, on a part the caller names (``parts``: the
+  blocked or dropped entries, repeated ids, a key block, the clipped ends of a table), the first or last row, or one
+  head (one index of one axis);
+- ``varying_factor``: got = c · want with c changing along one axis (per head) or from row to row (a normaliser).
 
 ``explain`` runs them in that order and says the first relation found: the gradient, where it is computed (a pair's
-backward, or a capstone's F-line) and the direction of the fix, never the expected value. Every test of "equal" is
-the checker's: the absolute error against ``RTOL`` times the largest magnitude of the case. A forward whose cache is
-what is wrong is told by the runner itself (``runner._right_on_reference_cache``), not here.
+backward or forward, or a capstone's F-line) and the direction of the fix, never the expected value. It says nothing
+of a right answer. Every test of "equal" is the checker's: the absolute error against ``RTOL`` times the largest
+magnitude of the case. The search runs only on a wrong gradient and is bounded (``MAX_SUBSETS`` combinations of paths
+or axes, ``MAX_SLICES``, ``MAX_NDIM``): a hostile array cannot make it slow. A forward whose cache is what is wrong
+is told by the runner itself (``runner._right_on_reference_cache``: the backward is right on the reference's cache).
 """
 
 from __future__ import annotations
