@@ -162,6 +162,20 @@ def test_varying_factor_sees_a_factor_per_row_and_per_head_not_a_constant_or_noi
     assert R.varying_factor(narrow * RNG.uniform(0.5, 2, (3, 1)), narrow, 1.0) is None
 
 
+def test_from_error_reads_numpys_message_and_says_nothing_of_another():
+    """The start of NumPy's message (all a child process sends back) says what the code did; another error, nothing."""
+    try:
+        np.ones((2, 3, 5)) @ np.ones((2, 3, 4))
+    except ValueError as e:
+        said = R.from_error("linear_backward", f"raised ValueError: {str(e)[:100]}")
+    assert said.startswith("linear_backward raised: a matrix product whose inner sizes differ"), said
+    try:
+        np.ones((2, 3, 5)) - np.ones((2, 3))
+    except ValueError as e:
+        assert "keepdims=True" in R.from_error("softmax_backward", str(e))
+    assert R.from_error("softmax_backward", "raised ValueError: my own check failed") == ""
+
+
 def test_explain_stays_bounded_and_quiet_on_hostile_answers():
     """A student's array of 40 axes, of complex numbers, of objects, of NaN, a list: no crash, no relation, and the
     search bounded (2⁴⁰ subsets of axes would never end)."""
@@ -241,6 +255,7 @@ def test_there_are_student_files_for_every_kind_of_relation():
         "is wrong only on the rows of ids",
         "has its axes (1, 2) swapped",
         "in another order",
+        "raised: a matrix product whose inner sizes differ",
         "right when it reads the reference forward's cache",
     )
     for words in kinds:

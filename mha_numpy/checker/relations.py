@@ -19,7 +19,9 @@ returns the end of a sentence, or None:
 - ``wrong_on_part``: right everywhere except on the fully masked rows, on a part the caller names (``parts``: the
   blocked or dropped entries, repeated ids, a key block, the clipped ends of a table), the first or last row, or one
   head (one index of one axis);
-- ``varying_factor``: got = c · want with c changing along one axis (per head) or from row to row (a normaliser).
+- ``varying_factor``: got = c · want with c changing along one axis (per head) or from row to row (a normaliser);
+- ``from_error``: for a function that raised, what NumPy's message says of the code (inner sizes of a product that
+  differ: a transpose; shapes that do not broadcast: a keepdims; a reshape of another size; an index past the end).
 
 ``explain`` runs them in that order and says the first relation found: the gradient, where it is computed (a pair's
 backward or forward, or a capstone's F-line) and the direction of the fix, never the expected value. It says nothing
@@ -307,6 +309,31 @@ def varying_factor(got, want, scale: float) -> str | None:
         what = "head" if axis == 1 and want.ndim == 4 else f"index of axis {axis}"
         return f"is the right one times a factor that changes from one {what} to the next: look at what that axis holds"
     return None
+
+
+# (a piece of NumPy's message, what it says of the code), the piece near the start: a child sends 100 characters
+ERRORS = (
+    ("matmul: Input operand", "a matrix product whose inner sizes differ: one factor needs its last two axes swapped "
+     "(swapaxes(-1, -2)), or the two factors are in the wrong order"),
+    ("not aligned", "a matrix product whose inner sizes differ: one factor needs its transpose, or the two are in the "
+     "wrong order"),
+    ("could not be broadcast", "two arrays whose shapes do not broadcast: a sum without keepdims=True, or an axis left "
+     "in the wrong place"),
+    ("cannot reshape array", "a reshape to a shape of another size: read the sizes from the array (or the cache) it "
+     "reshapes"),
+    ("axes don't match array", "a transpose given another number of axes than the array has: .T reverses every axis, "
+     "swapaxes(-1, -2) swaps the last two"),
+    ("out of bounds for axis", "an index past the end of an axis: a loop or a slice one step too far"),
+    ("too many indices for array", "more indices than the array has axes: an axis indexed that the array does not "
+     "have"),
+)  # fmt: skip
+
+
+def from_error(function: str, message: str) -> str:
+    """For a student's function that raised: what NumPy's ``message`` says of the code, as one sentence ("" when it is
+    none of ``ERRORS``)."""
+    said = next((what for piece, what in ERRORS if piece in message), "")
+    return f"{function} raised: {said}." if said else ""
 
 
 def _safely(finder) -> str | None:

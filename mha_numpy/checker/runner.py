@@ -111,8 +111,8 @@ def _call(student, function: str, args, run_variant, **kw):
     except (NotImplementedError, Mutated, Abort, StudentFileError):
         raise
     except Exception as exc:  # noqa: BLE001 - the student's crash (here, or a StudentFault from a child process)
-        same = _same_error(exc)
-        raise _Failed(raised(exc), lambda: crash_bug(function, same, run_variant), crash=True) from exc
+        same, said = _same_error(exc), relations.from_error(function, raised(exc))
+        raise _Failed(raised(exc), lambda: crash_bug(function, same, run_variant), crash=True, relation=said) from exc
 
 
 def _same_error(exc: Exception):
@@ -138,7 +138,7 @@ def run_cases(function: str, case_list, run_case, student) -> Row:
     crashes where Lq != Lk, as `.T` does, and only the square case tells them apart).
     """
     student.start(function)
-    first, bug, crash_guess, relation = None, None, None, ""
+    first, bug, crash_guess, relation, crash_said = None, None, None, "", ""
     for case in case_list:
         try:
             with np.errstate(all="ignore"):  # a student's NaN is reported in the row, not as a warning
@@ -149,7 +149,11 @@ def run_cases(function: str, case_list, run_case, student) -> Row:
             return Row(function, "FAIL", f"{stop} [case {case.label}]")
         except (_Failed, Mutated, StudentFault) as failure:
             first = first or f"{failure} [case {case.label}]"
-            relation = relation or getattr(failure, "relation", "")
+            said = getattr(failure, "relation", "")
+            if getattr(failure, "crash", False):  # what an error message says: only when no case's values say more
+                crash_said = crash_said or said
+            else:
+                relation = relation or said
             if getattr(failure, "find_bug", None) is None:
                 continue
             if getattr(failure, "crash", False):
@@ -160,7 +164,9 @@ def run_cases(function: str, case_list, run_case, student) -> Row:
             raise
         except Exception as exc:  # noqa: BLE001 - a student's crash (in this process) is a FAIL, not ours
             first = first or f"{raised(exc)} [case {case.label}]"
-    return Row(function, "PASS") if first is None else Row(function, "FAIL", first, bug or crash_guess, relation)
+    if first is None:
+        return Row(function, "PASS")
+    return Row(function, "FAIL", first, bug or crash_guess, relation or crash_said)
 
 
 def check_forward(pair: Pair, student, rng) -> Row:
