@@ -33,20 +33,20 @@ def test_missing_says_none_and_zeros_where_the_reference_is_not_zero():
 
 def test_constant_factor_is_named_when_it_is_a_size_and_given_as_a_number_otherwise():
     names = R.factor_names(d=4, **{"the batch size": 3})
-    assert "√d (= 2) times" in R.constant_factor(2 * WANT, WANT, SCALE, names)
-    assert "a factor 1/√d is missing" in R.constant_factor(2 * WANT, WANT, SCALE, names)
+    assert "√d or 2 (= 2) times" in R.constant_factor(2 * WANT, WANT, SCALE, names)
+    assert "a factor 1/√d or 1/2 is missing" in R.constant_factor(2 * WANT, WANT, SCALE, names)
     assert "1/(the batch size) (= 0.333333) times" in R.constant_factor(WANT / 3, WANT, SCALE, names)
     assert "wrong sign" in R.constant_factor(-WANT, WANT, SCALE, names)
-    assert "−√d (= -2) times" in R.constant_factor(-2 * WANT, WANT, SCALE, names)
+    assert "−√d or −2 (= -2) times" in R.constant_factor(-2 * WANT, WANT, SCALE, names)
     assert "1.37 times" in R.constant_factor(1.37 * WANT, WANT, SCALE, names)
     assert R.constant_factor(NOISE, WANT, SCALE, names) is None
     assert R.constant_factor(WANT, WANT, SCALE, names) is None
 
 
 def test_a_factor_is_named_by_the_computation_before_the_arrays_sizes_and_by_every_size_that_fits():
-    """cap = 2 and the batch = 2: "cap" alone; no factor of the computation fits: every size that does, and 2."""
+    """cap = 2 and the batch = 2: "cap or 2"; no factor of the computation fits: every size that does, and 2."""
     names = R.factor_names({"the batch size": 2, "the number of heads": 3}, cap=2.0)
-    assert "is cap (= 2) times" in R.constant_factor(2 * WANT, WANT, SCALE, names)
+    assert "is cap or 2 (= 2) times" in R.constant_factor(2 * WANT, WANT, SCALE, names)
     names = R.factor_names({"the batch size": 2, "the number of heads": 3}, cap=5.0)
     assert "is the batch size or 2 (= 2) times" in R.constant_factor(2 * WANT, WANT, SCALE, names)
     assert "a factor 1/(the number of heads) is missing" in R.constant_factor(3 * WANT, WANT, SCALE, names)
@@ -148,6 +148,19 @@ def test_wrong_on_part_names_a_part_the_caller_gives_when_every_wrong_entry_is_i
     outside[~blocked] += 1.0  # also wrong outside the part: not that part, and "everything" says nothing
     assert R.wrong_on_part(outside, want, 1.0, parts=parts) is None
     assert R.wrong_on_part(leak, want, 1.0, parts={"bad shape": np.ones((7,), dtype=bool)}) is None
+
+
+def test_elementwise_factor_sees_a_chain_rules_factor_forgotten_or_twice_not_another_array():
+    want = RNG.standard_normal((2, 3, 4))
+    p = RNG.uniform(0.1, 1.0, want.shape)
+    p[0, 0, 0] = 0.0  # where the factor is 0 the right one is 0 too: tested as got · p = want, no division
+    want = want * p
+    forgot = np.where(p > 0, want / np.where(p > 0, p, 1.0), 7.0)
+    assert "divided by p, entry by entry" in R.elementwise_factor(forgot, want, 1.0, {"p": p})
+    assert "times p, entry by entry: a factor p too many" in R.elementwise_factor(want * p, want, 1.0, {"p": p})
+    other = RNG.uniform(0.1, 1.0, want.shape)
+    assert R.elementwise_factor(want * other, want, 1.0, {"p": p}) is None
+    assert R.elementwise_factor(2 * want, want, 1.0, {"a constant": np.full(want.shape, 2.0)}) is None
 
 
 def test_varying_factor_sees_a_factor_per_row_and_per_head_not_a_constant_or_noise():
@@ -256,6 +269,7 @@ def test_there_are_student_files_for_every_kind_of_relation():
         "has its axes (1, 2) swapped",
         "in another order",
         "raised: a matrix product whose inner sizes differ",
+        "entry by entry",
         "right when it reads the reference forward's cache",
     )
     for words in kinds:
@@ -282,7 +296,7 @@ def test_zeros_for_none_sees_zeros_returned_for_an_input_never_given():
 
 FACTORS = [
     ("dropout_no_scale", "is 1 − p (= 0.7) times"),
-    ("soft_cap_times_cap", "is cap (= 2) times"),
+    ("soft_cap_times_cap", "is cap or 2 (= 2) times"),
     ("repeat_kv_mean", "is 1/n_rep (= 0.333333) times"),
     ("cross_entropy_no_mean", "is N (the rows, every axis but the last) (= 6) times"),
 ]

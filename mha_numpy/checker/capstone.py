@@ -384,8 +384,9 @@ def relation(capstone: Capstone, got, cache: dict, expected: dict, line: Line) -
     parts = capstone.parts(line.name, cache) if capstone.parts else None
     code = next(text for label, text, _ in capstone.steps if label == line.label).split("  ")[0]
     where = f"at {line.label}: {code}"
+    arrays = {"p (the weights)": cache["weights"]} if line.name == "scores" else None
     return relations.explain(f"d_{line.name}", where, have, expected[line.name], scale_of(list(expected.values())),
-                             names=names, paths=paths, parts=parts)  # fmt: skip
+                             names=names, paths=paths, parts=parts, arrays=arrays)  # fmt: skip
 
 
 def _close(a, b, scale) -> bool:

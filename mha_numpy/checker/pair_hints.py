@@ -209,6 +209,22 @@ HINTS = {
 NEEDS_FORWARD = {"self_attention": _self_attention, "rope": _rope}  # read the reference forward's cache
 
 
+def factor_arrays(pair, case, name: str) -> dict:
+    """{what A is: A} for ``relations.elementwise_factor``: the arrays a chain rule multiplies d``name`` by entry by
+    entry (the softmax's weights p, LayerNorm's rstd, the delta rule's decay a_t = exp(g_t) in dg)."""
+    a = dict(case.args)
+    if pair.name == "softmax" and name == "x":
+        return {"p (the weights)": F.softmax_forward(a["x"])[0]}
+    if pair.name == "sink_softmax" and name == "x":
+        return {"p (the weights)": F.sink_softmax_forward(a["x"], a["sink"])[0]}
+    if pair.name == "layer_norm" and name == "x":
+        x = a["x"]
+        return {"rstd = 1/√(var + eps)": 1.0 / np.sqrt(x.var(axis=-1, keepdims=True) + a["eps"])}
+    if pair.name == "delta_rule_recurrent" and name == "g":
+        return {"a_t = exp(g_t)": np.exp(a["g"])}
+    return {}
+
+
 def forward_hints(pair, case) -> tuple[dict, dict]:
     """({term: its part of the output}, {part: where}) for ``pair``'s forward on ``case``: the terms a forward adds
     (a bias, a float mask, rope's cos and sin) and the parts an output may be wrong on alone (the blocked or the

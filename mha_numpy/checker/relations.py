@@ -19,6 +19,8 @@ returns the end of a sentence, or None:
 - ``wrong_on_part``: right everywhere except on the fully masked rows, on a part the caller names (``parts``: the
   blocked or dropped entries, repeated ids, a key block, the clipped ends of a table), the first or last row, or one
   head (one index of one axis);
+- ``elementwise_factor``: got = want / A or want · A entry by entry, A one of the case's arrays (``arrays``: the
+  softmax's p, the delta rule's decay a_t, LayerNorm's rstd): a chain rule's factor forgotten or applied twice;
 - ``varying_factor``: got = c · want with c changing along one axis (per head) or from row to row (a normaliser);
 - ``from_error``: for a function that raised, what NumPy's message says of the code (inner sizes of a product that
   differ: a transpose; shapes that do not broadcast: a keepdims; a reshape of another size; an index past the end).
@@ -105,14 +107,16 @@ def factor_names(shapes: dict | None = None, **sizes) -> Factors:
 def _factor_words(c: float, names: dict[str, float] | None) -> tuple[str, str]:
     """(c said: its names and value when it is one of ``names`` or minus one, else the number; the inverse that fixes
     it, named the same way). Every name of that value is said, in ``names``' order, the sizes of the arrays only when
-    nothing else fits (``Factors.shapes``): on a case where the batch, the heads and 2 are all 2, any of them."""
+    nothing else fits (``Factors.shapes``; 2 and 1/2 always): on a case where √d, the batch and the heads are all 2,
+    "√d or 2"."""
     shapes = getattr(names, "shapes", frozenset())
     table = {**(names or {}), **{f"−{k}": -v for k, v in (names or {}).items()}}
 
     def said(value: float) -> str:
         labels = [k for k, v in table.items() if abs(value / v - 1) <= 1e-6]
         first = [k for k in labels if k.lstrip("−") not in shapes]
-        return " or ".join(first or labels)
+        plain = [k for k in labels if k.lstrip("−") in ("2", "1/2")]  # a doubled term is as likely as any size
+        return " or ".join((first + plain) if first else labels)
 
     named, fix = said(c), said(1 / c)
     return (f"{named} (= {c:.6g})" if named else f"{c:.6g}"), fix or f"{1 / c:.6g}"
@@ -311,6 +315,23 @@ def varying_factor(got, want, scale: float) -> str | None:
     return None
 
 
+def elementwise_factor(got, want, scale: float, arrays: dict | None = None) -> str | None:
+    """got = want / A or want · A entry by entry for one of ``arrays`` ({what A is: A}, broadcastable to want): a
+    factor of the chain rule forgotten (p, a decay) or applied twice. Tested as got · A = want (no division by 0)."""
+    for label, A in (arrays or {}).items():
+        try:
+            A = np.broadcast_to(np.asarray(A, dtype=np.float64), want.shape)
+        except ValueError:
+            continue
+        if got.shape != want.shape or np.ptp(A) <= 1e-9 * (np.abs(A).max() or 1.0):  # one constant: not this finder's
+            continue
+        if _close(got * A, want, scale):
+            return f"is the right one divided by {label}, entry by entry: a factor {label} is missing there"
+        if _close(got, want * A, scale):
+            return f"is the right one times {label}, entry by entry: a factor {label} too many"
+    return None
+
+
 # (a piece of NumPy's message, what it says of the code), the piece near the start: a child sends 100 characters
 ERRORS = (
     ("matmul: Input operand", "a matrix product whose inner sizes differ: one factor needs its last two axes swapped "
@@ -344,7 +365,7 @@ def _safely(finder) -> str | None:
 
 
 def explain(gradient: str, where: str, got, want, scale: float, *, names=None, paths=None, masked_rows=None,
-            parts=None):  # fmt: skip
+            parts=None, arrays=None):  # fmt: skip
     """The first relation between the student's ``got`` and the reference's ``want``, as one sentence naming
     ``gradient`` and ``where`` (a backward, an F-line), or "" when none holds (always "" when ``got`` is right to
     the tolerance: no relation is said of a right answer). Never says the expected value."""
@@ -372,6 +393,7 @@ def explain(gradient: str, where: str, got, want, scale: float, *, names=None, p
             lambda: summed_wrong(got, want, scale),
             lambda: missing_path(got, want, scale, paths, names),
             lambda: wrong_on_part(got, want, scale, masked_rows, parts),
+            lambda: elementwise_factor(got, want, scale, arrays),
             lambda: varying_factor(got, want, scale),
         )
         with np.errstate(all="ignore"):

@@ -319,11 +319,12 @@ def _relation(pair: Pair, case: Case, name: str, got: dict, expected: dict, scal
     factors are named, the fully masked rows, and the paths and parts of ``pair_hints`` (run only here, on a wrong
     gradient)."""
     try:
-        paths, parts = pair_hints.hints(pair, case, name, d_out)
+        (paths, parts), arrays = pair_hints.hints(pair, case, name, d_out), pair_hints.factor_arrays(pair, case, name)
     except (ValueError, TypeError, KeyError, ArithmeticError):  # a case the hints do not fit: the other relations
-        paths, parts = {}, {}
+        paths, parts, arrays = {}, {}, {}
     return relations.explain(f"d{name}", f"in {pair.name}_backward", got.get(name), expected[name], scale,
-                             names=_names(case), paths=paths, masked_rows=_masked_rows(case), parts=parts)  # fmt: skip
+                             names=_names(case), paths=paths, masked_rows=_masked_rows(case), parts=parts,
+                             arrays=arrays)  # fmt: skip
 
 
 def _right_on_reference_cache(student, pair: Pair, case: Case, d_out, expected: dict, scale: float) -> bool:

@@ -1,7 +1,7 @@
 """A student's soft-cap backward that keeps the outer cap on the tanh² term only: d_out − cap · tanh² · d_out."""
 
 # relation: soft_cap_backward dscores (in soft_cap_backward) has the contribution of the −tanh²(s / cap) · d_out term
-#   cap (= 2) times its right value
+#   cap or 2 (= 2) times its right value
 import numpy as np
 
 
