@@ -195,7 +195,15 @@ def test_explain_stays_bounded_and_quiet_on_hostile_answers():
     import time
 
     start = time.perf_counter()
-    for got in (np.ones((1,) * 39 + (25,)), WANT + 1j, np.full(WANT.shape, np.nan), [[1, 2], [3]], np.array([None])):
+    huge = np.ones((2, 3, 4, 4000))  # 4000 times the right one's size: not searched
+    for got in (
+        np.ones((1,) * 39 + (25,)),
+        WANT + 1j,
+        np.full(WANT.shape, np.nan),
+        [[1, 2], [3]],
+        np.array([None]),
+        huge,
+    ):
         assert R.explain("dk", "here", got, WANT, SCALE) == ""
     assert time.perf_counter() - start < 2.0
 

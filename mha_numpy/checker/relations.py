@@ -43,6 +43,7 @@ from .diagnose import RTOL
 
 MAX_SUBSETS = 64  # combinations of paths or axes tried (a gradient has a handful of paths; six give 63)
 MAX_SLICES = 64  # the longest axis searched for a reordering (n² slice comparisons)
+MAX_GROWTH = 64  # a got this many times larger than the right one is related to nothing (a hostile array)
 MAX_NDIM = 6  # the most axes a got is searched over (the course's arrays have at most 5): the search stays bounded
 
 
@@ -375,8 +376,8 @@ def explain(gradient: str, where: str, got, want, scale: float, *, names=None, p
             got = np.asarray(got)
         except (ValueError, TypeError):  # a ragged list: no array to relate
             return ""
-        if not np.issubdtype(got.dtype, np.number) or np.iscomplexobj(got):
-            return ""
+        if not np.issubdtype(got.dtype, np.number) or np.iscomplexobj(got) or got.size > MAX_GROWTH * want.size + 64:
+            return ""  # not numbers, or far larger than the right one: no relation worth the search
         got = got.astype(np.float64)
         if got.shape == want.shape:
             same_inf = np.isinf(got) & (got == want)  # −inf where −inf is right (a blocked score): equal, as 0 and 0
