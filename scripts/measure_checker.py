@@ -262,12 +262,14 @@ def table(results: list[Result]) -> str:
     def mark(ok: bool | None) -> str:
         return "-" if ok is None else ("yes" if ok else "NO")
 
-    width = max(len(r.path.name) for r in results)
-    lines = [f"{'file':<{width}}  expected  verdict  located  named  the checker's sentence"]
+    def expected(r: Result) -> str:
+        return r.header.expect + (" hostile" if r.header.hostile else "")
+
+    width, wide = max(len(r.path.name) for r in results), max(8, *(len(expected(r)) for r in results))
+    lines = [f"{'file':<{width}}  {'expected':<{wide}}  verdict  located  named  the checker's sentence"]
     for r in results:
-        expected = r.header.expect + (" (hostile)" if r.header.hostile else "")
-        lines.append(f"{r.path.name:<{width}}  {expected:<8}  {mark(r.verdict_ok):<7}  {mark(r.located_ok):<7}  "
-                     f"{mark(r.named_ok):<5}  {r.sentence()[:160]}")  # fmt: skip
+        lines.append(f"{r.path.name:<{width}}  {expected(r):<{wide}}  {mark(r.verdict_ok):<7}  "
+                     f"{mark(r.located_ok):<7}  {mark(r.named_ok):<5}  {r.sentence()[:160]}")  # fmt: skip
     lines.append("")
     for what, (right, total) in rates(results).items():
         lines.append(f"{what}: {right} / {total}" + (f" = {right / total:.2f}" if total else ""))
