@@ -57,6 +57,7 @@ KINDS = {
     "part": r"wrong only on the fully masked rows|right except (on|at)",
     "term-sign": r"(term|path)[^.]*wrong sign|wrong sign[^.]*(term|path)",
     "wrong-axis": r"wrong axis|instead of axis|over axis -?\d+, not",
+    "order": r"wrong order|in the order of|returned in place of|(is|are) swapped with",
     "cache": r"with the reference forward's cache it is right",
     "mutation": r"modified its (cache|argument)",
 }
