@@ -13,8 +13,9 @@ Every file is run through ``python -m mha_numpy check FILE --timeout T`` (the st
 report, its exit code the verdict), ``--jobs`` at a time, each within a wall-clock limit. Per file:
 
 - verdict ok: exit code 0 for PASS; 1 (a FAIL row) or 3 (the file cannot be run) for FAIL.
-- located ok (FAIL with a ``where``): the first FAIL row is FUNCTION's, and its detail starts with the gradient
-  (``dq``, ``dW_k``: "d" + GRADIENT) or names the capstone's first wrong line (``first wrong: F10 d_kh``);
+- located ok (FAIL with a ``where``): the first FAIL row is FUNCTION's, and its detail or its relation line starts
+  with the gradient (``dq``, ``dW_k``: "d" + GRADIENT) or its detail names the capstone's first wrong line
+  (``first wrong: F10 d_kh``);
   ``where: import``: exit code 3.
 - named ok (FAIL, not hostile): FUNCTION's row says one of the alternatives: ``catalogue KEY``, its diagnosis
   line is that bug's (``checker.bugs``, the capstones' catalogues); ``relation KIND``, its relation line (or, for
@@ -22,8 +23,10 @@ report, its exit code the verdict), ``--jobs`` at a time, each within a wall-clo
   the factor named (``... is LABEL (= ...`` or ``a factor LABEL is missing``, a label's own note after it).
 
 The rates: verdicts right / files; bugs located / bugs and bugs named / bugs, a bug being a FAIL file that is not
-hostile. ``KINDS`` is this script's reading of the relation sentences of ``mha_numpy.checker.relations``: a finder
-that says a new kind in new words needs a line here. A usage mistake is one line on stderr and exit code 2.
+hostile; and, for information, the bugs whose row also carries a catalogue diagnosis that the header does not
+accept (a near-variant mistaken for the entry it is near). ``KINDS`` is this script's reading of the relation
+sentences of ``mha_numpy.checker.relations``: a finder that says a new kind in new words needs a line here. A usage
+mistake is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -104,6 +107,7 @@ class Result:
     verdict_ok: bool = False
     located_ok: bool | None = None  # None: nothing to locate
     named_ok: bool | None = None  # None: not a bug
+    misdiagnosed: bool = False  # a bug given a catalogue diagnosis its header does not accept
 
     @property
     def verdict(self) -> str:
@@ -122,7 +126,10 @@ class Result:
         row = self.judged_row()
         if row is None:
             return (self.stderr.strip().splitlines() or ["(no row)"])[-1]
-        return row.relation or row.diagnosis or row.detail or row.status
+        said = row.relation or row.diagnosis or row.detail or row.status
+        if row.relation and row.diagnosis:
+            said += f" [diagnosis: {row.diagnosis.split('. You probably wrote')[0]}]"
+        return said
 
 
 def read_header(path: Path) -> Header:
@@ -185,9 +192,9 @@ def located(result: Result) -> bool | None:
     first = next((r for r in result.rows if r.status == "FAIL"), None)
     if first is None or first.function != where[0]:
         return False
-    if len(where) == 2:  # a pair's gradient (or a forward's "out")
-        said = first.detail.split(" ", 1)[0].rstrip(":")
-        return said in (f"d{where[1]}", f"d_{where[1]}", where[1])
+    if len(where) == 2:  # a pair's gradient (or a forward's "out"), first in the detail or in the relation
+        said = {text.split(" ", 1)[0].rstrip(":") for text in (first.detail, first.relation)}
+        return bool(said & {f"d{where[1]}", f"d_{where[1]}", where[1]})
     if len(where) == 3:  # a capstone: F-label and the gradient's name
         return f"first wrong: {where[1]} d_{where[2]} " in first.detail
     return True
@@ -214,6 +221,15 @@ def named(result: Result, titles) -> bool | None:
     if not result.header.bug:
         return None
     return any(says(result.judged_row(), name, titles) for name in result.header.names)
+
+
+def misdiagnosed(result: Result, titles) -> bool:
+    """A bug whose row carries a catalogue diagnosis that none of its header's ``catalogue`` alternatives is."""
+    row = result.judged_row()
+    if not result.header.bug or row is None or not row.diagnosis:
+        return False
+    accepted = [n.partition(" ")[2] for n in result.header.names if n.startswith("catalogue ")]
+    return not any(row.diagnosis.startswith(title) for key in accepted for title in titles.get(key, ()))
 
 
 def run_one(path: Path, timeout: float, wall: float) -> tuple[int | None, str, str]:
@@ -243,6 +259,7 @@ def measure(folder: Path, jobs: int = 2, timeout: float = 10.0, wall: float = 60
         result.verdict_ok = result.verdict == header.expect
         result.located_ok = located(result)
         result.named_ok = named(result, titles)
+        result.misdiagnosed = misdiagnosed(result, titles)
         results.append(result)
     return results
 
@@ -254,6 +271,7 @@ def rates(results: list[Result]) -> dict[str, tuple[int, int]]:
         "verdicts right": (sum(r.verdict_ok for r in results), len(results)),
         "bugs located": (sum(bool(r.located_ok) for r in bugs), len(bugs)),
         "bugs named": (sum(bool(r.named_ok) for r in bugs), len(bugs)),
+        "bugs with a diagnosis their header does not accept": (sum(r.misdiagnosed for r in bugs), len(bugs)),
     }
 
 
