@@ -12,7 +12,8 @@ Each file starts with comment lines (decided from the bug's nature, never from w
 Every file is run through ``python -m mha_numpy check FILE --timeout T`` (the student's command: its stdout is the
 report, its exit code the verdict), ``--jobs`` at a time, each within a wall-clock limit. Per file:
 
-- verdict ok: exit code 0 for PASS; 1 (a FAIL row) or 3 (the file cannot be run) for FAIL.
+- verdict ok: exit code 0 and every row PASS for PASS; 1 with a FAIL row, or 3 (the file cannot be run), for FAIL
+  (anything else, a traceback of the checker's own or no verdict in time, is right for neither).
 - located ok (FAIL with a ``where``): the first FAIL row is FUNCTION's, and its detail or its relation line starts
   with the gradient (``dq``, ``dW_k``: "d" + GRADIENT) or its detail names the capstone's first wrong line
   (``first wrong: F10 d_kh``);
@@ -111,8 +112,14 @@ class Result:
 
     @property
     def verdict(self) -> str:
-        said = {EXIT_PASSED: "PASS", EXIT_FAILED: "FAIL", EXIT_CANNOT_RUN: "FAIL"}
-        return said.get(self.code, f"error ({self.code})")
+        """PASS (exit 0, every row PASS), FAIL (exit 1 with a FAIL row, or 3: cannot run), else "error (...)": the
+        checker itself crashed (a traceback exits 1 too, with no FAIL row), or gave no verdict in time."""
+        statuses = [r.status for r in self.rows]
+        if self.code == EXIT_PASSED and statuses and all(s == "PASS" for s in statuses):
+            return "PASS"
+        if (self.code == EXIT_FAILED and "FAIL" in statuses) or self.code == EXIT_CANNOT_RUN:
+            return "FAIL"
+        return f"error (exit code {self.code}, rows {statuses})"
 
     def judged_row(self) -> Row | None:
         """The row of the ``where`` function, else the first FAIL row (None: no such row)."""

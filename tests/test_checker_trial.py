@@ -160,6 +160,10 @@ def test_the_measure_reads_a_report_as_the_headers_mean_it():
     assert judged("attention_scores_backward dq", "relation transpose") == (False, False)
     assert judged("softmax_backward x", "catalogue softmax_wrong_axis") == (False, True)  # not the first FAIL row
     assert judged("softmax_backward x", "catalogue softmax_diagonal") == (False, False)
+    assert M.Result(Path("x.py"), M.Header("FAIL"), 1, rows).verdict == "FAIL"
+    assert M.Result(Path("x.py"), M.Header("PASS"), 0, rows[:1]).verdict == "PASS"
+    assert M.Result(Path("x.py"), M.Header("FAIL"), 1, []).verdict.startswith("error")  # the checker's traceback
+    assert M.Result(Path("x.py"), M.Header("FAIL"), None, rows).verdict.startswith("error")  # no verdict in time
 
 
 @pytest.mark.parametrize(
