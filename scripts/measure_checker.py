@@ -131,8 +131,10 @@ class Result:
     def sentence(self) -> str:
         """What the checker said of the row judged: its relation, else its diagnosis, else its detail."""
         row = self.judged_row()
-        if row is None:
-            return (self.stderr.strip().splitlines() or ["(no row)"])[-1]
+        if row is None and self.rows:
+            return f"{sum(r.status == 'PASS' for r in self.rows)} of {len(self.rows)} rows PASS"
+        if row is None:  # no report: what the command said on stderr (the file cannot be run, a traceback)
+            return (self.stderr.strip().splitlines() or ["(no report)"])[-1]
         said = row.relation or row.diagnosis or row.detail or row.status
         if row.relation and row.diagnosis:
             said += f" [diagnosis: {row.diagnosis.split('. You probably wrote')[0]}]"
