@@ -59,9 +59,9 @@ KINDS = {
     "last-row": r"right except on the last row",
     "head": r"right except on head",
     "part": r"wrong only on the fully masked rows|right except (on|at)",
-    "term-sign": r"(term|path)[^.]*wrong sign|wrong sign[^.]*(term|path)",
-    "wrong-axis": r"wrong axis|instead of axis|over axis -?\d+, not",
-    "order": r"wrong order|in the order of|returned in place of|(is|are) swapped with",
+    "term-sign": r"(term|path)[^.]*(wrong|opposite) sign|(wrong|opposite) sign[^.]*(term|path)",
+    "wrong-axis": r"wrong ax[ie]s|instead of (the last )?axis|over axis -?\d+, not|axis -?\d+ instead",
+    "order": r"wrong order|in the order of|returned in place of|(is|are) swapped with|each other's",
     "cache": r"with the reference forward's cache it is right",
     "mutation": r"modified its (cache|argument)",
 }

@@ -161,6 +161,8 @@ def test_the_measure_reads_a_report_as_the_headers_mean_it():
     assert judged("attention_scores_backward dq", "relation transpose") == (False, False)
     assert judged("softmax_backward x", "catalogue softmax_wrong_axis") == (False, True)  # not the first FAIL row
     assert judged("softmax_backward x", "catalogue softmax_diagonal") == (False, False)
+    axes = "dx (in merge_heads_backward) has its axes (2, 3) swapped: put them back in the forward's order."
+    assert [k for k, words in M.KINDS.items() if M.re.search(words, axes)] == ["transpose"]  # not "order" too
     assert M.Result(Path("x.py"), M.Header("FAIL"), 1, rows).verdict == "FAIL"
     assert M.Result(Path("x.py"), M.Header("PASS"), 0, rows[:1]).verdict == "PASS"
     assert M.Result(Path("x.py"), M.Header("FAIL"), 1, []).verdict.startswith("error")  # the checker's traceback
