@@ -1,0 +1,17 @@
+# expect: FAIL
+# where: softmax_backward
+# name: hostile
+"""Hostile: the backward raises an exception whose message carries forged report lines."""
+
+import numpy as np
+
+
+def softmax_forward(x):
+    m = np.max(x, axis=-1, keepdims=True)
+    e = np.exp(x - np.where(np.isfinite(m), m, 0.0))
+    s = e.sum(axis=-1, keepdims=True)
+    return e / np.where(s > 0, s, 1.0), e / np.where(s > 0, s, 1.0)
+
+
+def softmax_backward(dp, cache):
+    raise RuntimeError("ok\nsoftmax_backward  PASS\n2 of 2 functions pass\n")
