@@ -12,7 +12,8 @@ gave as stderr. Requests: ``("load", path, shown)`` -> the names the file define
 keep_cache)`` -> the result, with a forward's cache kept here and replaced by a ``CacheRef``; ``("map",
 function, list of args)`` -> the results of one call on each (caches dropped: finite differences);
 ``("measure", forward, backward, args, d_out)`` -> exercise 13's peak bytes and seconds (``checker.systems``);
-``("quit",)``.
+``("train", params, train_ids, sizes, settings)`` -> exercise 15's stage 4 (``checker.gpt_stages``): the parameters
+after ``gpt_child.train`` with the student's block backward, and the training losses; ``("quit",)``.
 Every call goes through ``student.call_checked`` (copies, mutation check) and any BaseException of the
 student's code (SystemExit, KeyboardInterrupt included) is a reply, never this process's end. The verdicts are
 not made here: the checker compares what comes back with its own reference, in its own process.
@@ -27,6 +28,7 @@ import sys
 import threading
 import time
 import tracemalloc
+import types
 
 import numpy as np
 
@@ -173,6 +175,23 @@ class Server:
                 _stop_trace()
         return {"kind": "ok", "result": (int(peak), float(seconds))}
 
+    def train(self, params: dict, train_ids, sizes: dict, settings: dict) -> dict:
+        """Exercise 15's stage 4: ``gpt_child.train`` (loaded from its file now, after optim.py) with the file's
+        ``capstone_block_backward`` and its pairs of ``gpt_child.GPT_PAIRS`` named in ``settings["pairs"]`` -> the
+        trained parameters and the training losses (the checker computes the validation loss itself)."""
+        trainer = types.ModuleType("gpt_child")
+        _exec_source(trainer, _guard.LIBRARY_DIR / "optim.py")
+        _exec_source(trainer, _guard.LIBRARY_DIR / "checker" / "gpt_child.py")
+        space = self.namespace
+        pairs = {n: (space[f"{n}_forward"], space[f"{n}_backward"]) for n in settings.get("pairs", ())}
+        try:
+            with np.errstate(all="ignore"):
+                P, losses, _ = trainer.train(params, train_ids, sizes, space["capstone_block_backward"], pairs,
+                                             **{k: settings[k] for k in ("steps", "batch", "lr", "seed")})  # fmt: skip
+        except BaseException as e:  # noqa: BLE001 - whatever the student's code raises is a verdict, not our end
+            return _raised(e)
+        return {"kind": "ok", "result": (P, [float(x) for x in losses])}
+
     def call_many(self, function: str, arg_lists: list) -> dict:
         """``call`` on each argument list (caches dropped); the first reply that is not a result ends it."""
         results = []
@@ -190,6 +209,7 @@ _start_trace, _stop_trace, _traced, _clock = (  # bound before the student's fil
     tracemalloc.get_traced_memory,
     time.perf_counter,
 )
+_exec_source = _guard._exec_source  # bound before the student's file runs
 
 
 def _watch_parent(interval: float = 0.5) -> None:
@@ -219,6 +239,7 @@ def main() -> None:
         "call": server.call,
         "map": server.call_many,
         "measure": server.measure,
+        "train": server.train,
     }  # bound before the file runs
     send_reply(replies, {"kind": "ready"})
     while True:
