@@ -131,3 +131,10 @@ def test_a_training_that_does_not_finish_is_stopped_at_the_wall_time_limit(tmp_p
 def test_cli_mistakes_are_one_line_and_exit_2(argv, says):
     r = subprocess.run([sys.executable, "-m", "mha_numpy", "check", *argv], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and says in r.stderr, r.stderr
+
+
+def test_the_exercise_notebook_is_checked_from_a_shell():
+    """Its cells that use the library are checker cells (skipped in the child, which refuses the library): before,
+    the corpus cell stopped the import and `check ex15_capstone_gpt.ipynb` could not run it."""
+    report = check_file(ROOT / "exercises" / "ex15_capstone_gpt.ipynb", gpt="off")
+    assert [(r.function, r.status) for r in report.rows] == [(S.STAGES[0], "PASS"), (S.STAGES[1], "not done yet")]

@@ -19,6 +19,10 @@ once per block, last block first, with ``cache["d_y"]`` set to the gradient arri
                   the library's: every parameter's gradient (the first that differs is named, with its layer), then
                   the parameters after the Adam step
     4. loss       training with the student's backward reaches the stated validation loss (``train``)
+
+``python -m mha_numpy check --gpt`` grades a file (or ``check_namespace(..., gpt=...)`` a notebook) through these
+stages and one more before them, the file's own pairs, with stage 4 run where the student's code runs
+(``checker.gpt_stages``, ``checker.gpt_child``).
 """
 
 from __future__ import annotations
@@ -168,7 +172,8 @@ def stage_step(block_backward: Callable, sizes: GPTSizes | None = None, seed: in
 
 
 def grade(block_backward: Callable) -> list[Stage]:
-    """Stages 1-3, stopping at the first that fails (stage 4, the loss, is ``train``: minutes, not seconds)."""
+    """Stages 1-3, stopping at the first that fails (stage 4, the loss, is ``train``: minutes, not seconds; all five
+    stages of ``check --gpt``: ``checker.gpt_stages``)."""
     stages = []
     for run in (lambda: stage_block(block_backward, False), lambda: stage_block(block_backward, True),
                 lambda: stage_step(block_backward)):  # fmt: skip

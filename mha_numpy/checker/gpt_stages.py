@@ -220,7 +220,7 @@ def check_gpt(student, training: Training | None, on_row: Callable[[Row], None],
         def loss() -> Row:
             if note is not None:
                 note(f"stage 4: training the GPT with your backward ({training.name}: {training.steps} steps, at most "
-                     f"{training.seconds:g} s)...")  # fmt: skip
+                     f"{training.seconds:g} s of CPU time)...")  # fmt: skip
             return stage_loss(student, pairs, training)
 
         runs.append(loss)
