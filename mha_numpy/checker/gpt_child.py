@@ -3,7 +3,8 @@
 ``capstone_gpt`` builds the GPT from the library's pairs; the checker's child process (``checker.child``) never
 imports the library (``checker.guard``), so the training it runs with a student's ``capstone_block_backward`` is
 this file, loaded there from its source after ``optim.py`` (whose ``Adam`` and ``clip_grad_norm`` it uses; the
-``from ..optim`` line is dropped there). NumPy and the standard library only below it. The model is
+``from ..optim`` line is dropped there), when stage 4 starts: after every verdict on the student's functions, into a
+module ``sys.modules`` does not hold. NumPy and the standard library only below it. The model is
 ``capstone_gpt``'s, G1-G5; ``block_forward`` makes the dict ``capstone_block.block_forward`` makes (the cache the
 student's backward reads), and ``loss_and_grads`` the gradients ``capstone_gpt.loss_and_grads`` gives:
 tests/test_gpt_stages.py holds them equal. The pairs around the block (G1 embedding, G3 layer_norm, G4 linear,
