@@ -65,15 +65,15 @@ def _stage(path: Path) -> tuple[str, str]:
 
 @pytest.mark.parametrize("path", PLANTED, ids=lambda p: p.stem)
 def test_a_planted_bug_is_stopped_at_its_stage_and_named(path):
-    """Each file runs in the checker's child process; every stage before its own passes, its own FAILs naming the
-    function, gradient or crash, and none after it runs."""
+    """Each file runs in the checker's child process and in this one (a notebook); every stage before its own
+    passes, its own FAILs naming the function, gradient or crash, and none after it runs."""
     stage, word = _stage(path)
-    report = check_file(path, gpt="off")
-    labels = [r.function for r in report.rows]
-    assert labels == list(S.STAGES[: S.STAGES.index(stage) + 1]), str(report)
-    assert all(r.status == "PASS" for r in report.rows[:-1]) and report.rows[-1].status == "FAIL", str(report)
-    assert word in report.row_text(report.rows[-1]), str(report)
-    assert not report.passed
+    for report in (check_file(path, gpt="off"), check_namespace(load_student(path), gpt="off")):
+        labels = [r.function for r in report.rows]
+        assert labels == list(S.STAGES[: S.STAGES.index(stage) + 1]), str(report)
+        assert all(r.status == "PASS" for r in report.rows[:-1]) and report.rows[-1].status == "FAIL", str(report)
+        assert word in report.row_text(report.rows[-1]), str(report)
+        assert not report.passed
 
 
 def test_the_gpt_is_built_from_the_students_own_pairs():

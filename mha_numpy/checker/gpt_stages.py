@@ -30,7 +30,7 @@ from . import capstone_block as CB
 from . import capstone_gpt as G
 from . import cases
 from .gpt_child import GPT_PAIRS
-from .runner import NOT_DONE, Row, check_capstone, check_student
+from .runner import NOT_DONE, Row, check_capstone, check_student, raised
 from .student import Abort, Mutated, StudentFault
 
 
@@ -89,14 +89,10 @@ def _call(student, function: str, args: list, keep_cache: bool = True):
     """``student.call``; a crash or a mutation names the function (stage 3 calls several)."""
     try:
         return student.call(function, args, keep_cache=keep_cache)
-    except (Mutated, Abort):
+    except (Mutated, Abort, NotImplementedError):
         raise
-    except StudentFault as e:
-        raise StudentFault(f"{function} {e}") from None
-    except NotImplementedError:
-        raise
-    except Exception as e:  # noqa: BLE001 - in a notebook, the student's own exception
-        raise StudentFault(f"{function} raised {type(e).__name__}: {(str(e).splitlines() or [''])[0][:100]}") from e
+    except Exception as e:  # noqa: BLE001 - the student's crash (a StudentFault from a child, or its own in a notebook)
+        raise StudentFault(f"{function} {raised(e)}") from None
 
 
 def _student_pair(student, name: str) -> tuple[Callable, Callable]:
