@@ -47,7 +47,7 @@ def add_parser(sub) -> None:
     gpt = p.add_argument_group("exercise 15, the final project (docs/course.md)")
     gpt.add_argument("--gpt", action="store_true", help="grade FILE as exercise 15, stage by stage: 0 your pairs, "
                      "1 the block, 2 the causal block, 3 one training step, 4 the loss after training the GPT with "
-                     "your backward (up to 10 minutes); the first stage that fails ends it")  # fmt: skip
+                     "your backward (at most 600 s of CPU time); the first stage that fails ends it")  # fmt: skip
     gpt.add_argument("--training", choices=("full", "small", "off"), default=None,
                      help="with --gpt, stage 4: full (default, the stated target), small (a one-block model on "
                      "a slice of the text, seconds, its own target) or off (stages 0-3 only, while you "
