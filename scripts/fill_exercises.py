@@ -3,7 +3,9 @@
     python scripts/fill_exercises.py exercises/ex05_softmax.ipynb -o solved.ipynb
 
 Every code cell that contains ``raise NotImplementedError`` is replaced by the functions it defines
-(``def NAME(``), taken from ``exercises/solutions/<notebook name>.py`` together with that file's imports.
+(``def NAME(``), taken from ``exercises/solutions/<notebook name>.py`` together with that file's imports; every
+inline question's form (``inline_N = None`` above ``short_answers.check("exNN.inline_N", inline_N)``) gets its
+model answer from ``exercises/solutions/inline.py``, written out as a value.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import ast
 import re
+import runpy
 import sys
 from pathlib import Path
 
@@ -40,6 +43,12 @@ def fill(nb: nbformat.NotebookNode, solutions: Path) -> nbformat.NotebookNode:
         if missing:
             raise KeyError(f"{solutions.name} has no solution for {missing}")
         cell.source = imports + "\n\n\n" + "\n\n\n".join(funcs[n] for n in names)
+    inline = solutions.parent / "inline.py"
+    answers = runpy.run_path(str(inline))["SOLUTIONS"] if inline.is_file() else {}
+    for cell in nb.cells:
+        for key, name in re.findall(r'short_answers\.check\("([^"]+)", (\w+)\)', cell.source):
+            if cell.cell_type == "code" and key in answers:
+                cell.source = re.sub(rf"^{name} = None$", f"{name} = {answers[key]!r}", cell.source, flags=re.M)
     return nb
 
 

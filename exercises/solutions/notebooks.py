@@ -61,10 +61,12 @@ SOLUTIONS = {
     "11.soft_cap": 30 * np.tanh(np.array([10.0, 100.0]) / 30),
     "11.soft_cap_grad": 1 - np.tanh(np.array([10.0, 100.0]) / 30) ** 2,
     "11.sink": [1 / 3, 1 / 3],
+    "11.keys_seen": [6, 7, 8],  # query i is the token at position 5 + i: keys 0 ... 5 + i
     "00.nw_weights": _softmax([-0.5, 0.0, -2.0]),  # −(0 − x)² / 2 for x = −1, 0, 2
     "00.score_variance": 64 * 2.0**2,  # d terms, each of variance v · v
     "12.merge_context": np.array([2.0, 6.0]) / 8.0,  # weights e^lse_s / (2 + 6) on [1, 0] and [0, 1]
     "12.merge_lse": np.log(8.0),
+    "12.ring_work": [[1 + 2 + 3 + 4, 5 + 6 + 7 + 8, 9 + 10 + 11 + 12], [26, 26, 26]],  # zigzag: 78 / 3 each
     "13.cache_rows": (5, 8),
     "13.memory_grad_terms": 4,
     "14.rel_bias_columns": [0, 6],  # clip(1 − 5) + 3 = −3 + 3, clip(6 − 0) + 3 = 3 + 3
@@ -72,7 +74,8 @@ SOLUTIONS = {
     "14.document_blocks": (4, 7, 5),  # a 4 × 4 grid; the edge between the documents at 3 cuts block row and column 1
     "15.half_step": [0.25, 0.5],  # S_1 = ½ k v_1ᵀ; u_2 = v_2 − ½ v_1; S_2ᵀk = ½ v_1 + ½ (v_2 − ½ v_1) = ¼ v_1 + ½ v_2
     "15.decay_entry": np.exp(-1.5),  # orthonormal keys: no correction; decayed by g_2, g_3, g_4 (not g_1)
-    "15.state_floats": 6 * 4 * 3 + 3 * (2 * 2 * 4 + 6 * 3),  # S: Hv·dk·dv = 72; conv: (K − 1)·(2·Hk·dk + Hv·dv) = 102
+    # S: Hv·dk·dv = 32·128·128 = 524288; conv: (K − 1)·(2·Hk·dk + Hv·dv) = 3·(4096 + 4096) = 24576
+    "15.state_floats": 32 * 128 * 128 + 3 * (2 * 16 * 128 + 32 * 128),
     "16.interleave_order": [0, 2, 4, 6, 1, 3, 5, 7],  # half-split pair i = (i, i + 4) must hold x's (2i, 2i + 1)
     "16.yarn_scores": [0.1 * np.log(16) + 1, (0.1 * np.log(16) + 1) ** 2],  # q and k each times f: q·k times f²
     # λ_i = 2π · 500000^(i/64): λ < 2048 for i ≤ 28 (λ_28 = 1956, λ_29 = 2402); λ > 8192 for i ≥ 35 (λ_34 = 6695,
@@ -118,10 +121,12 @@ MISTAKES = {
     "11.soft_cap": np.minimum(np.array([10.0, 100.0]), 30.0),  # a hard clip
     "11.soft_cap_grad": [1.0, 0.0],
     "11.sink": [0.5, 0.5],  # the plain softmax
+    "11.keys_seen": [1, 2, 3],  # top-left: the first new token sees key 0 only
     "00.nw_weights": [1 / 3, 1 / 3, 1 / 3],  # a softmax of q·x = 0 for q = 0
     "00.score_variance": 64 * 2.0,  # d · v: the variance of one factor, not of the product
     "12.merge_context": [0.5, 0.5],  # the plain average of the two contexts
     "12.merge_lse": np.log(6.0),  # the larger partial's lse
+    "12.ring_work": [[16, 32, 48], [26, 26, 26]],  # the diagonal block counted in full, as if unmasked
     "13.cache_rows": (5, 5),  # the cross-attention keys taken for the decoder's own
     "13.memory_grad_terms": 2,  # one per layer: the value path forgotten
     "14.rel_bias_columns": [6, 0],  # the distance i − j instead of j − i
@@ -129,7 +134,7 @@ MISTAKES = {
     "14.document_blocks": (4, 0, 12),  # every block with an allowed entry taken for full
     "15.half_step": [0.5, 0.5],  # linear attention's sum of β-weighted writes: the correction forgotten
     "15.decay_entry": np.exp(-2.0),  # token 1's write decayed by its own g_1 too
-    "15.state_floats": 6 * 4 * 3,  # S only: the conv's state forgotten
+    "15.state_floats": 32 * 128 * 128,  # S only: the conv's state forgotten
     "16.interleave_order": [0, 4, 1, 5, 2, 6, 3, 7],  # the inverse permutation: half-split back to interleaved
     "16.yarn_scores": [0.1 * np.log(16) + 1, 0.1 * np.log(16) + 1],  # the factor counted once, on q or on k
     "16.llama3_pairs": (35, 0, 29),  # every pair with λ < N taken as kept

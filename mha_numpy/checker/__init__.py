@@ -35,6 +35,11 @@ from .student import InProcess
 from .systems import SIZE as SYSTEMS_SIZE
 from .systems import check_systems
 
+SKIPPED = (
+    "exercise 13's systems stage skipped (--no-systems): the pair's memory and time targets were not measured, "
+    "not passed"
+)
+
 
 @dataclass
 class CheckReport:
@@ -50,6 +55,7 @@ class CheckReport:
     output: str = ""
     refused: list[str] = field(default_factory=list)  # the library's modules a file imported (checker.guard)
     unit: str = "functions"  # what a row is: a function, or one of exercise 15's stages
+    skipped: str = ""  # a stage asked for and not run (exercise 13's systems stage, ``check --no-systems``)
 
     @property
     def passed(self) -> bool:
@@ -78,6 +84,8 @@ class CheckReport:
             )
         done = sum(r.status == "PASS" for r in self.rows)
         lines = [f"{done} of {len(self.rows)} {self.unit} pass"]
+        if self.skipped:
+            lines.append(self.skipped)
         if self.ignored:
             lines.append(f"not checked (no pair of that name is known): {', '.join(self.ignored)}")
         if self.refused:
@@ -96,7 +104,13 @@ def _ignored(names, only) -> list[str]:
 
 
 def _check(
-    student, only, source: str, echo: Callable[[str], None] | None, systems_size: int | None = None, gpt=None
+    student,
+    only,
+    source: str,
+    echo: Callable[[str], None] | None,
+    systems_size: int | None = None,
+    skipped: str = "",
+    gpt=None,
 ) -> CheckReport:
     report = CheckReport(source=source, ignored=_ignored(student.names, only), planned=plan(student.names, only))
     if gpt is not None:  # exercise 15: its stages instead of one row per function (checker.gpt_stages)
@@ -116,6 +130,8 @@ def _check(
     flash = [r.status for r in report.rows if r.function.startswith("flash_attention_")]
     if systems_size and flash == ["PASS", "PASS"]:  # exercise 13's numbers right: now its memory and time
         on_row(check_systems(student, systems_size))
+    elif flash == ["PASS", "PASS"]:
+        report.skipped = skipped
     report.refused = list(getattr(student, "refused", []))  # a file's child process says what it asked for
     if echo is not None:
         echo(report.summary())
@@ -138,8 +154,9 @@ def check_file(
     """Check every known function the file at ``path`` (.py, or a notebook's code cells) defines, run in a child
     process: ``timeout`` seconds for importing it and for each function's check. When exercise 13's pair passes,
     one more row: its peak memory and time at L = ``systems_size`` against the targets of ``checker.systems``
-    (None: not measured). ``gpt``: exercise 15's stages instead of one row per function (``checker.gpt_stages``),
-    stage 4's training "full" (the stated target, up to 10 minutes), "small" (seconds) or "off".
+    (None: not measured, and the report's summary says the stage was skipped). ``gpt``: exercise 15's stages
+    instead of one row per function (``checker.gpt_stages``), stage 4's training "full" (the stated target, at most
+    600 s of CPU time), "small" (seconds) or "off".
 
     BadPath (a StudentFileError) when ``path`` is not a .py or .ipynb file; CannotRun (also one) when it cannot be
     imported (a syntax error, an error, sys.exit, a time-out while importing). ``echo(line)`` gets each line of the
@@ -148,7 +165,7 @@ def check_file(
     path = check_path(path)
     child = ChildProcess(path, timeout)
     try:
-        report = _check(child, only, str(path), echo, systems_size, gpt)
+        report = _check(child, only, str(path), echo, systems_size, "" if systems_size else SKIPPED, gpt)
     finally:
         child.close()
     report.output = child.output

@@ -28,7 +28,7 @@ from .. import functional as F
 from .. import rope_scaling as RS
 from ..block_mask import create_block_mask
 from ..flex_derive import STEP
-from ..masks import EMPTY, FULL, PARTIAL, chunked_causal_mask, document_mod
+from ..masks import EMPTY, FULL, PARTIAL, causal_mask, chunked_causal_mask, document_mod
 from ..models import layers
 from ..recurrent import gated_delta_rule_forward
 from ..recurrent.mamba2 import Mamba2Mixer
@@ -65,13 +65,19 @@ def check(key: str, answer: Any) -> Verdict:
     """Judge ``answer`` to the question ``key`` (e.g. ``"03.softmax_jacobian"``); ``None`` means not answered yet."""
     if key not in QUESTIONS:
         raise KeyError(f"no exercise {key!r}; the keys are {sorted(QUESTIONS)}")
+    return judged(key, QUESTIONS[key], answer)
+
+
+def judged(key: str, judge: Judge, answer: Any) -> Verdict:
+    """The Verdict of ``judge`` on ``answer`` (``None``: not answered yet): every registry of questions says it so
+    (``checker.short_answers`` too)."""
     if answer is None:
         return Verdict(key, NOT_ANSWERED, "replace None with your answer and run the cell again")
-    problem = QUESTIONS[key](answer)
+    problem = judge(answer)
     return Verdict(key, CORRECT) if problem is None else Verdict(key, WRONG, problem)
 
 
-# ---- the judges: numbers, exact values, a choice, a function checked by the checker ----
+# ---- the judges: numbers, exact values, a choice, a set of choices, a function checked by the checker ----
 
 
 HAND_DIGITS = 4  # a hand answer is right when it agrees with the expected value to this many significant digits
@@ -107,7 +113,10 @@ def exactly(expected: Callable[[], Any], hint: str = "") -> Judge:
 
     def judge(answer):
         want = np.asarray(expected())
-        got = np.asarray(answer)
+        try:
+            got = np.asarray(answer)
+        except (TypeError, ValueError):  # a ragged list: no array at all
+            return f"expected {'a value' if want.ndim == 0 else f'an array of shape {want.shape}'}, got a ragged list"
         if got.shape != want.shape:
             return f"your answer has shape {got.shape}, the question asks for shape {want.shape}"
         if want.dtype == bool and got.dtype != bool:
@@ -129,6 +138,24 @@ def choice(expected: str, options: tuple[str, ...], hint: str = "") -> Judge:
         if not isinstance(answer, str) or answer not in options:
             return f"answer with one of {list(options)}"
         return None if answer == expected else "not this one" + (f". Hint: {hint}" if hint else "")
+
+    return judge
+
+
+def choices(expected: Callable[[], Any], options: tuple[str, ...], hint: str = "") -> Judge:
+    """Some of ``options`` (a list or tuple of strings, in any order): right when it is the expected set."""
+
+    def judge(answer):
+        if isinstance(answer, str) or not isinstance(answer, list | tuple | set):
+            return f"answer with a list of some of {list(options)}"
+        unknown = [a for a in answer if not isinstance(a, str) or a not in options]
+        if unknown:
+            return f"{unknown} not among {list(options)}"
+        want = set(expected())
+        if set(answer) == want:
+            return None
+        what = "one that is not in the set" if set(answer) - want else "one is missing"
+        return f"not this set: {what}" + (f". Hint: {hint}" if hint else "")
 
     return judge
 
@@ -189,6 +216,16 @@ S11 = np.array([10.0, 100.0])
 X00 = np.array([-1.0, 0.0, 2.0])  # notebook 00: the keys of a Nadaraya–Watson query at 0, sigma = 1
 C12 = [np.array([1.0, 0.0]).reshape(1, 1, 1, 2), np.array([0.0, 1.0]).reshape(1, 1, 1, 2)]  # two partials' contexts
 LSE12 = [np.full((1, 1, 1), np.log(2.0)), np.full((1, 1, 1), np.log(6.0))]  # their log-sum-exps: sums 2 and 6
+
+
+def _ring_work12(P=3, L=12):
+    """(2, P): the scores each rank computes over a causal ring, contiguous then zigzag shards, counted from the
+    causal mask's rows (not from ``mha_numpy.distributed``, which the notebook prints)."""
+    seen = causal_mask(L).sum(axis=1)  # (L,): query i sees i + 1 keys
+    c = L // (2 * P)  # zigzag: 2P chunks of c positions, rank r holds chunks r and 2P - 1 - r
+    contiguous = [seen[r * 2 * c : (r + 1) * 2 * c].sum() for r in range(P)]
+    zigzag = [seen[r * c : (r + 1) * c].sum() + seen[(2 * P - 1 - r) * c : (2 * P - r) * c].sum() for r in range(P)]
+    return np.array([contiguous, zigzag])
 
 
 def _causal_tiles(L=8, tile=2):
@@ -290,6 +327,10 @@ QUESTIONS: dict[str, Judge] = {
     "11.sink": numbers(
         lambda: F.sink_softmax_forward(np.zeros(2), np.zeros(()))[0], "the sink adds exp(0) = 1 to the denominator"
     ),
+    "11.keys_seen": numbers(
+        lambda: causal_mask(3, 8, align="bottom-right").sum(-1),
+        "new query i is the token at position 5 + i: it sees keys 0 … 5 + i",
+    ),
     # 00: the road to attention
     "00.nw_weights": numbers(
         lambda: F.softmax_forward(-((0.0 - X00) ** 2) / 2.0)[0],
@@ -306,6 +347,9 @@ QUESTIONS: dict[str, Judge] = {
     "12.merge_lse": numbers(
         lambda: F.merge_attention_forward(C12, LSE12)[0][1].ravel()[0],
         "the denominators add: lse = log(e^lse₁ + e^lse₂)",
+    ),
+    "12.ring_work": exactly(
+        _ring_work12, "a rank computes each of its queries' allowed scores once over the ring: query i has i + 1"
     ),
     # 13: learned cross-attention
     "13.cache_rows": exactly(
@@ -427,8 +471,10 @@ def _decay_entry() -> float:
 
 
 def _state_floats() -> int:
-    """The floats of GatedDeltaNet's decoding state (B = 1) for notebook 15's sizes: its zero state's arrays."""
-    state = GatedDeltaNet(16, 2, 6, 4, 3, conv_kernel_size=4).zero_state(1)
+    """The floats of GatedDeltaNet's decoding state (B = 1) at Qwen3-Next-80B-A3B's linear-layer sizes (16 key heads,
+    32 value heads, 128 dims each, conv kernel 4): its zero state's arrays. The hidden size (8 here, 2048 in the model)
+    sizes only the projections."""
+    state = GatedDeltaNet(8, 16, 32, 128, 128, conv_kernel_size=4).zero_state(1)
     return int(state.conv.size + state.recurrent.size)
 
 

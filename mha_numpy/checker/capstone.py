@@ -377,14 +377,16 @@ def relation(capstone: Capstone, got, cache: dict, expected: dict, line: Line) -
     scale, N = B·L, B, L, H) and the paths into it that ``capstone.paths`` knows."""
     have = got.get(line.name) if isinstance(got, dict) else None
     B, L = cache["x"].shape[:2]
-    names = relations.factor_names(d=int(round(cache["scale"] ** -2)), scale=cache["scale"], **{
-        "N (the tokens, B·L)": B * L, "the batch size": B, "L (the positions)": L,
-        "the number of heads": cache["num_heads"]})  # fmt: skip
+    shapes = {"N (the tokens, B·L)": B * L, "the batch size": B, "L (the positions)": L,
+              "the number of heads": cache["num_heads"], "E (the width)": cache["x"].shape[-1]}  # fmt: skip
+    names = relations.factor_names(shapes, d=int(round(cache["scale"] ** -2)), scale=cache["scale"])
     paths = capstone.paths(line.name, cache, expected) if capstone.paths else None
+    parts = capstone.parts(line.name, cache) if capstone.parts else None
     code = next(text for label, text, _ in capstone.steps if label == line.label).split("  ")[0]
     where = f"at {line.label}: {code}"
+    arrays = {"p (the weights)": cache["weights"]} if line.name == "scores" else None
     return relations.explain(f"d_{line.name}", where, have, expected[line.name], scale_of(list(expected.values())),
-                             names=names, paths=paths)  # fmt: skip
+                             names=names, paths=paths, parts=parts, arrays=arrays)  # fmt: skip
 
 
 def _close(a, b, scale) -> bool:
@@ -400,7 +402,9 @@ class Capstone:
     """One capstone: the student's ``function(cache) -> {name: gradient}``, the forward's ``steps`` (label, line,
     names), ``make_case(**case) -> (cache, the pairs' caches)``, ``reference(caches) -> gradients``, the checker's
     ``cases`` (keyword dicts of ``make_case``) and the catalogued ``bugs``; ``paths(name, cache, g)``: the paths
-    into the gradient of ``name`` ({what the path is: its contribution}, or None), for ``relations.missing_path``."""
+    into the gradient of ``name`` ({what the path is: its contribution}, or None), for ``relations.missing_path``;
+    ``parts(name, cache)``: the parts of it a bug may be confined to ({what and where to look: bool}, or None), for
+    ``relations.wrong_on_part``."""
 
     function: str
     steps: tuple
@@ -409,6 +413,7 @@ class Capstone:
     cases: tuple
     bugs: tuple
     paths: Callable | None = None
+    parts: Callable | None = None
 
     @property
     def name(self) -> str:
@@ -481,14 +486,42 @@ def _copy(cache: dict) -> dict:
 
 
 def model_paths(name: str, cache: dict, g: dict) -> dict | None:
-    """The four paths into d_x (the residual's skip, and x → q, k, v); None for any other gradient."""
-    if name != "x":
+    """The paths into a gradient that sums several: d_x (the residual's skip, and x → q, k, v), d_scores (the
+    softmax's two terms), d_logits (the cross-entropy's p / N and −onehot / N), d_pos_emb (one per sequence of the
+    batch: every sequence reads the same rows); None for any other gradient."""
+    if name == "x":
+        labels = {"skip": "F15's skip (the residual)", "q": "F4 (x → q)", "k": "F5 (x → k)", "v": "F6 (x → v)"}
+        return {labels[p]: part for p, part in _x_paths(cache, g).items()}
+    if name == "scores":
+        return softmax_paths(cache["weights"], g["weights"])
+    if name == "logits":
+        N = cache["targets"].size
+        return {"the p / N term (the softmax's)": _probs(cache) / N, "the −onehot / N term (at the targets)":
+                -_onehot(cache) / N}  # fmt: skip
+    if name == "pos_emb":
+        return {f"sequence {b} of the batch (it reads the same rows)": g["pos"][b] for b in range(g["pos"].shape[0])}
+    return None
+
+
+def softmax_paths(weights, d_weights) -> dict:
+    """d_scores = weights ∘ d_weights − weights ∘ Σ(weights ∘ d_weights): the weights' own path, the normaliser's."""
+    return {"the softmax's p ∘ dp term (the weights' own path)": weights * d_weights,
+            "the softmax's −p ∘ Σ(p ∘ dp) term (the normaliser's path)":
+            -weights * (weights * d_weights).sum(axis=-1, keepdims=True)}  # fmt: skip
+
+
+def embedding_parts(name: str, cache: dict) -> dict | None:
+    """d_tok_emb's rows of the tokens that occur more than once (their rows of d_tok add up) and never (zero)."""
+    if name != "tok_emb":
         return None
-    labels = {"skip": "F15's skip (the residual)", "q": "F4 (x → q)", "k": "F5 (x → k)", "v": "F6 (x → v)"}
-    return {labels[p]: part for p, part in _x_paths(cache, g).items()}
+    counts = np.bincount(cache["tokens"].ravel(), minlength=cache["tok_emb"].shape[0])[:, None]  # (V, 1)
+    return {"the rows of tokens that occur more than once: each occurrence's row of d_tok adds up (np.add.at)":
+            counts > 1, "the rows of tokens that never occur: their gradient is 0": counts == 0}  # fmt: skip
 
 
-MODEL = Capstone(MODEL_BACKWARD, MODEL_STEPS, model_case, reference_grads, CASES, MODEL_BUGS, model_paths)
+MODEL = Capstone(
+    MODEL_BACKWARD, MODEL_STEPS, model_case, reference_grads, CASES, MODEL_BUGS, model_paths, embedding_parts
+)
 
 # --------------------------------------------------------------------------- training with the student's backward
 

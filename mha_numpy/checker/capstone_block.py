@@ -197,12 +197,31 @@ BLOCK_BUGS = (
 
 
 def block_paths(name: str, cache: dict, g: dict) -> dict | None:
-    """The two paths into d_x and d_h (the residual's skip, the LayerNorm's); None for any other gradient."""
-    skip = {"x": ("h", "F14", "F1"), "h": ("y", "F20", "F15")}.get(name)
-    if skip is None:
-        return None
-    through, residual, norm = skip
-    return {f"{residual}'s skip (the residual)": g[through], f"{norm}'s LayerNorm": g[name] - g[through]}
+    """The paths into a gradient that sums several: d_x and d_h (the residual's skip, the LayerNorm's, and the
+    LayerNorm's own three: through x̂, the mean's, the variance's), d_n1 (n1 → q, k, v), d_u (GELU's product rule:
+    Φ(u) and u · Φ'(u)), d_scores (the softmax's two terms); None for any other gradient."""
+    if name in ("x", "h"):
+        through, residual, norm, d_xhat = {"x": ("h", "F14", "F1", "xhat1"), "h": ("y", "F20", "F15", "xhat2")}[name]
+        x = cache[name]
+        rstd = 1.0 / np.sqrt(x.var(axis=-1, keepdims=True) + EPS)  # (B, L, 1)
+        xhat = (x - x.mean(axis=-1, keepdims=True)) * rstd
+        d = g[d_xhat]
+        return {f"{residual}'s skip (the residual)": g[through], f"{norm}'s LayerNorm": g[name] - g[through],
+                f"{norm}'s direct path through x̂ (rstd · dx̂)": rstd * d,
+                f"{norm}'s mean path (−rstd · mean(dx̂))": -rstd * d.mean(axis=-1, keepdims=True),
+                f"{norm}'s variance path (−rstd · x̂ · mean(dx̂ ∘ x̂))":
+                -rstd * xhat * (d * xhat).mean(axis=-1, keepdims=True)}  # fmt: skip
+    if name == "n1":
+        return {f"F{i} (n1 → {p})": g[p] @ cache[f"W_{p}"] for i, p in ((3, "q"), (4, "k"), (5, "v"))}
+    if name == "u":
+        u, c = cache["u"], np.sqrt(2 / np.pi)
+        t = np.tanh(c * (u + 0.044715 * u**3))
+        d_cdf = 0.5 * (1 - t * t) * c * (1 + 3 * 0.044715 * u**2)  # Φ'(u) of the tanh form
+        return {"the Φ(u) term of gl = u · Φ(u)": g["gl"] * 0.5 * (1 + t),
+                "the u · Φ'(u) term of gl = u · Φ(u) (the product rule's second)": g["gl"] * u * d_cdf}  # fmt: skip
+    if name == "scores":
+        return C.softmax_paths(cache["weights"], g["weights"])
+    return None
 
 
 BLOCK = Capstone(BLOCK_BACKWARD, BLOCK_STEPS, block_case, block_reference, BLOCK_CASES, BLOCK_BUGS, block_paths)

@@ -11,9 +11,13 @@ reach first: the student's code reads an empty stdin, and what it prints goes to
 gave as stderr. Requests: ``("load", path, shown)`` -> the names the file defines; ``("call", function, args,
 keep_cache)`` -> the result, with a forward's cache kept here and replaced by a ``CacheRef``; ``("map",
 function, list of args)`` -> the results of one call on each (caches dropped: finite differences);
-``("measure", forward, backward, args, d_out)`` -> exercise 13's peak bytes and seconds (``checker.systems``);
-``("train", params, train_ids, sizes, settings)`` -> exercise 15's stage 4 (``checker.gpt_stages``): the parameters
-after ``gpt_child.train`` with the student's block backward, and the training losses; ``("quit",)``.
+``("stage", args, d_out)`` -> None, the inputs of exercise 13's systems stage kept here (``checker.systems``);
+``("trim",)`` -> None, the caches dropped and the freed memory given back to the system; ``("measure", forward,
+backward)`` -> ``forward`` then ``backward`` once on the staged inputs (dropped), the results kept here, and the
+seconds this process counted (the checker measures the memory and the time itself, from outside); ``("measured",)``
+-> those results, dropped here; ``("train", params, train_ids, sizes, settings)`` -> exercise 15's stage 4
+(``checker.gpt_stages``): the parameters after ``gpt_child.train`` with the student's block backward, and the
+training losses; ``("quit",)``.
 Every call goes through ``student.call_checked`` (copies, mutation check) and any BaseException of the
 student's code (SystemExit, KeyboardInterrupt included) is a reply, never this process's end. The verdicts are
 not made here: the checker compares what comes back with its own reference, in its own process.
@@ -23,11 +27,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import os
 import sys
 import threading
 import time
-import tracemalloc
 import types
 
 import numpy as np
@@ -36,8 +40,6 @@ from . import guard as _guard
 from .load import StudentFileError, load_student
 from .protocol import CacheRef, Unsendable, read_request, send_reply
 from .student import Mutated, StudentFault, call_checked
-
-MEASURE_REPEATS = 3  # exercise 13's systems stage: as many runs as ``systems.library_cost`` times
 
 
 def _streams() -> tuple[int, int]:
@@ -107,6 +109,8 @@ class Server:
         self.namespace: dict = {}
         self.caches: dict[int, object] = {}
         self.guard = guard
+        self.staged = None  # the next ``measure``'s inputs
+        self.results = None  # the last ``measure``'s
         self.call_checked = call_checked  # bound now, before the student's file can rebind the module's name
 
     def load(self, path: str, shown: str, listings: dict | None = None) -> dict:
@@ -120,6 +124,11 @@ class Server:
         modules = {n: str(getattr(self.namespace[n], "__module__", "") or "") for n in names}  # the file's, or not
         refused = list(self.guard.refused) if self.guard is not None else []
         return {"kind": "loaded", "names": names, "modules": modules, "refused": refused}
+
+    def serve(self, namespace: dict) -> dict:
+        """``load``'s reply for functions given, not a file's (the library's side of the systems stage)."""
+        self.namespace = dict(namespace)
+        return {"kind": "loaded", "names": list(namespace), "modules": {n: "" for n in namespace}, "refused": []}
 
     def call(self, function: str, args: list, keep_cache: bool) -> dict:
         fn = self.namespace.get(function)
@@ -151,29 +160,47 @@ class Server:
             result = (result[0], cache)
         return {"kind": "ok", "result": result}
 
-    def measure(self, forward: str, backward: str, args: list, d_out) -> dict:
-        """Exercise 13's systems stage: ``forward(*args)`` then ``backward(d_out, cache)``, MEASURE_REPEATS times,
-        under tracemalloc (NumPy reports its arrays to it) -> the largest peak of bytes allocated during the two calls
-        and the fewest seconds they took."""
+    def stage(self, args: list, d_out) -> dict:
+        """Keep the inputs of the next ``measure`` (its request then carries none: the checker times the call)."""
+        self.staged = ([v for _, v in args], d_out)
+        return {"kind": "ok", "result": None}
+
+    def measure(self, forward: str, backward: str) -> dict:
+        """Exercise 13's systems stage: ``forward(*args)`` then ``backward(d_out, cache)`` once on the staged inputs,
+        no copies (the checker watches this process's memory and times the request from outside); the results kept
+        for ``measured``, the seconds this process counted as the reply (a cross-check, nothing more)."""
         fwd, bwd = self.namespace.get(forward), self.namespace.get(backward)
         if not (callable(fwd) and callable(bwd)):
             return {"kind": "raised", "type": "NameError", "message": f"{forward} or {backward} is not defined",
                     "not_done": False}  # fmt: skip
-        values, peak, seconds = [v for _, v in args], 0, float("inf")
-        for _ in range(MEASURE_REPEATS):  # the largest peak, the fastest time: a busy machine slows, never speeds
-            try:
-                with np.errstate(all="ignore"):
-                    _start_trace()
-                    began = _clock()
-                    _, cache = fwd(*values)
-                    bwd(d_out, cache)
-                    seconds = min(seconds, _clock() - began)
-                    peak = max(peak, _traced()[1])
-            except BaseException as e:  # noqa: BLE001 - whatever the student's code raises is a verdict, not our end
-                return _raised(e)
-            finally:
-                _stop_trace()
-        return {"kind": "ok", "result": (int(peak), float(seconds))}
+        if self.staged is None:
+            return {"kind": "raised", "type": "LookupError", "message": "no inputs staged", "not_done": False}
+        (values, d_out), self.staged, self.results = self.staged, None, None
+        try:
+            with np.errstate(all="ignore"):
+                began = _clock()
+                out, cache = fwd(*values)
+                grads = bwd(d_out, cache)
+                seconds = _clock() - began
+        except BaseException as e:  # noqa: BLE001 - whatever the student's code raises is a verdict, not our end
+            return _raised(e)
+        self.results = (out, grads)
+        return {"kind": "ok", "result": float(seconds)}
+
+    def measured(self) -> dict:
+        """The results of the last ``measure``, dropped here."""
+        results, self.results = self.results, None
+        return {"kind": "ok", "result": results}
+
+    def trim(self) -> dict:
+        """The forward caches and the last results dropped, the heap's free memory given back to the system
+        (glibc's malloc_trim): a measured call then starts from what the process holds, not from what it freed."""
+        self.caches.clear()
+        self.results = None
+        _collect()
+        if _malloc_trim is not None:
+            _malloc_trim(0)
+        return {"kind": "ok", "result": None}
 
     def train(self, params: dict, train_ids, sizes: dict, settings: dict) -> dict:
         """Exercise 15's stage 4: ``gpt_child.train`` (loaded from its file now, after optim.py) with the file's
@@ -203,12 +230,14 @@ class Server:
         return {"kind": "ok", "result": results}
 
 
-_start_trace, _stop_trace, _traced, _clock = (  # bound before the student's file runs
-    tracemalloc.start,
-    tracemalloc.stop,
-    tracemalloc.get_traced_memory,
-    time.perf_counter,
-)
+def _libc_malloc_trim():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim  # glibc
+    except (OSError, AttributeError):
+        return None
+
+
+_clock, _collect, _malloc_trim = time.perf_counter, gc.collect, _libc_malloc_trim()  # bound before the file runs
 _exec_source = _guard._exec_source  # bound before the student's file runs
 
 
@@ -227,18 +256,23 @@ def _watch_parent(interval: float = 0.5) -> None:
     threading.Thread(target=watch, name="mha_numpy-watch-parent", daemon=True).start()
 
 
-def main() -> None:
+def main(namespace: dict | None = None) -> None:
+    """Serve the checker's requests. ``namespace``: the library's side of exercise 13's systems stage
+    (``checker.systems``), these functions instead of a student's file; no guard then (nothing unread runs)."""
     _drop_ptrace()
     _watch_parent()
-    guard = _guard.install()  # before anything of the student's runs
+    guard = _guard.install() if namespace is None else None  # before anything of the student's runs
     requests, replies = _streams()
     sys.argv[:] = [""]  # the student's file learns nothing of how the checker started this process
     server = Server(guard)
     handlers = {
-        "load": server.load,
+        "load": server.load if namespace is None else lambda *_: server.serve(namespace),
         "call": server.call,
         "map": server.call_many,
+        "stage": server.stage,
         "measure": server.measure,
+        "measured": server.measured,
+        "trim": server.trim,
         "train": server.train,
     }  # bound before the file runs
     send_reply(replies, {"kind": "ready"})
@@ -247,7 +281,9 @@ def main() -> None:
         if request[0] == "quit":
             break
         reply = handlers[request[0]](*request[1:])
-        reply["refused"] = list(guard.refused)  # the imports of the library refused so far, for the grade's warning
+        reply["refused"] = (
+            list(guard.refused) if guard is not None else []
+        )  # the imports of the library refused so far, for the grade's warning
         _flush()
         try:
             send_reply(replies, reply)

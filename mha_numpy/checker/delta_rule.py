@@ -43,18 +43,35 @@ def delta_rule_recurrent_backward(d_o, cache):
     return dq, dk, dv, dg, d_beta, None if initial_state is None else dS0
 
 
+def _carried(part: dict, t: int, carried, k_t, u, S_dec, S_prev, a_t, b_t) -> None:
+    """Token t's dk, dv, dβ and dg computed from ``carried`` alone, the state's gradient the later tokens sent back
+    (B, H, dk, dv): the steps ← R3, R2, R1 are linear in dS, so the rest is token t's own q_t do_tᵀ."""
+    du = b_t * np.einsum("bhk,bhkv->bhv", k_t, carried)  # (B, H, dv)
+    dS_u = np.einsum("bhkv,bhv->bhk", carried, u)  # (B, H, dk)
+    part["v_carried"][:, :, t] = du
+    part["k_carried"][:, :, t] = b_t * dS_u - np.einsum("bhkv,bhv->bhk", S_dec, du)
+    part["b_carried"][:, :, t] = np.sum(k_t * dS_u, axis=-1)
+    part["g_carried"][:, :, t] = a_t[..., 0, 0] * np.sum((carried - k_t[..., :, None] * du[..., None, :]) * S_prev,
+                                                          axis=(-2, -1))  # fmt: skip
+
+
 def delta_backward_with(carry: bool = True, beta_error: bool = True, decay_after: bool = True, key_read: bool = True):
     """The exercise's backward, plainly, with one step wrong: not ``carry``, the state's gradient restarted at every
     token (only q_t do_tᵀ); not ``beta_error``, dβ_t = k_tᵀ dS v_t (the write taken for β k vᵀ); not ``decay_after``,
     the decay applied to the gradient of S_t before the write's backward instead of after it; not ``key_read``, dk_t
-    without the read of R2 (−S̃_t du_t)."""
+    without the read of R2 (−S̃_t du_t). ``backward(d_o, cache, paths)`` with a dict ``paths`` fills it with the two
+    paths into dk (the write's, the read's) and into dβ (through v_t and through the read of u_t), and the part of
+    dk, dv, dβ and dg that the state's gradient carried back from the later tokens brings (each is linear in dS)."""
 
-    def backward(d_o, cache):
+    def backward(d_o, cache, paths: dict | None = None):
         q, k, v, g, beta, initial_state, states = cache
         a = np.exp(g)  # (B, H, L)
         dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
         dg, d_beta = np.zeros(g.shape), np.zeros(beta.shape)
         dS = np.zeros(states.shape[:2] + states.shape[3:])  # (B, H, dk, dv)
+        part = {n: np.zeros(k.shape) for n in ("k_write", "k_read", "k_carried")}
+        part |= {n: np.zeros(beta.shape) for n in ("b_v", "b_r", "b_carried", "g_carried")}
+        part["v_carried"] = np.zeros(v.shape)
         for t in reversed(range(q.shape[2])):
             a_t, b_t = a[:, :, t, None, None], beta[:, :, t, None]  # (B, H, 1, 1), (B, H, 1)
             q_t, k_t, v_t, do_t = q[:, :, t], k[:, :, t], v[:, :, t], d_o[:, :, t]
@@ -62,6 +79,7 @@ def delta_backward_with(carry: bool = True, beta_error: bool = True, decay_after
             S_dec = a_t * S_prev  # R1
             u = v_t - np.einsum("bhk,bhkv->bhv", k_t, S_dec)  # R2
             outer = q_t[..., :, None] * do_t[..., None, :]  # ← R4: q_t do_tᵀ (B, H, dk, dv)
+            _carried(part, t, dS if carry else 0 * dS, k_t, u, S_dec, S_prev, a_t, b_t)  # what later tokens sent
             dS = dS + outer if carry else outer
             if not decay_after:
                 dS = a_t * dS
@@ -72,9 +90,15 @@ def delta_backward_with(carry: bool = True, beta_error: bool = True, decay_after
             du = b_t * np.einsum("bhk,bhkv->bhv", k_t, dS)  # ← R3
             dv[:, :, t] = du  # ← R2
             dk[:, :, t] = b_t * dS_u - (np.einsum("bhkv,bhv->bhk", S_dec, du) if key_read else 0.0)  # ← R3, R2
+            part["k_write"][:, :, t], part["k_read"][:, :, t] = b_t * dS_u, -np.einsum("bhkv,bhv->bhk", S_dec, du)
+            read = np.einsum("bhk,bhkv->bhv", k_t, S_dec)  # (B, H, dv): S̃_tᵀ k_t, the read of R2
+            part["b_v"][:, :, t] = np.einsum("bhk,bhkv,bhv->bh", k_t, dS, v_t)  # dβ_t through u_t's v_t
+            part["b_r"][:, :, t] = -np.einsum("bhk,bhkv,bhv->bh", k_t, dS, read)  # ... and through its −S̃_tᵀ k_t
             dS_dec = dS - k_t[..., :, None] * du[..., None, :]  # ← R2
             dg[:, :, t] = a_t[..., 0, 0] * np.sum(dS_dec * S_prev, axis=(-2, -1))  # ← R1
             dS = a_t * dS_dec if decay_after else dS_dec  # ← R1
+        if paths is not None:
+            paths.update(part)
         return dq, dk, dv, dg, d_beta, None if initial_state is None else dS
 
     return backward

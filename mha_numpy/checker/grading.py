@@ -15,6 +15,10 @@ not the maths fails. Each function in ``points`` is a test: its points when it P
 missing, or the library's own function imported under the exercise's name). Without a cases file, every known
 function the file defines is worth 1 point, on the cases students see.
 
+An exercise notebook's inline questions are tests too (``checker.written``, read from the notebook without running
+it): each short answer worth its form's points, each written answer at 0 of its rubric's points, ``manual``, for the
+teacher to grade with the rubric shown beside the student's text.
+
 ``Grade.results()`` is Gradescope's results.json, the format otter-grader writes for Gradescope ("score", and one
 entry per test with "name", "score", "max_score", "status", "output", "visibility"). For nbgrader, an autograder
 test cell ends with ``grade_namespace(globals(), cases).points``: nbgrader reads a number in a test cell's output as
@@ -35,6 +39,7 @@ from .load import BadPath, CannotRun, StudentFileError, check_path, code_cells
 from .process import DEFAULT_TIMEOUT, ChildProcess
 from .runner import CAPSTONES, Row, check_student, plan
 from .student import InProcess
+from .written import written_tests
 
 VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")  # Gradescope's
 LIBRARY = "mha_numpy"
@@ -127,7 +132,12 @@ class Grade:
         output = [f"{self.source}: {self.points:g} of {self.max_points:g} points"]
         output += [f"cannot be run: {self.error}"] if self.error else []
         output += [f"warning: {w}" for w in self.warnings]
+        manual = [t for t in self.tests if t.get("manual")]
+        if manual:
+            output.append(f"{sum(t['max_score'] for t in manual):g} points of written answers await grading by hand "
+                          f"(the {len(manual)} tests tagged {MANUAL_TAG!r}, at 0 until then)")  # fmt: skip
         tests = [
+            manual_result(t) if t.get("manual") else
             {"name": t["name"], "score": t["score"], "max_score": t["max_score"],
              "status": "passed" if t["status"] == "PASS" else "failed",
              "output": f"{t['status']}{': ' + t['detail'] if t['detail'] else ''}", "visibility": self.visibility}
@@ -142,6 +152,20 @@ class Grade:
         lines += [f"cannot be run: {self.error}"] if self.error else []
         lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join([*lines, f"{self.points:g} of {self.max_points:g} points"])
+
+
+MANUAL_TAG = "manual grading"
+
+
+def manual_result(test: dict) -> dict:
+    """A written answer's entry in results.json. Gradescope's format has no "graded by hand" status (a test's status
+    is passed or failed) and otter-grader leaves manually graded questions out of results.json (it exports them to a
+    PDF for an assignment graded by hand): here such a test is listed at 0 of its points with no status, tagged
+    ``MANUAL_TAG``, the student's text and the rubric as its output, and shown to students only when the teacher
+    publishes the grades (the rubric holds the answer)."""
+    return {"name": test["name"], "score": 0.0, "max_score": test["max_score"], "output": test["detail"],
+            "tags": [MANUAL_TAG], "visibility": "after_published",
+            "extra_data": {"manual": True, "answer": test["answer"], "rubric": test["rubric"]}}  # fmt: skip
 
 
 def library_origin(fn) -> str:
@@ -257,7 +281,7 @@ def grade_file(path, cases: GradeCases | None = None, timeout: float = DEFAULT_T
         child = ChildProcess(path, timeout)
     except CannotRun as e:
         grade.error = str(e)
-        grade.tests = _tests([], {}, cases, [])
+        grade.tests = _tests([], {}, cases, []) + written_tests(path)  # the written answers need nothing to run
         return grade
     try:
         rows = check_student(child, _only(cases), seed=cases.seed)
@@ -267,7 +291,7 @@ def grade_file(path, cases: GradeCases | None = None, timeout: float = DEFAULT_T
         child.close()
     refused = sorted(set(child.refused) - set(imports))  # imports the source does not spell (importlib, __import__)
     grade.warnings = _warnings(sorted(set(imports) | set(refused)))
-    grade.tests = _tests(rows, child.modules, cases, child.names)
+    grade.tests = _tests(rows, child.modules, cases, child.names) + written_tests(path)
     return grade
 
 

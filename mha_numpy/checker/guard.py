@@ -11,6 +11,8 @@ of ``mha_numpy`` or a submodule, however it is spelled (``import``, ``from ... i
   copied from the real file) and the optimizers; not ``train`` nor the model, whose backward is exercise 9's.
 - ``mha_numpy.checker`` with ``capstone`` and ``capstone_block``: ``forward_listing()`` (the forward the
   exercise gives); ``compare`` and ``train`` say that they run in the notebook, not in the checker's process.
+- ``mha_numpy.checker.short_answers``: ``check`` of the inline questions' forms says that it runs in the notebook
+  (the teacher's grade reads the forms from the notebook's text, ``checker.written``).
 
 Everything else is refused: the import itself succeeds (a leftover debugging import does not stop the file),
 but every name it gives is a ``Refused`` placeholder that raises ``LibraryRefused`` when called, so a function
@@ -42,6 +44,7 @@ EXERCISE_MODULES = (
     "mha_numpy.checker",
     "mha_numpy.checker.capstone",
     "mha_numpy.checker.capstone_block",
+    "mha_numpy.checker.short_answers",
 )
 NOT_HERE = "runs in the exercise notebook, not in the checker's process (the checker compares in its own)"
 ASKED: list[str] = []  # what the file asked for of the library that it did not get (LibraryGuard.refused)
@@ -179,6 +182,10 @@ def standin(name: str, listings: dict[str, str]) -> types.ModuleType:
         module.__getattr__ = _missing(name)
     elif name == "mha_numpy.checker":
         module = _checker(name)
+    elif name == "mha_numpy.checker.short_answers":
+        module = _module(name, "A stand-in for the inline questions' forms in the checker's process.")
+        module.check = lambda *args, **kwargs: f"short_answers.check {NOT_HERE}"
+        module.__getattr__ = _missing(name)
     else:
         short = name.rsplit(".", 1)[1]
         module = _capstone(name, listings.get(short, ""), "MODEL" if short == "capstone" else "BLOCK")

@@ -5,7 +5,9 @@ clean environment (only PATH, HOME and the locale are passed on), in a fresh tem
 its own session, and has it import the file. The child never imports ``mha_numpy``: ``BOOT`` loads its own
 modules (``child``, ``guard``, ``load``, ``protocol``, ``student``) from their files under another package name,
 and ``checker.guard`` refuses the library to the student's code. Then it offers what ``InProcess`` offers
-(``names``, ``start``, ``call``), so the runner checks a file and a notebook's namespace alike.
+(``names``, ``start``, ``call``), so the runner checks a file and a notebook's namespace alike; and ``stage``,
+``trim``, ``measure``, ``measured`` for exercise 13's systems stage (``checker.systems``, which also starts the
+library's kernel in a process of its own with ``boot``).
 
 Reports and score files come from this process only. While a child lives, this process is not dumpable (Linux;
 with the child giving up CAP_SYS_PTRACE, its ``/proc/<pid>/fd`` cannot be opened by the student's code, so nothing
@@ -172,8 +174,11 @@ def _listings() -> dict[str, str]:
 class ChildProcess:
     """The functions of the file at ``path``, called in a child process (CannotRun if it cannot be imported)."""
 
-    def __init__(self, path: Path, timeout: float = DEFAULT_TIMEOUT):
+    def __init__(self, path: Path, timeout: float = DEFAULT_TIMEOUT, boot: tuple[str, str] | None = None):
+        """``boot``: the child's first lines and their argument, instead of ``BOOT`` and this directory (the
+        library's side of exercise 13's systems stage, ``checker.systems``)."""
         self.shown, self.path, self.timeout = str(path), Path(path).resolve(), float(timeout)
+        self.boot = boot or (BOOT, str(Path(__file__).resolve().parent))
         self.workdir = Path(tempfile.mkdtemp(prefix="mha_numpy_check_"))
         self.output_path = self.workdir / "output.txt"
         self.proc: subprocess.Popen | None = None
@@ -192,7 +197,7 @@ class ChildProcess:
     def _start(self) -> list[str]:
         with open(self.output_path, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-u", "-c", BOOT, str(Path(__file__).resolve().parent)],
+                [sys.executable, "-I", "-u", "-c", *self.boot],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=out,
@@ -232,9 +237,27 @@ class ChildProcess:
         """``call`` on each argument list in one message, the caches dropped: the list of results."""
         return self._request(("map", function, arg_lists), function)
 
-    def measure(self, forward: str, backward: str, args: list, d_out) -> tuple[int, float]:
-        """``forward`` then ``backward`` once in the child, under tracemalloc: (peak bytes, seconds)."""
-        return self._request(("measure", forward, backward, args, d_out), backward)
+    @property
+    def pid(self) -> int | None:
+        """The child's process id (None between a death and the next call)."""
+        return None if self.proc is None else self.proc.pid
+
+    def stage(self, function: str, args: list, d_out) -> None:
+        """Send the inputs of the next ``measure`` ahead: its request then carries none."""
+        self._request(("stage", args, d_out), function)
+
+    def measure(self, forward: str, backward: str) -> float:
+        """``forward`` then ``backward`` once in the child on the staged inputs, their results kept there: the
+        seconds the child counted (the checker's own measurements are made from outside, ``checker.systems``)."""
+        return self._request(("measure", forward, backward), backward)
+
+    def measured(self, function: str):
+        """The results ``measure`` kept, (forward's output, backward's result), dropped in the child."""
+        return self._request(("measured",), function)
+
+    def trim(self, function: str) -> None:
+        """The child drops its caches and gives its free heap back to the system (before a measured call)."""
+        self._request(("trim",), function)
 
     def train(self, params: dict, train_ids, sizes: dict, settings: dict, seconds: float) -> tuple[dict, list]:
         """Exercise 15's stage 4 in the child (``Server.train``), stopped after ``seconds``: (parameters, losses)."""

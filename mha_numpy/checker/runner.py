@@ -20,7 +20,7 @@ import numpy as np
 
 from ..gradcheck import numerical_gradient
 from ..pairs import Case, Pair, ReturnConventionError, gradients
-from . import bugs, cases, relations
+from . import bugs, cases, pair_hints, relations
 from . import reference as R
 from .capstone import MODEL, Capstone
 from .capstone_block import BLOCK
@@ -111,8 +111,8 @@ def _call(student, function: str, args, run_variant, **kw):
     except (NotImplementedError, Mutated, Abort, StudentFileError):
         raise
     except Exception as exc:  # noqa: BLE001 - the student's crash (here, or a StudentFault from a child process)
-        same = _same_error(exc)
-        raise _Failed(raised(exc), lambda: crash_bug(function, same, run_variant), crash=True) from exc
+        same, said = _same_error(exc), relations.from_error(function, raised(exc))
+        raise _Failed(raised(exc), lambda: crash_bug(function, same, run_variant), crash=True, relation=said) from exc
 
 
 def _same_error(exc: Exception):
@@ -138,7 +138,7 @@ def run_cases(function: str, case_list, run_case, student) -> Row:
     crashes where Lq != Lk, as `.T` does, and only the square case tells them apart).
     """
     student.start(function)
-    first, bug, crash_guess, relation = None, None, None, ""
+    first, bug, crash_guess, relation, crash_said = None, None, None, "", ""
     for case in case_list:
         try:
             with np.errstate(all="ignore"):  # a student's NaN is reported in the row, not as a warning
@@ -149,7 +149,11 @@ def run_cases(function: str, case_list, run_case, student) -> Row:
             return Row(function, "FAIL", f"{stop} [case {case.label}]")
         except (_Failed, Mutated, StudentFault) as failure:
             first = first or f"{failure} [case {case.label}]"
-            relation = relation or getattr(failure, "relation", "")
+            said = getattr(failure, "relation", "")
+            if getattr(failure, "crash", False):  # what an error message says: only when no case's values say more
+                crash_said = crash_said or said
+            else:
+                relation = relation or said
             if getattr(failure, "find_bug", None) is None:
                 continue
             if getattr(failure, "crash", False):
@@ -160,7 +164,9 @@ def run_cases(function: str, case_list, run_case, student) -> Row:
             raise
         except Exception as exc:  # noqa: BLE001 - a student's crash (in this process) is a FAIL, not ours
             first = first or f"{raised(exc)} [case {case.label}]"
-    return Row(function, "PASS") if first is None else Row(function, "FAIL", first, bug or crash_guess, relation)
+    if first is None:
+        return Row(function, "PASS")
+    return Row(function, "FAIL", first, bug or crash_guess, relation or crash_said)
 
 
 def check_forward(pair: Pair, student, rng) -> Row:
@@ -175,9 +181,24 @@ def check_forward(pair: Pair, student, rng) -> Row:
         scale = scale_of([expected])
         problem = compare("out", got, expected, scale)
         if problem:
-            raise _Failed(problem, lambda: matching_bug(function, {"out": got}, run_variant, scale, {"out": expected}))
+            try:
+                paths, parts = pair_hints.forward_hints(pair, case)
+            except (ValueError, TypeError, KeyError, ArithmeticError):
+                paths, parts = {}, {}
+            said = relations.explain("out", f"of {function}", _first(got), expected, scale, names=_names(case),
+                                     paths=paths, masked_rows=_masked_rows(case), parts=parts)  # fmt: skip
+            find = lambda: matching_bug(function, {"out": got}, run_variant, scale, {"out": expected})  # noqa: E731
+            raise _Failed(problem, find, relation=said)
 
     return run_cases(function, pair.cases(rng), run_case, student)
+
+
+def _first(out):
+    """A forward's output as an array, or None when it is not one (a tuple returned for the output)."""
+    try:
+        return np.asarray(out, dtype=np.float64)
+    except (ValueError, TypeError):
+        return None
 
 
 def check_backward(pair: Pair, student, own_forward: bool, rng, forward_failed: bool = False) -> Row:
@@ -232,6 +253,11 @@ def check_backward(pair: Pair, student, own_forward: bool, rng, forward_failed: 
                         f"; with the reference forward's cache it is right: {forward_name}'s output passed, but its"
                         " cache holds something else than what the backward reads"
                     )
+                    said = (f"d{name} (in {function}) is right when it reads the reference forward's cache: the cache "
+                            f"{forward_name} returns is what is wrong (a value changed after it was stored, or "
+                            "another quantity than the backward reads); store what the backward needs")  # fmt: skip
+                    raise _Failed(problem, lambda: matching_bug(function, got, run_variant, scale, expected),
+                                  relation=said + ".")  # fmt: skip
                 said = _relation(pair, case, name, got, expected, scale, d_out)
                 raise _Failed(problem, lambda: matching_bug(function, got, run_variant, scale, expected), relation=said)
 
@@ -250,31 +276,55 @@ def _zeros_for_absent(pair: Pair, result, case: Case) -> str:
     return ""
 
 
-def _relation(pair: Pair, case: Case, name: str, got: dict, expected: dict, scale: float, d_out) -> str:
-    """``relations.explain`` for the gradient ``name`` of a pair's backward, with what the case tells: the sizes whose
-    factors are named, the fully masked rows, and (self-attention) the three paths into x."""
+def _names(case: Case) -> dict[str, float]:
+    """The factors worth naming on ``case``: the call's own numbers (scale, p and 1 − p, cap, n_rep, block), √d and d
+    of attention's q, the batch size, N (the rows), the number of heads, the positions (Lq) and the keys (Lk)."""
     args = dict(case.args)
     first = next((np.asarray(v) for v in args.values() if isinstance(v, np.ndarray) and v.ndim >= 2), None)
-    features = next((np.shape(args[n])[-1] for n in ("q", "x", "scores") if np.ndim(args.get(n)) >= 2), 0)
+    features = np.shape(args["q"])[-1] if np.ndim(args.get("q")) >= 2 else 0  # attention's d: its scale is 1/√d
     sizes = {n: v for n, v in args.items() if isinstance(v, int | float) and not isinstance(v, bool)}  # scale, p, cap
     sizes.update({f"1 − {n}": 1 - v for n, v in sizes.items() if 0 < v < 1 and n != "scale"})  # dropout's keep
-    sizes.update({"d": features, "the batch size": 0 if first is None else first.shape[0]})  # √d: attention's scale
+    sizes["d"] = features  # √d: attention's scale
+    shapes = {"the batch size": 0 if first is None else first.shape[0]}
     if first is not None and first.ndim >= 3:
-        sizes["N (the rows, every axis but the last)"] = int(np.prod(first.shape[:-1]))
+        shapes["N (the rows, every axis but the last)"] = int(np.prod(first.shape[:-1]))
+    if first is not None and first.ndim == 3:
+        shapes["L (axis 1, the positions)"] = first.shape[1]
     if first is not None and first.ndim == 4:
-        sizes["the number of heads"] = first.shape[1]
-    masked = None
+        shapes["the number of heads"] = first.shape[1]
+        shapes["Lq (the query positions)"] = first.shape[2]
+    if np.ndim(args.get("k")) == 4:
+        shapes["Lk (the keys)"] = np.shape(args["k"])[2]
+    names = relations.factor_names(shapes, **sizes)
+    p = args.get("p")
+    if isinstance(p, float) and 0 < p < 1:  # dropout's 1/p where 1/(1 − p) belongs, and the reverse
+        keep = 1 - p
+        names.update({"(1 − p)/p": keep / p, "p/(1 − p)": p / keep})
+    return names
+
+
+def _masked_rows(case: Case):
+    """bool, True on a row with no key allowed (a bool mask's empty row, or a row of −inf scores), or None."""
+    args = dict(case.args)
+    first = next((np.asarray(v) for v in args.values() if isinstance(v, np.ndarray) and v.ndim >= 2), None)
     if isinstance(args.get("mask"), np.ndarray) and args["mask"].dtype == bool:
-        masked = ~args["mask"].any(axis=-1)
-    elif first is not None and np.isneginf(first).any():
-        masked = np.isneginf(first).all(axis=-1)
-    paths = None
-    if pair.name == "self_attention" and name == "x":
-        mha, mha_cache = pair.forward(*case.values())[1]
-        grads = mha.backward(d_out, mha_cache)
-        paths = {f"the {p} path (x used as the {p})": grads[p] for p in ("query", "key", "value")}
+        return ~args["mask"].any(axis=-1)
+    if first is not None and np.issubdtype(first.dtype, np.floating) and np.isneginf(first).any():
+        return np.isneginf(first).all(axis=-1)
+    return None
+
+
+def _relation(pair: Pair, case: Case, name: str, got: dict, expected: dict, scale: float, d_out) -> str:
+    """``relations.explain`` for the gradient ``name`` of a pair's backward, with what the case tells: the sizes whose
+    factors are named, the fully masked rows, and the paths and parts of ``pair_hints`` (run only here, on a wrong
+    gradient)."""
+    try:
+        (paths, parts), arrays = pair_hints.hints(pair, case, name, d_out), pair_hints.factor_arrays(pair, case, name)
+    except (ValueError, TypeError, KeyError, ArithmeticError):  # a case the hints do not fit: the other relations
+        paths, parts, arrays = {}, {}, {}
     return relations.explain(f"d{name}", f"in {pair.name}_backward", got.get(name), expected[name], scale,
-                             names=relations.factor_names(**sizes), paths=paths, masked_rows=masked)  # fmt: skip
+                             names=_names(case), paths=paths, masked_rows=_masked_rows(case), parts=parts,
+                             arrays=arrays)  # fmt: skip
 
 
 def _right_on_reference_cache(student, pair: Pair, case: Case, d_out, expected: dict, scale: float) -> bool:
@@ -303,11 +353,16 @@ def check_online_softmax(student, rng) -> Row:
         scale = scale_of([expected])
         problem = compare("context = acc / l", got, expected, scale)
         if problem:
+            masked = np.isneginf(scores).all(axis=-1)
+            said = relations.explain("the context acc / l", f"from {function}'s running m, l and acc", _first(got),
+                                     expected, scale, names=relations.factor_names(block=block),
+                                     masked_rows=masked)  # fmt: skip
 
             def run_variant(bug):
                 return {"out": R.online_softmax_attention(bug.impl, scores, v, block)}
 
-            raise _Failed(problem, lambda: matching_bug(function, {"out": got}, run_variant, scale, {"out": expected}))
+            find = lambda: matching_bug(function, {"out": got}, run_variant, scale, {"out": expected})  # noqa: E731
+            raise _Failed(problem, find, relation=said)
 
     return run_cases(function, cases.online_softmax_cases(rng), run_case, student)
 

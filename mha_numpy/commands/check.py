@@ -10,8 +10,9 @@ from ._args import positive_float
 
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_CANNOT_RUN = 0, 1, 2, 3
 EXIT_CODES = (
-    "exit codes: 0 = every function found was checked and passed (with --submit: the score file was written); 1 = a "
-    "function failed or is not done yet, or none was found; 2 = usage error (no such file, a directory, not a .py or "
+    "exit codes: 0 = every function found was checked and passed, exercise 13's systems stage too unless --no-systems "
+    "skipped it (with --submit: the score file was written); 1 = a function failed or is not done yet (or the systems "
+    "stage failed or was not measured), or none was found; 2 = usage error (no such file, a directory, not a .py or "
     ".ipynb file, a bad option or cases file); 3 = the file could not be run (a syntax error, or an error, sys.exit, "
     "os._exit or the time limit while importing it; with --submit the score file is written, every test at 0)."
 )
@@ -58,6 +59,13 @@ def add_parser(sub) -> None:
         default=DEFAULT_TIMEOUT,
         help="seconds allowed for importing FILE, and for checking each function (default %(default)g)",
     )
+    p.add_argument(
+        "--no-systems",
+        action="store_true",
+        help="skip exercise 13's systems stage (its pair's peak memory and time at L = 4096, measured in about 10 s "
+        "when the pair passes): the report says it was skipped, and it is not a pass (the teacher's mode does not "
+        "grade the stage)",
+    )
     p.set_defaults(run=run)
 
 
@@ -83,7 +91,10 @@ def run(args: argparse.Namespace) -> int:
         return _submit(args)
     gpt = (args.training or "full") if args.gpt else None
     try:
-        report = check_file(args.file, timeout=args.timeout, echo=lambda line: print(line, flush=True), gpt=gpt)
+        systems = {"systems_size": None} if args.no_systems else {}
+        report = check_file(
+            args.file, timeout=args.timeout, echo=lambda line: print(line, flush=True), gpt=gpt, **systems
+        )
     except BadPath as e:
         print(f"check: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,0 +1,267 @@
+"""What ``relations`` needs to know of a graded pair's case: the paths each gradient sums, and the parts of it a bug
+may be confined to, for every pair of the course (exercises 1-8 and 11-14).
+
+``hints(pair_name, case, name, d_out) -> (paths, parts)``: ``paths`` {what the path is: its contribution to
+d``name``} for ``relations.missing_path`` (a path missing, or one path's part scaled or of the wrong sign);
+``parts`` {what the part is, and where to look: bool, True on it} for ``relations.wrong_on_part``. Both computed
+from the case's inputs and the upstream gradient with the library's pairs, only when a gradient is wrong; a pair or
+a gradient with none gives empty dicts. The paths of a gradient sum to it:
+
+    softmax, sink softmax   dx = p ∘ dp − p ∘ Σ(p ∘ dp)                    the weights' path, the normaliser's
+    attention (6, 13)       dq = (p ∘ dp) K · s − (p ∘ Σ(p ∘ dp)) K · s      the same two, through the scores
+    flash attention (13)    dq = Σ over the key blocks of dS_j K_j · s       one a tile (dk, dv: a tile's keys a part)
+    self-attention          dx = via the query + via the key + via the value
+    cross-entropy           dlogits = p / N − onehot / N
+    layer norm              dx = rstd·dx̂ − rstd·mean(dx̂) − rstd·x̂·mean(dx̂ ∘ x̂)   the direct, the mean's, the variance's
+    repeat_kv               dx = Σ over the group's copies
+    rope                    dx = d_out · cos − rotate_half(d_out) · sin
+    soft-cap                dscores = d_out − tanh²(s / cap) · d_out
+    delta rule              dk = the write's (β dS u) + the read's (−S̃ du);  dβ = through v_t + through −S̃ᵀk;
+                            dk, dv, dβ, dg = token t's own + what the later tokens carried back (through time)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import functional as F
+from . import delta_rule as DR
+
+WEIGHTS = "the p ∘ dp term (the weights' own path)"
+NORMALISER = "the −p ∘ Σ(p ∘ dp) term (the softmax normaliser's path)"
+BLOCKED = "the blocked entries (score −inf): their weight is 0 whatever the score, so their gradient is 0"
+
+
+def _softmax_terms(p, dp) -> dict:
+    return {WEIGHTS: p * dp, NORMALISER: -p * (p * dp).sum(axis=-1, keepdims=True)}
+
+
+def _softmax(a, d_out, name):
+    if name != "x":
+        return {}, {}
+    p = F.softmax_forward(a["x"])[0]
+    return _softmax_terms(p, d_out), {BLOCKED: np.isneginf(a["x"])}
+
+
+def _sink_softmax(a, d_out, name):
+    if name != "x":
+        return {}, {}
+    p = F.sink_softmax_forward(a["x"], a["sink"])[0]
+    return _softmax_terms(p, d_out), {BLOCKED: np.isneginf(a["x"])}
+
+
+def _attention(a, d_out, name):
+    """dq and dk of exercise 6's and 13's attention, each as the softmax's two terms through the scores; for
+    exercise 13 (``block``), the key blocks as parts of dk and dv."""
+    q, k, v, mask = a["q"], a["k"], a["v"], a.get("mask")
+    s = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])  # (B, H, Lq, d) @ (B, H, d, Lk) -> (B, H, Lq, Lk)
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    p = F.softmax_forward(s)[0]  # (B, H, Lq, Lk), 0 on a fully masked row
+    terms = _softmax_terms(p, d_out @ v.swapaxes(-1, -2))  # dp: (B, H, Lq, dv) @ (B, H, dv, Lk)
+    paths = {}
+    if name == "q":
+        paths = {f"{t}, through the scores": ds / np.sqrt(q.shape[-1]) @ k for t, ds in terms.items()}  # (Lq, d)
+    elif name == "k":
+        paths = {f"{t}, through the scores": ds.swapaxes(-1, -2) / np.sqrt(q.shape[-1]) @ q for t, ds in terms.items()}
+    parts = {}
+    block, Lk = a.get("block"), k.shape[-2]
+    if not isinstance(block, int) or block < 1:
+        return paths, parts
+    ds = sum(terms.values()) / np.sqrt(q.shape[-1])  # (B, H, Lq, Lk): the scores' gradient
+    for j in range(0, Lk, block):
+        last = ", the last and partial one" if j + block > Lk else ""
+        tile = f"key block {j // block} (keys {j} to {min(j + block, Lk) - 1}{last})"
+        if name == "q":  # dq sums one contribution a tile
+            paths[f"{tile}'s tile"] = ds[..., j : j + block] @ k[..., j : j + block, :]  # (Lq, bk) @ (bk, d)
+        else:
+            keys = np.zeros((Lk, 1), dtype=bool)
+            keys[j : j + block] = True
+            parts[f"{tile}: look at that tile"] = keys
+    return paths, parts
+
+
+def _self_attention(a, d_out, name, forward):
+    if name != "x":
+        return {}, {}
+    mha, mha_cache = forward()[1]
+    grads = mha.backward(d_out, mha_cache)
+    return {f"the {p} path (x used as the {p})": grads[p] for p in ("query", "key", "value")}, {}
+
+
+def _apply_mask(a, d_out, name):
+    mask = a.get("mask")
+    if name != "scores" or not isinstance(mask, np.ndarray) or mask.dtype != bool:
+        return {}, {}
+    return {}, {"the blocked entries (mask False): there the score is replaced by −inf, so its gradient is 0": ~mask}
+
+
+def _dropout(a, d_out, name):
+    keep = a.get("keep_mask")
+    if name != "x" or keep is None:
+        return {}, {}
+    return {}, {
+        "the dropped entries (keep_mask False): their output is 0 whatever x, so their gradient is 0": ~keep,
+        "the kept entries (keep_mask True): there the gradient is d_out / (1 − p)": keep,
+    }
+
+
+def _embedding(a, d_out, name):
+    ids, table = np.asarray(a["ids"]), a["table"]
+    counts = np.bincount(ids.ravel(), minlength=table.shape[0])[:, None]  # (V, 1)
+    return {}, {
+        "the rows of ids that occur more than once: each occurrence's row of d_out adds up (np.add.at)": counts > 1,
+        "the rows of ids that never occur: their gradient is 0": counts == 0,
+    }
+
+
+def _cross_entropy(a, d_out, name):
+    logits, targets = a["logits"], np.asarray(a["targets"])
+    N = targets.size
+    p = F.softmax_forward(logits)[0]  # (..., V)
+    onehot = np.eye(logits.shape[-1])[targets]  # (..., V)
+    paths = {
+        "the p / N term (the softmax's)": d_out * p / N,
+        "the −onehot / N term (at the targets)": -d_out * onehot / N,
+    }
+    return paths, {"the targets' entries (the one-hot's −1)": onehot.astype(bool)}
+
+
+def _layer_norm(a, d_out, name):
+    if name != "x":
+        return {}, {}
+    x = a["x"]
+    rstd = 1.0 / np.sqrt(x.var(axis=-1, keepdims=True) + a["eps"])  # (..., 1)
+    xhat = (x - x.mean(axis=-1, keepdims=True)) * rstd
+    dxhat = d_out * a["gamma"]
+    return {
+        "the direct path through x̂ (rstd · dx̂)": rstd * dxhat,
+        "the mean's path (−rstd · mean(dx̂))": -rstd * dxhat.mean(axis=-1, keepdims=True),
+        "the variance's path (−rstd · x̂ · mean(dx̂ ∘ x̂))": -rstd * xhat * (dxhat * xhat).mean(axis=-1, keepdims=True),
+    }, {}
+
+
+def _repeat_kv(a, d_out, name):
+    n = a["n_rep"]
+    B, H, L, d = a["x"].shape
+    copies = d_out.reshape(B, H, n, L, d)  # (B, Hkv·n_rep, L, d) -> (B, Hkv, n_rep, L, d): head h <- h // n_rep
+    return {f"copy {r} of each group (query head h·n_rep + {r})": copies[:, :, r] for r in range(n)}, {}
+
+
+def _rope(a, d_out, name, forward):
+    cos, sin = forward()[1]
+    return {
+        "the cos term (d_out · cos)": d_out * cos,
+        "the sin term (−rotate_half(d_out) · sin)": -F.rotate_half(d_out) * sin,
+    }, {}
+
+
+def _soft_cap(a, d_out, name):
+    t = np.tanh(a["scores"] / a["cap"])
+    return {"d_out itself (the 1 of 1 − tanh²)": d_out, "the −tanh²(s / cap) · d_out term": -(t * t) * d_out}, {}
+
+
+def _relative_position_bias(a, d_out, name):
+    """The table's two end columns: every distance beyond ±R is clipped onto them, so they collect many pairs."""
+    table = a["table"]
+    ends = np.zeros((1, table.shape[1]), dtype=bool)
+    ends[0, [0, -1]] = True
+    return {}, {"the table's end columns (distances clipped to ±R: every pair farther apart adds there too)": ends}
+
+
+def _delta_rule(a, d_out, name):
+    """dk: the write's and the read's paths; dβ: through v_t and through the read; and dk, dv, dβ, dg each as token
+    t's own part and the part the state's gradient carried back from the later tokens brings (through time)."""
+    if name not in ("k", "v", "beta", "g"):
+        return {}, {}
+    _, cache = DR.delta_rule_recurrent_forward(*(a[n] for n in ("q", "k", "v", "g", "beta", "initial_state")))
+    part: dict = {}
+    grads = dict(zip(("q", "k", "v", "g", "beta"), DR.delta_backward_with()(d_out, cache, part)))
+    carried = part[{"k": "k_carried", "v": "v_carried", "beta": "b_carried", "g": "g_carried"}[name]]
+    paths = {
+        "the gradient of the state carried back from the later tokens (through time, ← R1 of token t + 1)": carried,
+        "token t's own q_t do_tᵀ (through time)": grads[name] - carried,
+    }
+    if name == "k":
+        paths = {"the write's path (β_t dS u_t, ← R3)": part["k_write"], "the read's path (−S̃_t du_t, ← R2)":
+                 part["k_read"], **paths}  # fmt: skip
+    if name == "beta":
+        paths = {"the v_t of the error u_t (← R3)": part["b_v"], "the read −S̃_tᵀ k_t of the error u_t (← R3, R2)":
+                 part["b_r"], **paths}  # fmt: skip
+    return paths, {}
+
+
+HINTS = {
+    "softmax": _softmax,
+    "sink_softmax": _sink_softmax,
+    "scaled_dot_product_attention": _attention,
+    "flash_attention": _attention,
+    "apply_mask": _apply_mask,
+    "dropout": _dropout,
+    "embedding": _embedding,
+    "softmax_cross_entropy": _cross_entropy,
+    "layer_norm": _layer_norm,
+    "repeat_kv": _repeat_kv,
+    "soft_cap": _soft_cap,
+    "relative_position_bias": _relative_position_bias,
+    "delta_rule_recurrent": _delta_rule,
+}
+NEEDS_FORWARD = {"self_attention": _self_attention, "rope": _rope}  # read the reference forward's cache
+
+
+def factor_arrays(pair, case, name: str) -> dict:
+    """{what A is: A} for ``relations.elementwise_factor``: the arrays a chain rule multiplies d``name`` by entry by
+    entry (the softmax's weights p, LayerNorm's rstd, the delta rule's decay a_t = exp(g_t) in dg)."""
+    a = dict(case.args)
+    if pair.name == "softmax" and name == "x":
+        return {"p (the weights)": F.softmax_forward(a["x"])[0]}
+    if pair.name == "sink_softmax" and name == "x":
+        return {"p (the weights)": F.sink_softmax_forward(a["x"], a["sink"])[0]}
+    if pair.name == "layer_norm" and name == "x":
+        x = a["x"]
+        return {"rstd = 1/√(var + eps)": 1.0 / np.sqrt(x.var(axis=-1, keepdims=True) + a["eps"])}
+    if pair.name == "delta_rule_recurrent" and name == "g":
+        return {"a_t = exp(g_t)": np.exp(a["g"])}
+    return {}
+
+
+def forward_hints(pair, case) -> tuple[dict, dict]:
+    """({term: its part of the output}, {part: where}) for ``pair``'s forward on ``case``: the terms a forward adds
+    (a bias, a float mask, rope's cos and sin) and the parts an output may be wrong on alone (the blocked or the
+    dropped entries)."""
+    a = dict(case.args)
+    if pair.name == "linear":
+        return {"x @ W.T": a["x"] @ a["W"].T, "the bias b": a["b"]}, {}  # (..., in) @ (in, out)
+    if pair.name == "layer_norm":
+        x = a["x"]
+        xhat = (x - x.mean(axis=-1, keepdims=True)) / np.sqrt(x.var(axis=-1, keepdims=True) + a["eps"])
+        return {"gamma · x̂": a["gamma"] * xhat, "the bias beta": a["beta"]}, {}
+    if pair.name == "rope":
+        cos, sin = pair.forward(*case.values())[1]
+        return {
+            "the cos term (x · cos)": a["x"] * cos,
+            "the sin term (rotate_half(x) · sin)": F.rotate_half(a["x"]) * sin,
+        }, {}
+    if pair.name == "self_attention":
+        out = pair.forward(*case.values())[0]
+        b_o = a["params"]["b_o"]
+        return {"the output projection (merged @ W_o.T)": out - b_o, "the output bias b_o": b_o}, {}
+    if pair.name == "apply_mask":
+        mask = a["mask"]
+        if mask.dtype == bool:
+            return {}, {"the blocked entries (mask False): there the score becomes −inf": ~mask}
+        return {"the scores": a["scores"], "the float mask (added to the scores)": mask}, {}
+    if pair.name == "dropout":
+        return _dropout(a, None, "x")
+    if pair.name in ("softmax", "sink_softmax"):
+        return {}, {BLOCKED: np.isneginf(a["x"])}
+    return {}, {}
+
+
+def hints(pair, case, name: str, d_out) -> tuple[dict, dict]:
+    """({path: contribution}, {part: where}) for the gradient ``name`` of ``pair`` on ``case`` (see the module)."""
+    args = dict(case.args)
+    if pair.name in NEEDS_FORWARD:
+        return NEEDS_FORWARD[pair.name](args, d_out, name, lambda: pair.forward(*case.values()))
+    find = HINTS.get(pair.name)
+    return find(args, d_out, name) if find else ({}, {})
