@@ -54,6 +54,7 @@ class CheckReport:
     planned: list[str] = field(default_factory=list)  # the functions to check, in order (sets the column width)
     output: str = ""
     refused: list[str] = field(default_factory=list)  # the library's modules a file imported (checker.guard)
+    unit: str = "functions"  # what a row is: a function, or one of exercise 15's stages
     skipped: str = ""  # a stage asked for and not run (exercise 13's systems stage, ``check --no-systems``)
 
     @property
@@ -82,7 +83,7 @@ class CheckReport:
                 f"{self.source or 'no functions'}: none of the known functions found ({names}, {cases.ONLINE_SOFTMAX})"
             )
         done = sum(r.status == "PASS" for r in self.rows)
-        lines = [f"{done} of {len(self.rows)} functions pass"]
+        lines = [f"{done} of {len(self.rows)} {self.unit} pass"]
         if self.skipped:
             lines.append(self.skipped)
         if self.ignored:
@@ -103,16 +104,29 @@ def _ignored(names, only) -> list[str]:
 
 
 def _check(
-    student, only, source: str, echo: Callable[[str], None] | None, systems_size: int | None = None, skipped: str = ""
+    student,
+    only,
+    source: str,
+    echo: Callable[[str], None] | None,
+    systems_size: int | None = None,
+    skipped: str = "",
+    gpt=None,
 ) -> CheckReport:
     report = CheckReport(source=source, ignored=_ignored(student.names, only), planned=plan(student.names, only))
+    if gpt is not None:  # exercise 15: its stages instead of one row per function (checker.gpt_stages)
+        from .gpt_stages import STAGES, TRAININGS, check_gpt
+
+        report.ignored, report.planned, report.unit = [], list(STAGES), "stages"
 
     def on_row(row: Row) -> None:
         report.rows.append(row)
         if echo is not None:
             echo(report.row_text(row))
 
-    check_student(student, only, on_row)
+    if gpt is not None:
+        check_gpt(student, TRAININGS[gpt], on_row, echo)
+    else:
+        check_student(student, only, on_row)
     flash = [r.status for r in report.rows if r.function.startswith("flash_attention_")]
     if systems_size and flash == ["PASS", "PASS"]:  # exercise 13's numbers right: now its memory and time
         on_row(check_systems(student, systems_size))
@@ -124,20 +138,25 @@ def _check(
     return report
 
 
-def check_namespace(namespace: dict, only=None, source: str = "", echo=None) -> CheckReport:
+def check_namespace(namespace: dict, only=None, source: str = "", echo=None, gpt: str | None = None) -> CheckReport:
     """Check the functions a dict (``globals()``, a module's ``vars``) defines; ``only``: pair names to look at.
+    ``gpt``: exercise 15's stages instead, with stage 4's training "full", "small" or "off" (``checker.gpt_stages``).
 
     The functions run in this process: every call on copies of its arguments, a FAIL for one that changes them;
     no time limit (interrupt the kernel to stop an endless loop). ``echo(line)`` gets each line as it is known.
     """
-    return _check(InProcess(namespace), only, source, echo)
+    return _check(InProcess(namespace), only, source, echo, gpt=gpt)
 
 
-def check_file(path, only=None, timeout: float = DEFAULT_TIMEOUT, echo=None, systems_size=SYSTEMS_SIZE) -> CheckReport:
+def check_file(
+    path, only=None, timeout: float = DEFAULT_TIMEOUT, echo=None, systems_size=SYSTEMS_SIZE, gpt: str | None = None
+) -> CheckReport:
     """Check every known function the file at ``path`` (.py, or a notebook's code cells) defines, run in a child
     process: ``timeout`` seconds for importing it and for each function's check. When exercise 13's pair passes,
     one more row: its peak memory and time at L = ``systems_size`` against the targets of ``checker.systems``
-    (None: not measured, and the report's summary says the stage was skipped).
+    (None: not measured, and the report's summary says the stage was skipped). ``gpt``: exercise 15's stages
+    instead of one row per function (``checker.gpt_stages``), stage 4's training "full" (the stated target, at most
+    600 s of CPU time), "small" (seconds) or "off".
 
     BadPath (a StudentFileError) when ``path`` is not a .py or .ipynb file; CannotRun (also one) when it cannot be
     imported (a syntax error, an error, sys.exit, a time-out while importing). ``echo(line)`` gets each line of the
@@ -146,7 +165,7 @@ def check_file(path, only=None, timeout: float = DEFAULT_TIMEOUT, echo=None, sys
     path = check_path(path)
     child = ChildProcess(path, timeout)
     try:
-        report = _check(child, only, str(path), echo, systems_size, "" if systems_size else SKIPPED)
+        report = _check(child, only, str(path), echo, systems_size, "" if systems_size else SKIPPED, gpt)
     finally:
         child.close()
     report.output = child.output

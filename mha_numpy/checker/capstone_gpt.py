@@ -19,13 +19,16 @@ once per block, last block first, with ``cache["d_y"]`` set to the gradient arri
                   the library's: every parameter's gradient (the first that differs is named, with its layer), then
                   the parameters after the Adam step
     4. loss       training with the student's backward reaches the stated validation loss (``train``)
+
+``python -m mha_numpy check --gpt`` grades a file (or ``check_namespace(..., gpt=...)`` a notebook) through these
+stages and one more before them, the file's own pairs, with stage 4 run where the student's code runs
+(``checker.gpt_stages``, ``checker.gpt_child``).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -35,6 +38,7 @@ from ..optim import Adam, clip_grad_norm
 from ..threads import blas_single_threaded
 from . import capstone as C
 from . import capstone_block as CB
+from . import gpt_child as GC
 
 EPS = CB.EPS
 
@@ -101,10 +105,7 @@ def loss_and_grads(P: dict, ids: np.ndarray, s: GPTSizes, block_backward: Callab
     return loss, {name: g[name] for name in P}
 
 
-def windows(ids: np.ndarray, batch: int, length: int, rng: np.random.Generator) -> np.ndarray:
-    """(batch, length + 1) windows of ``ids`` at random starts."""
-    starts = rng.integers(0, len(ids) - length, size=batch)  # (B,)
-    return ids[starts[:, None] + np.arange(length + 1)]  # (B, 1) + (L + 1,) -> (B, L + 1)
+windows = GC.windows  # (batch, length + 1) windows at random starts: one definition, the child's
 
 
 def adam_step(P: dict, grads: dict, lr: float = 3e-3, clip: float = 1.0) -> dict:
@@ -123,11 +124,20 @@ class Stage:
     report: str
 
 
+def _causal_case(seed: int = 0, B: int = 2, L: int = 3, E: int = 4, H: int = 2, inner: int = 8):
+    rng = np.random.default_rng(seed)
+    P = CB.block_params(E, H, inner, rng)
+    return CB.block_forward(P, rng.standard_normal((B, L, E)), rng.standard_normal((B, L, E)), H, causal=True)
+
+
+# stage 2: exercise 10's capstone on the same cases with causal attention
+CAUSAL_BLOCK = C.Capstone(CB.BLOCK_BACKWARD, CB.BLOCK_STEPS, _causal_case, CB.block_reference, CB.BLOCK_CASES,
+                          CB.BLOCK_BUGS, CB.block_paths)  # fmt: skip
+
+
 def stage_block(block_backward: Callable, causal: bool) -> Stage:
     """Stages 1 and 2: exercise 10's comparison, on its own cases or on the same cases with causal attention."""
-    capstone = CB.BLOCK if not causal else C.Capstone(
-        CB.BLOCK_BACKWARD, CB.BLOCK_STEPS, _causal_case, CB.block_reference, CB.BLOCK_CASES, CB.BLOCK_BUGS
-    )  # fmt: skip
+    capstone = CAUSAL_BLOCK if causal else CB.BLOCK
     for case in capstone.cases:
         result = C.compare(block_backward, capstone, case)
         if result.not_done or result.wrong is not None:
@@ -135,22 +145,18 @@ def stage_block(block_backward: Callable, causal: bool) -> Stage:
     return Stage("causal block" if causal else "block", True, "every gradient matches the library's backward")
 
 
-def _causal_case(seed: int = 0, B: int = 2, L: int = 3, E: int = 4, H: int = 2, inner: int = 8):
-    rng = np.random.default_rng(seed)
-    P = CB.block_params(E, H, inner, rng)
-    return CB.block_forward(P, rng.standard_normal((B, L, E)), rng.standard_normal((B, L, E)), H, causal=True)
-
-
 STEP_RTOL = 1e-9  # one Adam step in float64: the student's and the library's backward agree to rounding
 
 
-def stage_step(block_backward: Callable, sizes: GPTSizes | None = None, seed: int = 0) -> Stage:
-    """Stage 3: one training step of a small GPT (two causal blocks) with the student's backward and the library's."""
+def stage_step(block_backward: Callable, sizes: GPTSizes | None = None, seed: int = 0, pairs: dict | None = None
+               ) -> Stage:  # fmt: skip
+    """Stage 3: one training step of a small GPT (two causal blocks) with the student's backward (and the student's
+    ``pairs`` {name: (forward, backward)} around the blocks, ``gpt_child.GPT_PAIRS``) and the library's."""
     s = sizes or GPTSizes(vocab_size=11, context=5, hidden=8, layers=2, heads=2, inner=16)
     P = gpt_params(s, seed)
     ids = np.random.default_rng(seed + 1).integers(0, s.vocab_size, (3, s.context + 1))
     ref_loss, ref = loss_and_grads(P, ids, s, None)
-    loss, got = loss_and_grads(P, ids, s, block_backward)
+    loss, got = GC.loss_and_grads(P, ids, asdict(s), block_backward, pairs)
     largest = max(np.abs(g).max() for g in ref.values())  # b_k's gradient is 0 in theory: judged against this
     for name in reversed(P):  # the backward's order: the head first, the embeddings last
         err = np.abs(np.asarray(got[name]) - ref[name]).max()
@@ -166,7 +172,8 @@ def stage_step(block_backward: Callable, sizes: GPTSizes | None = None, seed: in
 
 
 def grade(block_backward: Callable) -> list[Stage]:
-    """Stages 1-3, stopping at the first that fails (stage 4, the loss, is ``train``: minutes, not seconds)."""
+    """Stages 1-3, stopping at the first that fails (stage 4, the loss, is ``train``: minutes, not seconds; all five
+    stages of ``check --gpt``: ``checker.gpt_stages``)."""
     stages = []
     for run in (lambda: stage_block(block_backward, False), lambda: stage_block(block_backward, True),
                 lambda: stage_step(block_backward)):  # fmt: skip
@@ -189,26 +196,34 @@ def train(
     log=None,
 ) -> tuple[float, list]:
     """Stage 4: train with ``block_backward`` (None: the library's) -> (validation loss on ``val_ids``, the training
-    losses). Validation: windows of L + 1 bytes, stride L, over all of ``val_ids`` (full windows only).
+    losses). The loop is ``gpt_child.train``'s, the one ``check --gpt`` runs in the student's process; validation is
+    ``validation_loss``.
 
     Measured with exercise 10's worked solution and these defaults (3 blocks, E = 128, 600 steps of 32 windows) on
     the whole corpus: validation 1.5141 nats/byte against the best bigram's 2.2646 (66.9 %; the target is 75 %),
     542 s of CPU time on one BLAS thread (638 s of wall time on a shared machine). 300 steps gave 1.8593 (82 %):
     the loss sits near the bigram's for ~150 steps before attention starts to pay."""
     P = gpt_params(sizes, seed)
-    opt, rng, losses = Adam(P, lr=lr), np.random.default_rng(seed + 1), []
     with blas_single_threaded():
-        for step in range(1, steps + 1):
-            opt.lr = lr * min(1.0, step / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
-            loss, grads = loss_and_grads(P, windows(train_ids, batch, sizes.context, rng), sizes, block_backward)
-            opt.step(clip_grad_norm(grads, 1.0)[0])
-            losses.append(loss)
-            if log is not None and step % 50 == 0:
-                log(f"step {step}  loss {loss:.3f}")
-        L = sizes.context
-        wins = np.stack([val_ids[s0 : s0 + L + 1] for s0 in range(0, len(val_ids) - L - 1, L)])  # full windows only
+        _, losses, _ = GC.train(P, train_ids, asdict(sizes), block_backward or library_block_backward, steps=steps,
+                                batch=batch, lr=lr, seed=seed, log=log)  # fmt: skip
+        return validation_loss(P, val_ids, sizes), losses
+
+
+def library_block_backward(cache: dict) -> dict:
+    """The library's backward of a block from the cache ``gpt_child.block_forward`` makes (its forward run again)."""
+    P = {n: cache[n] for n in CB.PARAMS}
+    return CB.block_reference(CB.block_forward(P, cache["x"], cache["d_y"], cache["num_heads"], causal=True)[1])
+
+
+def validation_loss(P: dict, val_ids: np.ndarray, sizes: GPTSizes) -> float:
+    """Mean cross-entropy (nats/byte) over windows of L + 1 bytes, stride L, over all of ``val_ids`` (full windows
+    only), with the library's forward: the verdict of stage 4 is computed here, never where the student's code runs."""
+    L = sizes.context
+    wins = np.stack([val_ids[s0 : s0 + L + 1] for s0 in range(0, len(val_ids) - L - 1, L)])  # (W, L + 1)
+    with blas_single_threaded():
         total = sum(_loss(P, wins[i : i + 64], sizes) * len(wins[i : i + 64]) for i in range(0, len(wins), 64))
-    return total / len(wins), losses
+    return total / len(wins)
 
 
 def _loss(P: dict, ids: np.ndarray, s: GPTSizes) -> float:

@@ -15,7 +15,9 @@ function, list of args)`` -> the results of one call on each (caches dropped: fi
 ``("trim",)`` -> None, the caches dropped and the freed memory given back to the system; ``("measure", forward,
 backward)`` -> ``forward`` then ``backward`` once on the staged inputs (dropped), the results kept here, and the
 seconds this process counted (the checker measures the memory and the time itself, from outside); ``("measured",)``
--> those results, dropped here; ``("quit",)``.
+-> those results, dropped here; ``("train", params, train_ids, sizes, settings)`` -> exercise 15's stage 4
+(``checker.gpt_stages``): the parameters after ``gpt_child.train`` with the student's block backward, and the
+training losses; ``("quit",)``.
 Every call goes through ``student.call_checked`` (copies, mutation check) and any BaseException of the
 student's code (SystemExit, KeyboardInterrupt included) is a reply, never this process's end. The verdicts are
 not made here: the checker compares what comes back with its own reference, in its own process.
@@ -30,6 +32,7 @@ import os
 import sys
 import threading
 import time
+import types
 
 import numpy as np
 
@@ -199,6 +202,23 @@ class Server:
             _malloc_trim(0)
         return {"kind": "ok", "result": None}
 
+    def train(self, params: dict, train_ids, sizes: dict, settings: dict) -> dict:
+        """Exercise 15's stage 4: ``gpt_child.train`` (loaded from its file now, after optim.py) with the file's
+        ``capstone_block_backward`` and its pairs of ``gpt_child.GPT_PAIRS`` named in ``settings["pairs"]`` -> the
+        trained parameters and the training losses (the checker computes the validation loss itself)."""
+        trainer = types.ModuleType("gpt_child")
+        _exec_source(trainer, _guard.LIBRARY_DIR / "optim.py")
+        _exec_source(trainer, _guard.LIBRARY_DIR / "checker" / "gpt_child.py")
+        space = self.namespace
+        pairs = {n: (space[f"{n}_forward"], space[f"{n}_backward"]) for n in settings.get("pairs", ())}
+        try:
+            with np.errstate(all="ignore"):
+                P, losses, _ = trainer.train(params, train_ids, sizes, space["capstone_block_backward"], pairs,
+                                             **{k: settings[k] for k in ("steps", "batch", "lr", "seed")})  # fmt: skip
+        except BaseException as e:  # noqa: BLE001 - whatever the student's code raises is a verdict, not our end
+            return _raised(e)
+        return {"kind": "ok", "result": (P, [float(x) for x in losses])}
+
     def call_many(self, function: str, arg_lists: list) -> dict:
         """``call`` on each argument list (caches dropped); the first reply that is not a result ends it."""
         results = []
@@ -218,6 +238,7 @@ def _libc_malloc_trim():
 
 
 _clock, _collect, _malloc_trim = time.perf_counter, gc.collect, _libc_malloc_trim()  # bound before the file runs
+_exec_source = _guard._exec_source  # bound before the student's file runs
 
 
 def _watch_parent(interval: float = 0.5) -> None:
@@ -252,6 +273,7 @@ def main(namespace: dict | None = None) -> None:
         "measure": server.measure,
         "measured": server.measured,
         "trim": server.trim,
+        "train": server.train,
     }  # bound before the file runs
     send_reply(replies, {"kind": "ready"})
     while True:

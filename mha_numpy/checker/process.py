@@ -259,6 +259,24 @@ class ChildProcess:
         """The child drops its caches and gives its free heap back to the system (before a measured call)."""
         self._request(("trim",), function)
 
+    def train(self, params: dict, train_ids, sizes: dict, settings: dict, seconds: float) -> tuple[dict, list]:
+        """Exercise 15's stage 4 in the child (``Server.train``), stopped after ``seconds``: (parameters, losses)."""
+        self.deadline = time.monotonic() + seconds
+        return self._request(("train", params, train_ids, sizes, settings), "the training")
+
+    def cpu_seconds(self) -> float | None:
+        """The CPU time the child has used so far (user + system, read from /proc: the kernel's count, not the
+        student's), or None where there is no /proc or no child."""
+        if self.proc is None:
+            return None
+        try:
+            with open(f"/proc/{self.proc.pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            return None
+        fields = stat[stat.rfind(b")") + 2 :].split()  # after "pid (comm) ": state (field 3), ... utime (14), stime
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def _request(self, request: tuple, function: str):
         if self.proc is None:
             self._start()  # the last one died or was stopped: a fresh process, the file imported again

@@ -45,6 +45,14 @@ def add_parser(sub) -> None:
     teacher.add_argument("--score", metavar="OUT.json", default="results.json",
                          help="where --submit writes Gradescope's results.json, as otter-grader does (default "
                          "%(default)s)")  # fmt: skip
+    gpt = p.add_argument_group("exercise 15, the final project (docs/course.md)")
+    gpt.add_argument("--gpt", action="store_true", help="grade FILE as exercise 15, stage by stage: 0 your pairs, "
+                     "1 the block, 2 the causal block, 3 one training step, 4 the loss after training the GPT with "
+                     "your backward (at most 600 s of CPU time); the first stage that fails ends it")  # fmt: skip
+    gpt.add_argument("--training", choices=("full", "small", "off"), default=None,
+                     help="with --gpt, stage 4: full (default, the stated target), small (a one-block model on "
+                     "a slice of the text, seconds, its own target) or off (stages 0-3 only, while you "
+                     "iterate)")  # fmt: skip
     p.add_argument(
         "--timeout",
         type=positive_float,
@@ -73,11 +81,20 @@ def run(args: argparse.Namespace) -> int:
     if args.submit is None and args.cases is not None:
         print("check: --cases goes with --submit FILE (the teacher's mode)", file=sys.stderr)
         return EXIT_USAGE
+    if args.training is not None and not args.gpt:
+        print("check: --training goes with --gpt (exercise 15's stage 4)", file=sys.stderr)
+        return EXIT_USAGE
+    if args.gpt and args.submit is not None:
+        print("check: --gpt checks a FILE; --submit grades the pairs (not exercise 15's stages)", file=sys.stderr)
+        return EXIT_USAGE
     if args.submit is not None:
         return _submit(args)
+    gpt = (args.training or "full") if args.gpt else None
     try:
         systems = {"systems_size": None} if args.no_systems else {}
-        report = check_file(args.file, timeout=args.timeout, echo=lambda line: print(line, flush=True), **systems)
+        report = check_file(
+            args.file, timeout=args.timeout, echo=lambda line: print(line, flush=True), gpt=gpt, **systems
+        )
     except BadPath as e:
         print(f"check: {e}", file=sys.stderr)
         return EXIT_USAGE
