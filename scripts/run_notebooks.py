@@ -16,12 +16,14 @@ time budget (``--timeout``, default 60 s for the whole notebook; the kernel is i
 runs out). No timing metadata is recorded, so re-running a seeded notebook changes no numbers.
 ``tests/test_notebooks.py`` uses ``execute_notebook`` from here, so CI runs them the same way.
 
-Noise is not a change. Numbers that differ by rounding (another CPU's BLAS, AVX2 against AVX-512), PNGs whose
-bytes differ but whose pixels do not (within ``PIXEL_TOLERANCE``) and a stream split into other chunks
-(``meaningful``) are the same output (``same_output``): a cell whose
-new outputs are the same as its committed ones keeps the committed ones, and a notebook with no cell changed is not
-written at all, so a re-run leaves the tree as it was unless something really changed. ``--check`` writes nothing and
-lists each changed cell (exit 1), for a contributor to tell a real change from noise.
+Noise is not a change. Numbers that differ by rounding (another CPU's BLAS, AVX2 against AVX-512) printed in the
+same format, PNGs whose bytes differ but whose pixels do not (each within ``PIXEL_TOLERANCE``) and a stream split
+into other chunks (``meaningful``) are the same output (``same_output``); nothing else is noise: another printed
+format (``1.67e-16`` then ``1.7e-16``), a changed title or tick label in a figure, a timing. A cell is kept or
+replaced whole: when every one of its new outputs is the same as its committed one it keeps the committed ones,
+otherwise it takes all of the new run's (never a committed figure beside a new table). A notebook with no cell
+changed is not written at all, so a re-run leaves the tree as it was unless something really changed. ``--check``
+writes nothing and lists each changed cell (exit 1), for a contributor to tell a real change from noise.
 """
 
 from __future__ import annotations
@@ -47,7 +49,13 @@ NOTEBOOK_DIR = ROOT / "notebooks"
 DEFAULT_TIMEOUT = 60.0
 # two numbers are the same output when they agree to REL_TOLERANCE relative, or are both rounding-level small
 REL_TOLERANCE, NOISE_FLOOR = 1e-9, 1e-12
-PIXEL_TOLERANCE = 0.01  # mean |difference| of the decoded RGBA pixels, in 0..1, for two PNGs of one size
+# the largest |difference| of any channel of any pixel, in 0..1, for two PNGs of one size: one step of a 256-entry
+# colormap (at most 4.6/255 among matplotlib's, coolwarm's) is what a value on a bin edge moves by; a glyph, a tick
+# label or a line that moved changes pixels by up to 1, but by only ~0.001 on average (a mean lets it through)
+PIXEL_TOLERANCE = 5 / 255
+# a float printed in full (repr/str: the shortest string that reads back as it, 15 to 17 significant digits, or 0.0)
+# changes its length and notation with its value, not with its format
+FULL_DIGITS = 15
 NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
@@ -88,27 +96,45 @@ def execute_notebook(nb: nbformat.NotebookNode, cwd: Path, timeout: float = DEFA
     return nb
 
 
+def printed_format(number: str) -> tuple[bool, int | None]:
+    """How ``number`` is printed: in e-notation or not, and its digits after the point (None without a point)."""
+    mantissa = number.lower().partition("e")[0]
+    return "e" in number.lower(), len(mantissa.partition(".")[2]) if "." in mantissa else None
+
+
+def printed_in_full(number: str) -> bool:
+    """``number`` is a float's repr (``str(x)``, ``f"{x}"``) carrying every digit (FULL_DIGITS), or zero."""
+    digits = number.lower().partition("e")[0].replace(".", "").lstrip("+-0")
+    return repr(float(number)) == number and (float(number) == 0 or len(digits) >= FULL_DIGITS)
+
+
+def same_number(x: str, y: str) -> bool:
+    """Two printed numbers that differ by rounding only: in one format (or both floats printed in full), and equal to
+    REL_TOLERANCE relative or both below NOISE_FLOOR. Another format is a change even for two tiny numbers."""
+    if x == y:
+        return True
+    if printed_format(x) != printed_format(y) and not (printed_in_full(x) and printed_in_full(y)):
+        return False
+    u, v = float(x), float(y)
+    return abs(u - v) <= REL_TOLERANCE * max(abs(u), abs(v)) or max(abs(u), abs(v)) < NOISE_FLOOR
+
+
 def same_text(a: str, b: str) -> bool:
-    """The same text but for numbers that differ by rounding (REL_TOLERANCE, NOISE_FLOOR)."""
+    """The same text but for numbers that differ by rounding (``same_number``)."""
     if NUMBER.sub("#", a) != NUMBER.sub("#", b):
         return False
-    for x, y in zip(NUMBER.findall(a), NUMBER.findall(b), strict=True):
-        if x != y:
-            u, v = float(x), float(y)
-            if not (abs(u - v) <= REL_TOLERANCE * max(abs(u), abs(v)) or max(abs(u), abs(v)) < NOISE_FLOOR):
-                return False
-    return True
+    return all(map(same_number, NUMBER.findall(a), NUMBER.findall(b)))
 
 
 def same_png(a: str, b: str) -> bool:
-    """Two base64 PNGs with the same size and pixels within PIXEL_TOLERANCE (their bytes may differ)."""
+    """Two base64 PNGs with the same size and every pixel within PIXEL_TOLERANCE (their bytes may differ)."""
     if a == b:
         return True
     import numpy as np
     from matplotlib import image
 
     x, y = (image.imread(io.BytesIO(base64.b64decode(s)), format="png") for s in (a, b))
-    return x.shape == y.shape and float(np.abs(x.astype(float) - y.astype(float)).mean()) <= PIXEL_TOLERANCE
+    return x.shape == y.shape and float(np.abs(x.astype(float) - y.astype(float)).max()) <= PIXEL_TOLERANCE
 
 
 def same_output(a, b) -> bool:
@@ -142,8 +168,9 @@ def meaningful(outputs) -> list:
 
 
 def keep_committed(new: nbformat.NotebookNode, old: nbformat.NotebookNode) -> list[int]:
-    """Give each cell of ``new`` whose outputs are ``old``'s but for noise ``old``'s outputs; the indices of the
-    code cells that really changed (all of them when the cells themselves differ; a cell ``old`` never ran too)."""
+    """Give each cell of ``new`` whose outputs are all ``old``'s but for noise ``old``'s outputs, all of them; a cell
+    with one output changed keeps all of the new run's. The indices of the code cells that really changed (all of
+    them when the cells themselves differ; a cell ``old`` never ran too)."""
     changed = []
     cells = zip(new.cells, old.cells, strict=False) if len(new.cells) == len(old.cells) else []
     if not cells:

@@ -147,3 +147,56 @@ def test_grade_cases_defaults_are_the_students_cases_one_point_each():
     assert GradeCases() == parse_cases({})
     grade = grade_namespace(_solutions("ex08_layer_norm"))
     assert [(t["name"], t["score"]) for t in grade.tests] == [("layer_norm_forward", 1.0), ("layer_norm_backward", 1.0)]
+
+
+FLASH_CASES = {"points": {"flash_attention_forward": 1, "flash_attention_backward": 2, "flash_attention_systems": 4}}
+SYSTEMS_L = 2048  # the stage's default is 4096: half keeps these fast (tests/test_checker_systems.py does the same)
+
+
+def test_submit_grades_exercise_13s_systems_stage_as_a_test_of_its_own(monkeypatch):
+    """--submit ran exercise 13's numbers only: a flash pair that builds the whole (L, L) matrix scored full marks."""
+    from functools import partial
+
+    from mha_numpy.checker import grading, resident, systems
+
+    full_matrix = ROOT / "tests" / "data" / "students" / "flash_full_matrix.py"
+    grade = grading.grade_file(full_matrix, systems_size=SYSTEMS_L)  # no cases file: 1 point for the stage
+    by_name = {t["name"]: t for t in grade.tests}
+    assert list(by_name) == ["flash_attention_forward", "flash_attention_backward", "flash_attention_systems"]
+    stage = by_name["flash_attention_systems"]
+    assert (stage["score"], stage["max_score"], stage["status"]) == (0.0, 1.0, "FAIL"), stage
+    assert "memory" in stage["detail"].split(": ")[0] and (grade.points, grade.max_points) == (2.0, 3.0)
+
+    cases = parse_cases(FLASH_CASES)  # the solution, its time against any load (the targets: test_checker_systems)
+    monkeypatch.setattr(grading, "check_systems", partial(systems.check_systems, time_ratio=1e9, repeats=1))
+    stage = grading.grade_file(SOLUTIONS / "ex13_flash_backward.py", cases, systems_size=SYSTEMS_L).tests[-1]
+    assert (stage["name"], stage["score"], stage["status"]) == ("flash_attention_systems", 4.0, "PASS"), stage
+    monkeypatch.setattr(resident, "available", lambda pid=None: False)  # no /proc: not measured is 0, never a pass
+    stage = grading.grade_file(SOLUTIONS / "ex13_flash_backward.py", cases, systems_size=SYSTEMS_L).tests[-1]
+    assert (stage["score"], stage["max_score"], stage["status"]) == (0.0, 4.0, "not measured"), stage
+
+
+def test_submit_no_systems_lists_the_stage_skipped_at_0_points_and_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cases.json").write_text(json.dumps(FLASH_CASES))
+    solution = str(SOLUTIONS / "ex13_flash_backward.py")
+    assert main(["check", "--submit", solution, "--cases", "cases.json", "--no-systems"]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    stage = results["tests"][-1]
+    assert (stage["name"], stage["score"], stage["max_score"], stage["status"]) == (
+        "flash_attention_systems", 0.0, 4.0, "failed"
+    )  # fmt: skip
+    assert stage["output"] == "skipped: not measured (--no-systems): 0 points, not a pass" and results["score"] == 3.0
+    assert "flash_attention_systems: skipped (--no-systems)" in results["output"]
+    out = capsys.readouterr().out
+    assert "flash_attention_systems   0/4  skipped" in out and "flash_attention_systems: skipped (--no-systems)" in out
+
+
+def test_the_systems_stage_is_not_measured_in_a_notebooks_namespace_nor_run_on_a_failing_pair():
+    namespace = _solutions("ex13_flash_backward")
+    assert "flash_attention_systems" not in [t["name"] for t in grade_namespace(namespace).tests]  # nbgrader's default
+    stage = grade_namespace(namespace, FLASH_CASES).tests[-1]
+    assert (stage["score"], stage["status"]) == (0.0, "not measured") and "check --submit" in stage["detail"]
+    namespace["flash_attention_backward"] = lambda d_o, cache: (d_o, d_o, d_o)
+    stage = grade_namespace(namespace, FLASH_CASES).tests[-1]
+    assert (stage["score"], stage["status"]) == (0.0, "not run") and "do not both pass" in stage["detail"], stage

@@ -95,3 +95,57 @@ def test_a_silent_cell_never_run_before_takes_its_new_count():
     assert [c.execution_count for c in rerun.cells] == [1, 2]
     again = copy.deepcopy(rerun)  # run once more: nothing changed, the saved counts stay
     assert rn.keep_committed(again, rerun) == [] and [c.execution_count for c in again.cells] == [1, 2]
+
+
+def figure(title: str, ticks=(128, 512, 1024), scale: float = 1.0, software: str = "x") -> str:
+    """A small line plot as a notebook saves it (base64 PNG at dpi 80), titled ``title``, its x ticks at ``ticks``."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(3, 2), dpi=80)
+    ax = fig.subplots()
+    ax.plot([128, 256, 512, 1024], [0.0037 * scale, 0.0075 * scale, 0.0879 * scale, 0.2071 * scale], marker="o")
+    ax.set(title=title, xticks=ticks)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": software})
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def test_a_figure_changed_in_its_text_is_a_change_and_a_cell_is_replaced_whole():
+    """Notebook 05 was saved with its figure titled "load 8.6" (kept, an old run) under a table of the new run saying
+    "load 10.0": the PNGs were compared by their mean pixel difference, ~0.001 for a changed title or tick label."""
+    old = figure("load 8.6")
+    assert rn.same_png(old, figure("load 8.6", scale=1 + 1e-12, software="y"))  # rounding, other bytes: noise
+    assert not rn.same_png(old, figure("load 10.0"))
+    assert not rn.same_png(old, figure("load 8.6", ticks=(128, 256, 1024)))
+
+    def two_cells(load: str, title: str, software: str):
+        nb = nbformat.v4.new_notebook()
+        table, plot = nbformat.v4.new_code_cell("print(table)"), nbformat.v4.new_code_cell("print(err); fig")
+        table.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"load {load}\n")]
+        plot.outputs = [
+            nbformat.v4.new_output("stream", name="stdout", text="max err 2.2e-06\n"),
+            nbformat.v4.new_output("display_data", data={"image/png": figure(title, software=software)}),
+        ]
+        nb.cells = [table, plot]
+        return nb
+
+    committed = two_cells("8.6", "load 8.6", "x")
+    rerun = two_cells("10.0", "load 10.0", "y")
+    assert rn.keep_committed(rerun, copy.deepcopy(committed)) == [0, 1]
+    assert rerun.cells[1].outputs[1].data["image/png"] == figure("load 10.0", software="y")  # the new figure
+    # a cell whose figure is the same but for its bytes and whose text changed takes all its new outputs, figure too
+    rerun = two_cells("8.6", "load 8.6", "y")
+    rerun.cells[1].outputs[0].text = "max err 3.1e-06\n"
+    assert rn.keep_committed(rerun, copy.deepcopy(committed)) == [1]
+    assert rerun.cells[1].outputs[1].data["image/png"] == figure("load 8.6", software="y")
+
+
+def test_a_number_printed_in_another_format_is_a_change():
+    """A report's format went from .2e to .1e: both numbers are below NOISE_FLOOR, and the old text was kept."""
+    assert not rn.same_text("max err 1.67e-16\n", "max err 1.7e-16\n")
+    assert not rn.same_text("loss 0.50\n", "loss 0.5\n") and not rn.same_text("lr 1e-05", "lr 1.0e-05")
+    assert rn.same_text("max err 2.3e-16\n", "max err 1.1e-16\n")  # one format, rounding-level: noise
+    # a float printed in full changes its length and notation with its value: two such are one format
+    assert rn.same_text("err 1.6653345369377348e-16", "err 2.220446049250313e-16")
+    assert rn.same_text("err 0.0", "err 1.1102230246251565e-16")
+    assert not rn.same_text("err 0.0", "err 1.1e-16")

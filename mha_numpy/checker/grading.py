@@ -15,6 +15,13 @@ not the maths fails. Each function in ``points`` is a test: its points when it P
 missing, or the library's own function imported under the exercise's name). Without a cases file, every known
 function the file defines is worth 1 point, on the cases students see.
 
+Exercise 13's systems stage (``checker.systems``: the flash pair's peak memory and time at L = 4096, measured from
+outside the file's process against the library's chunked kernel, ~10 s) is the test ``flash_attention_systems``,
+run when the file's flash pair passes its numbers, worth ``points["flash_attention_systems"]`` or, when the pair is
+graded and the cases file names no points for it, ``SYSTEMS_POINTS``. A pair that does not pass, a stage "not
+measured" (no /proc) or a memory target "not confirmed" score 0; ``check --submit --no-systems`` lists it as skipped
+at 0 points.
+
 An exercise notebook's inline questions are tests too (``checker.written``, read from the notebook without running
 it): each short answer worth its form's points, each written answer at 0 of its rubric's points, ``manual``, for the
 teacher to grade with the rubric shown beside the student's text.
@@ -39,6 +46,8 @@ from .load import BadPath, CannotRun, StudentFileError, check_path, code_cells
 from .process import DEFAULT_TIMEOUT, ChildProcess
 from .runner import CAPSTONES, Row, check_student, plan
 from .student import InProcess
+from .systems import NOT_MEASURED, check_systems
+from .systems import SIZE as SYSTEMS_SIZE
 from .written import written_tests
 
 VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")  # Gradescope's
@@ -47,6 +56,10 @@ LIBRARY_DIR = Path(__file__).resolve().parents[1]
 # what the exercises' own cells import from the library: the checker, and train (exercise 9 trains with it). In a
 # file's child process these are stand-ins that hold no answer (checker.guard); everything else is refused there.
 ALLOWED = ("mha_numpy.checker", "mha_numpy.train", "mha_numpy.optim")
+SYSTEMS = "flash_attention_systems"  # exercise 13's systems stage: its test's name and its key in a cases file
+SYSTEMS_POINTS = 1.0  # its worth when the flash pair is graded and the cases file names none (1, as a function's)
+FLASH = ("flash_attention_forward", "flash_attention_backward")  # the pair whose numbers must pass first
+SYSTEMS_SKIPPED = "skipped (--no-systems): the flash pair's memory and time were not measured, 0 points, not a pass"
 
 
 class BadCases(BadPath):
@@ -67,7 +80,7 @@ def known_functions() -> set[str]:
     """Every function name the checker grades."""
 
     names = {f"{p.name}_{side}" for p in cases.PAIRS for side in ("forward", "backward")}
-    return names | {cases.ONLINE_SOFTMAX} | {c.function for c in CAPSTONES}
+    return names | {cases.ONLINE_SOFTMAX} | {c.function for c in CAPSTONES} | {SYSTEMS}
 
 
 def parse_cases(data, source: str = "cases") -> GradeCases:
@@ -120,6 +133,11 @@ class Grade:
     visibility: str = "visible"
 
     @property
+    def systems_skipped(self) -> bool:
+        """Exercise 13's systems stage was graded and skipped (``--no-systems``)."""
+        return any(t["name"] == SYSTEMS and t["status"] == "skipped" for t in self.tests)
+
+    @property
     def points(self) -> float:
         return float(sum(t["score"] for t in self.tests))
 
@@ -132,6 +150,7 @@ class Grade:
         output = [f"{self.source}: {self.points:g} of {self.max_points:g} points"]
         output += [f"cannot be run: {self.error}"] if self.error else []
         output += [f"warning: {w}" for w in self.warnings]
+        output += [f"{SYSTEMS}: {SYSTEMS_SKIPPED}"] if self.systems_skipped else []
         manual = [t for t in self.tests if t.get("manual")]
         if manual:
             output.append(f"{sum(t['max_score'] for t in manual):g} points of written answers await grading by hand "
@@ -151,6 +170,7 @@ class Grade:
         lines = [f"{t['name']:<{width}}  {t['score']:g}/{t['max_score']:g}  {t['status']}" for t in self.tests]
         lines += [f"cannot be run: {self.error}"] if self.error else []
         lines += [f"warning: {w}" for w in self.warnings]
+        lines += [f"{SYSTEMS}: {SYSTEMS_SKIPPED}"] if self.systems_skipped else []
         return "\n".join([*lines, f"{self.points:g} of {self.max_points:g} points"])
 
 
@@ -193,21 +213,58 @@ def library_origin(fn) -> str:
     return ".".join(module.parts) + "." + code.co_name
 
 
-def _tests(rows: list[Row], modules: dict[str, str], cases: GradeCases, found: list[str]) -> list[dict]:
+def _status(name: str, row: Row | None, module: str) -> tuple[str, str]:
+    """A graded function's status and detail: its row's, "missing", or FAIL for the library's own function."""
+    if row is None:
+        return "missing", f"{name} is not defined in the submission"
+    if module.startswith(LIBRARY + ".") or module == LIBRARY:
+        return "FAIL", f"{name} is {module}'s own function, imported: not the submission's work"
+    detail = row.detail + (f" (relation: {row.relation})" if row.relation else "")
+    return row.status, detail + (f" (diagnosis: {row.diagnosis})" if row.bug else "")
+
+
+def flash_passes(rows: list[Row], modules: dict[str, str]) -> bool:
+    """Exercise 13's pair passes its numbers, as the submission's own work: the systems stage may be run."""
     by_name = {r.function: r for r in rows}
-    points = cases.points if cases.points is not None else {name: 1.0 for name in plan(found)}
+    return all(_status(name, by_name.get(name), modules.get(name, ""))[0] == "PASS" for name in FLASH)
+
+
+def systems_points(cases: GradeCases, found: list[str], measurable: bool = True) -> float | None:
+    """The systems stage's worth when it is graded, else None: named in ``points``; or, for a file (``measurable``),
+    the flash pair graded (both in ``points``, or without points both defined) at ``SYSTEMS_POINTS``."""
+    if cases.points is not None and SYSTEMS in cases.points:
+        return cases.points[SYSTEMS]
+    graded = set(cases.points) if cases.points is not None else set(plan(found))
+    return SYSTEMS_POINTS if measurable and set(FLASH) <= graded else None
+
+
+def _systems_status(rows: list[Row], modules: dict[str, str], systems: Row | None) -> tuple[str, str]:
+    """The systems test's status and detail: skipped, not run (the pair fails), or the stage's row."""
+    if systems is not None and systems.status == "skipped":
+        return "skipped", systems.detail
+    if not flash_passes(rows, modules):
+        return "not run", f"{' and '.join(FLASH)} do not both pass their numbers: the stage needs them (0 points)"
+    if systems is None:
+        return "not run", "the stage was not run (0 points)"
+    return systems.status, systems.detail
+
+
+def _tests(
+    rows: list[Row], modules: dict[str, str], cases: GradeCases, found: list[str], systems: Row | None = None,
+    measurable: bool = True,
+) -> list[dict]:  # fmt: skip
+    by_name = {r.function: r for r in rows}
+    points = dict(cases.points) if cases.points is not None else {name: 1.0 for name in plan(found)}
+    worth = systems_points(cases, found, measurable)
+    if worth is not None:
+        points.setdefault(SYSTEMS, worth)  # after the functions when the cases file does not place it
     tests = []
     for name, worth in points.items():
-        row = by_name.get(name)
-        module = modules.get(name, "")
-        if row is None:
-            status, detail = "missing", f"{name} is not defined in the submission"
-        elif module.startswith(LIBRARY + ".") or module == LIBRARY:
-            status, detail = "FAIL", f"{name} is {module}'s own function, imported: not the submission's work"
+        if name == SYSTEMS:
+            status, detail = _systems_status(rows, modules, systems)
         else:
-            status, detail = row.status, row.detail + (f" (relation: {row.relation})" if row.relation else "")
-            detail += f" (diagnosis: {row.diagnosis})" if row.bug else ""
-        score = worth if status == "PASS" else 0.0
+            status, detail = _status(name, by_name.get(name), modules.get(name, ""))
+        score = worth if status == "PASS" else 0.0  # "not measured", "not confirmed" (a FAIL), skipped: 0
         tests.append({"name": name, "score": score, "max_score": worth, "status": status, "detail": detail})
     return tests
 
@@ -265,8 +322,24 @@ def namespace_imports(namespace: dict) -> list[str]:
     return sorted(set(found))
 
 
-def grade_file(path, cases: GradeCases | None = None, timeout: float = DEFAULT_TIMEOUT) -> Grade:
+def _run_systems(child: ChildProcess, size: int) -> Row:
+    """The systems stage's row for ``child``, measured from here before it is closed; a stage that stops is 0 points,
+    and the functions already graded keep their rows."""
+    try:
+        return check_systems(child, size)
+    except StudentFileError as e:  # the file's process could not be restarted for the stage
+        return Row(SYSTEMS, "FAIL", f"the stage could not run the file: {e}")
+    except Exception as e:  # noqa: BLE001 - the library's process, the machine: said, never a pass
+        return Row(SYSTEMS, NOT_MEASURED, f"the stage stopped: {type(e).__name__}: {str(e)[:200]}")
+
+
+def grade_file(
+    path, cases: GradeCases | None = None, timeout: float = DEFAULT_TIMEOUT, systems_size: int | None = SYSTEMS_SIZE
+) -> Grade:
     """Grade the .py file or notebook at ``path`` in a child process (``check_file``'s isolation and time limit).
+
+    When the systems stage is graded (``systems_points``) and the flash pair passes, the stage runs at
+    L = ``systems_size`` (None: skipped, ``check --submit --no-systems``: the test says so, at 0 points).
 
     BadPath when ``path`` is not a checkable file; a file that cannot be run gets a Grade with ``error`` set and
     every test at 0 (so an autograder still writes a score file).
@@ -283,15 +356,20 @@ def grade_file(path, cases: GradeCases | None = None, timeout: float = DEFAULT_T
         grade.error = str(e)
         grade.tests = _tests([], {}, cases, []) + written_tests(path)  # the written answers need nothing to run
         return grade
+    systems = None
     try:
         rows = check_student(child, _only(cases), seed=cases.seed)
+        if systems_points(cases, child.names) is not None and systems_size is None:
+            systems = Row(SYSTEMS, "skipped", "not measured (--no-systems): 0 points, not a pass")
+        elif systems_points(cases, child.names) is not None and flash_passes(rows, child.modules):
+            systems = _run_systems(child, systems_size)
     except StudentFileError as e:
         grade.error, rows = str(e), []
     finally:
         child.close()
     refused = sorted(set(child.refused) - set(imports))  # imports the source does not spell (importlib, __import__)
     grade.warnings = _warnings(sorted(set(imports) | set(refused)))
-    grade.tests = _tests(rows, child.modules, cases, child.names) + written_tests(path)
+    grade.tests = _tests(rows, child.modules, cases, child.names, systems) + written_tests(path)
     return grade
 
 
@@ -303,7 +381,8 @@ def failed_grade(path, cases: GradeCases | None, error: str) -> Grade:
 
 def grade_namespace(namespace: dict, cases: GradeCases | dict | None = None) -> Grade:
     """Grade the functions of a notebook's namespace (``globals()``), in this process: an nbgrader test cell ends
-    with ``grade_namespace(globals(), {"seed": ..., "points": {...}}).points``, its partial credit."""
+    with ``grade_namespace(globals(), {"seed": ..., "points": {...}}).points``, its partial credit. Exercise 13's
+    systems stage cannot be measured here: graded only when ``points`` names it, and then "not measured", 0."""
     cases = parse_cases(cases) if isinstance(cases, dict) else (cases or GradeCases())
     student = InProcess(namespace)
     rows = check_student(student, _only(cases), seed=cases.seed)
@@ -311,6 +390,9 @@ def grade_namespace(namespace: dict, cases: GradeCases | dict | None = None) -> 
     for name in student.names:
         origin = library_origin(namespace[name]).rpartition(".")[0]  # the library's function, however dressed
         modules[name] = origin or str(getattr(namespace[name], "__module__", "") or "")
-    grade = Grade("the notebook", _tests(rows, modules, cases, student.names), visibility=cases.visibility)
+    in_process = Row(SYSTEMS, NOT_MEASURED, "the stage measures a file's process from outside, not a notebook's "
+                     "namespace: grade the notebook with check --submit (0 points)")  # fmt: skip
+    tests = _tests(rows, modules, cases, student.names, in_process, measurable=False)
+    grade = Grade("the notebook", tests, visibility=cases.visibility)
     grade.warnings = _warnings(namespace_imports(namespace), in_child=False)
     return grade
