@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import bugs, cases
+from .gpt_stages import STAGES, TRAININGS, check_gpt
 from .load import BadPath, CannotRun, StudentFileError, check_path, load_student
 from .process import DEFAULT_TIMEOUT, ChildProcess
 from .runner import CAPSTONES, NOT_DONE, Row, check_student, plan
@@ -114,8 +115,6 @@ def _check(
 ) -> CheckReport:
     report = CheckReport(source=source, ignored=_ignored(student.names, only), planned=plan(student.names, only))
     if gpt is not None:  # exercise 15: its stages instead of one row per function (checker.gpt_stages)
-        from .gpt_stages import STAGES, TRAININGS, check_gpt
-
         report.ignored, report.planned, report.unit = [], list(STAGES), "stages"
 
     def on_row(row: Row) -> None:

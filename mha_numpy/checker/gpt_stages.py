@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..data import corpus
 from ..threads import blas_single_threaded
 from . import capstone_block as CB
 from . import capstone_gpt as G
@@ -127,8 +128,6 @@ def stage_step(student, pairs: dict) -> Row:
 def corpus_split(training: Training) -> tuple[np.ndarray, np.ndarray, float]:
     """The byte ids of the training and validation split (sliced as ``training`` says) and the best bigram's
     validation cross-entropy on them (nats/byte)."""
-    from ..data import corpus
-
     split, tok = corpus.load_split(), corpus.ByteTokenizer()
     train_ids = tok.encode(split.train)[: training.train_bytes]
     val_ids = tok.encode(split.validation)[: training.val_bytes]

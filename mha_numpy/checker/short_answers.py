@@ -31,6 +31,7 @@ import numpy as np
 
 from .. import functional as F
 from ..models import layers
+from ..recurrent import delta_rule as rule
 from . import answers, bugs
 from . import delta_rule as DR
 from .answers import Judge, Verdict, choice, choices, exactly, numbers
@@ -221,8 +222,6 @@ def _delta_differs(wrong, last_token_only: bool) -> list[str]:
 
 def _kda_dg_shape() -> tuple[int, ...]:
     """The shape of ḡ with one decay per key channel (g: (B, H, L, dk)), by the library's recurrent backward."""
-    from ..recurrent import delta_rule as rule
-
     q, k, v, g, beta, S0, d_o = _delta_case(per_channel=True)
     _, cache = rule.delta_rule_recurrent_forward(q, k, v, g, beta, S0, checkpoint=2)
     return rule.delta_rule_recurrent_backward(d_o, None, cache)[3].shape

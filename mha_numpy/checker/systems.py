@@ -35,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import resident
+from ..kernels import ChunkedKernel
+from . import child, resident
 from .process import ChildProcess
 from .runner import Row
 
@@ -65,9 +66,6 @@ def inputs(size: int, head_dim: int = HEAD_DIM, seed: int = 0):
 def serve_library() -> None:
     """The library's process: ``checker.child``'s loop serving the chunked kernel (one thread) as the exercise's
     pair, so that it is measured exactly as the student's is."""
-    from ..kernels import ChunkedKernel
-    from . import child
-
     kernel = ChunkedKernel(num_threads=1)
 
     def forward(q, k, v, mask, block):
