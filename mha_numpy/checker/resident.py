@@ -80,15 +80,13 @@ def reset_high_water(pid: int) -> bool:
     return True
 
 
-def tree(pid: int) -> list[int]:
-    """``pid``, its descendants, and the processes of its session (``pid`` leads one: the checker's child): one scan
-    of ``/proc``. A process that left the session and was re-parented (a double fork, then setsid) is not found."""
-    parents: dict[int, list[int]] = {}
-    found = {pid}
+def processes() -> list[tuple[int, int, int]] | None:
+    """(pid, parent pid, session) of every process, from one scan of ``/proc``; None where there is no ``/proc``."""
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return [pid]
+        return None
+    found = []
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -99,9 +97,20 @@ def tree(pid: int) -> list[int]:
             continue
         fields = stat[stat.rfind(b")") + 2 :].split()  # after "pid (comm) ": state, ppid, pgrp, session, ...
         if len(fields) > 3:
-            parents.setdefault(int(fields[1]), []).append(int(entry))
-            if int(fields[3]) == pid:
-                found.add(int(entry))
+            found.append((int(entry), int(fields[1]), int(fields[3])))
+    return found
+
+
+def tree(pid: int) -> list[int]:
+    """``pid``, its descendants, and the processes of its session (``pid`` leads one: the checker's child): one scan
+    of ``/proc``. A process that left the session and was re-parented (a double fork, then setsid) is not found."""
+    table = processes()
+    if table is None:
+        return [pid]
+    parents: dict[int, list[int]] = {}
+    for child, parent, _ in table:
+        parents.setdefault(parent, []).append(child)
+    found = {child for child, _, session in table if session == pid}
     todo, seen = [pid], {pid}
     while todo:  # the descendants, breadth first
         for child in parents.get(todo.pop(), []):
