@@ -324,6 +324,26 @@ def test_a_right_backward_behind_a_wrong_cache_is_told_so():
     assert "reference forward's cache" not in check_namespace(ns, only=["softmax"])["softmax_backward"].detail
 
 
+def test_a_cache_that_the_next_forward_overwrites_fails_and_is_told_so():
+    """A forward that returns one module-level buffer as its cache (trial h13): the checker calls the forward on
+    other values between a forward and its backward, as two layers would, so the backward reads the later call's
+    weights and FAILs, and the relation says the cache shares memory with what the next call overwrites. The
+    solutions (every other test here) pass with that extra call."""
+    ns = correct_namespace()
+    buffers: dict = {}
+
+    def softmax_forward(x):
+        p, _ = ns["softmax_forward"](x)
+        buffer = buffers.setdefault(p.shape, np.empty(p.shape))
+        buffer[...] = p
+        return p, buffer
+
+    report = check_namespace({"softmax_forward": softmax_forward, "softmax_backward": ns["softmax_backward"]})
+    assert report["softmax_forward"].status == "PASS", str(report)
+    row = report["softmax_backward"]
+    assert row.status == "FAIL" and "shares memory with state the next call overwrites" in row.relation, str(report)
+
+
 def test_a_flash_backward_with_d_from_the_whole_rows_p_dp_passes():
     """D = Σ_j P_j ∘ dP_j over the whole row equals rowsum(dO ∘ O): a correct variant, not the tile-D bug."""
     from mha_numpy.checker import load_student

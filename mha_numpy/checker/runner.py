@@ -216,6 +216,7 @@ def check_backward(pair: Pair, student, own_forward: bool, rng, forward_failed: 
 
         if own_forward:
             out, cache = _out(student.call(forward_name, case.args))
+            _another_forward(student, forward_name, case)  # a cache that a later call overwrites shows now
         else:
             out, cache = pair.forward(*case.values())
         # a random upstream gradient, never ones: an all-ones one hides a swapped transpose or a mean-for-sum
@@ -256,6 +257,11 @@ def check_backward(pair: Pair, student, own_forward: bool, rng, forward_failed: 
                     said = (f"d{name} (in {function}) is right when it reads the reference forward's cache: the cache "
                             f"{forward_name} returns is what is wrong (a value changed after it was stored, or "
                             "another quantity than the backward reads); store what the backward needs")  # fmt: skip
+                    if _right_straight_after_forward(student, pair, case, d_out, expected, scale):
+                        said = (f"d{name} (in {function}) is right when the backward runs straight after its forward, "
+                                f"wrong when another {forward_name} call comes between: the cache shares memory with "
+                                "state the next call overwrites (a module-level buffer, an attribute kept between "
+                                "calls); return this call's own arrays")  # fmt: skip
                     raise _Failed(problem, lambda: matching_bug(function, got, run_variant, scale, expected),
                                   relation=said + ".")  # fmt: skip
                 said = _relation(pair, case, name, got, expected, scale, d_out)
@@ -336,6 +342,33 @@ def _right_on_reference_cache(student, pair: Pair, case: Case, d_out, expected: 
     except (Abort, StudentFileError):
         raise
     except Exception:  # noqa: BLE001 - a backward written for its own cache's layout: no hint
+        return False
+    return all(compare(n, got.get(n), expected[n], scale) is None for n in pair.owed(case))
+
+
+def _another_forward(student, forward_name: str, case: Case) -> None:
+    """Call the student's forward once on other values of the same shapes (every float array halved and shifted),
+    its result dropped: between a forward and its backward, as when two layers run forward before either runs
+    backward. A cache that shares memory with what that call overwrites then gives a wrong backward. A crash here is
+    not this check's verdict (the case's own calls give it)."""
+    other = [(n, v * 0.5 + 0.25 if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v) for n, v in case.args]
+    try:
+        student.call(forward_name, other, keep_cache=False)
+    except (Abort, StudentFileError):
+        raise
+    except Exception:  # noqa: BLE001, S110 - the student's forward on other values: judged on the case's own
+        pass
+
+
+def _right_straight_after_forward(student, pair: Pair, case: Case, d_out, expected: dict, scale: float) -> bool:
+    """True when the student's backward is right on the cache of a forward called just before it (no other call
+    between): its wrong gradient came from the forward call that ``_another_forward`` made in between."""
+    try:
+        cache = _out(student.call(f"{pair.name}_forward", case.args))[1]
+        got = gradients(pair, student.call(f"{pair.name}_backward", [("d_out", d_out), ("cache", cache)]), case)
+    except (Abort, StudentFileError):
+        raise
+    except Exception:  # noqa: BLE001 - any other failure: not this hint
         return False
     return all(compare(n, got.get(n), expected[n], scale) is None for n in pair.owed(case))
 
