@@ -344,6 +344,28 @@ def test_a_cache_that_the_next_forward_overwrites_fails_and_is_told_so():
     assert row.status == "FAIL" and "shares memory with state the next call overwrites" in row.relation, str(report)
 
 
+def test_right_gradients_returned_in_the_wrong_order_are_told_so():
+    """A backward returning (dk, dq) for (dq, dk) (trial o29): the relation says the order it returns and the
+    right one, whether the shapes differ (Lq != Lk) or not; a wrong gradient in the right order gets no such line."""
+    ns = correct_namespace()
+
+    def swapped(d_out, cache):
+        dq, dk = ns["attention_scores_backward"](d_out, cache)
+        return dk, dq
+
+    ns_swapped = {"attention_scores_forward": ns["attention_scores_forward"], "attention_scores_backward": swapped}
+    row = check_namespace(ns_swapped)["attention_scores_backward"]
+    assert row.status == "FAIL" and "it returns (dk, dq); the order is (dq, dk)" in row.relation, row.relation
+
+    def halved(d_out, cache):
+        dq, dk = ns["attention_scores_backward"](d_out, cache)
+        return dq, dk / 2
+
+    ns_halved = {"attention_scores_forward": ns["attention_scores_forward"], "attention_scores_backward": halved}
+    row = check_namespace(ns_halved)["attention_scores_backward"]
+    assert row.status == "FAIL" and "order" not in row.relation, row.relation
+
+
 def test_a_flash_backward_with_d_from_the_whole_rows_p_dp_passes():
     """D = Σ_j P_j ∘ dP_j over the whole row equals rowsum(dO ∘ O): a correct variant, not the tile-D bug."""
     from mha_numpy.checker import load_student

@@ -14,6 +14,7 @@ right one (``relations``: a factor, a transpose, a sum, a path, a part), then ma
 from __future__ import annotations
 
 import copy
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -264,10 +265,29 @@ def check_backward(pair: Pair, student, own_forward: bool, rng, forward_failed: 
                                 "calls); return this call's own arrays")  # fmt: skip
                     raise _Failed(problem, lambda: matching_bug(function, got, run_variant, scale, expected),
                                   relation=said + ".")  # fmt: skip
-                said = _relation(pair, case, name, got, expected, scale, d_out)
+                said = _order(pair, case, result, expected, scale) or _relation(
+                    pair, case, name, got, expected, scale, d_out
+                )
                 raise _Failed(problem, lambda: matching_bug(function, got, run_variant, scale, expected), relation=said)
 
     return run_cases(function, pair.cases(rng), run_case, student)
+
+
+def _order(pair: Pair, case: Case, result, expected: dict, scale: float) -> str:
+    """The sentence for a backward that returns the right gradients in another order than the forward's inputs
+    ("returns (dk, dq); the order is (dq, dk)"), or "" (a dict, another count, or no order of them is right)."""
+    given = pair.owed(case)
+    if not isinstance(result, tuple | list) or len(result) != len(given) or not 2 <= len(given) <= 5:
+        return ""
+    for order in itertools.permutations(range(len(given))):  # order[i]: the position that holds d(given[i])
+        if order != tuple(range(len(given))) and all(
+            compare(n, result[j], expected[n], scale) is None for n, j in zip(given, order)
+        ):
+            returned = [given[order.index(j)] for j in range(len(given))]
+            said, right = ", ".join(f"d{n}" for n in returned), ", ".join(f"d{n}" for n in given)
+            return (f"{pair.name}_backward returns the right gradients in the wrong order: it returns ({said}); the "
+                    f"order is ({right}), the forward's inputs' order.")  # fmt: skip
+    return ""
 
 
 def _zeros_for_absent(pair: Pair, result, case: Case) -> str:
