@@ -52,6 +52,28 @@ def test_a_factor_is_named_by_the_computation_before_the_arrays_sizes_and_by_eve
     assert "a factor 1/(the number of heads) is missing" in R.constant_factor(3 * WANT, WANT, SCALE, names)
 
 
+def test_a_factor_found_on_several_cases_is_named_by_the_labels_that_fit_it_on_every_one():
+    """√d = the heads = 2 on the first case, √d = √3 on the second (trial o03, dv divided by the heads): the heads fit
+    both, √d only the first; a factor that is 1/√d on both is named 1/√d alone; one case, or a sentence that is not a
+    constant factor's, is left as it was."""
+    sizes = {"the batch size": 2, "the number of heads": 2}
+    first, second = R.factor_names(sizes, d=4), R.factor_names(sizes, d=3)
+
+    def said(c1, c2):
+        return [(f"dv {R.constant_factor(c1 * WANT, WANT, SCALE, first)}.", first),
+                (f"dv {R.constant_factor(c2 * WANT, WANT, SCALE, second)}.", second)]  # fmt: skip
+
+    over_heads = R.agreed_factor(said(0.5, 0.5))
+    assert "is 1/√d or 1/2 (= 0.5)" in said(0.5, 0.5)[0][0]  # the first case alone: √d before the sizes
+    assert "1/(the number of heads)" in over_heads and "√d" not in over_heads, over_heads
+    assert "a factor the batch size or the number of heads or 2 is missing" in over_heads, over_heads
+    unscaled = R.agreed_factor(said(0.5, 1 / np.sqrt(3)))
+    assert "is 1/√d (= 0.5) times" in unscaled and "a factor √d is missing" in unscaled, unscaled
+    assert R.agreed_factor(said(0.5, 0.5)[:1]) == said(0.5, 0.5)[0][0]
+    other = [("dv has the wrong sign.", first), said(0.5, 0.5)[1]]
+    assert R.agreed_factor(other) == "dv has the wrong sign."
+
+
 def test_swapped_axes_sees_a_transpose_and_two_swapped_axes():
     square = RNG.standard_normal((4, 4))
     assert "transpose" in R.swapped_axes(square.T, square, 1.0)

@@ -7,7 +7,8 @@ returns the end of a sentence, or None:
 - ``missing``: None or all zeros where the reference is non-zero (``zeros_for_none``: zeros where it is None);
 - ``constant_factor``: got = c · want, c fitted by least squares and named (``factor_names``: √d, 1/√d, the scale,
   the call's own numbers such as cap, n_rep, 1 − p; then, only when none fits, every size of the case's arrays that
-  does: the batch, the heads, N, L, 2), −1, or given as a number;
+  does: the batch, the heads, N, L, 2), −1, or given as a number; ``agreed_factor``: a factor found on several
+  cases named only by the labels that fit it on every one (the runner's, after the cases);
 - ``swapped_axes``: got = want with its axes permuted (a transpose; of equal sizes, the shape does not show it);
 - ``reordered``: want's slices along one axis in another order (np.tile for np.repeat, two halves swapped);
 - ``scrambled``: want's values, each once, in other places (a reshape where a transpose belongs);
@@ -36,6 +37,7 @@ is told by the runner itself (``runner._right_on_reference_cache``: the backward
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 
@@ -137,6 +139,38 @@ def constant_factor(got, want, scale: float, names: dict[str, float] | None = No
     way = "too large" if abs(c) > 1 else "too small"
     sign = ", and of the wrong sign" if c < 0 else ""
     return f"is {said} times the right one ({way}{sign}): a factor {fix} is missing where it is computed"
+
+
+FACTOR_SAID = re.compile(
+    r" is (?P<said>.+?) \(= (?P<c>[-+0-9.e]+)\) times the right one \([^)]*\): a factor (?P<fix>.+?) is missing"
+)
+
+
+def agreed_factor(said: list[tuple[str, dict]]) -> str:
+    """The first case's sentence of ``said`` [(sentence, the case's factor names)], its factor named only by the
+    labels that fit the factor found on every case: a label is a guess from one case (√d = the heads = 2 on the
+    first), the bug is the same on all (√3 ≠ 2 on the second). Unchanged when a sentence is not a constant factor's,
+    or no label fits every case."""
+    found = [(FACTOR_SAID.search(sentence), names) for sentence, names in said]
+    if len(found) < 2 or not all(m and names for m, names in found):
+        return said[0][0] if said else ""
+    cs = [abs(float(m["c"])) for m, _ in found]
+
+    def fits(label: str) -> bool:
+        return all(
+            label in names and (abs(names[label] / c - 1) <= 1e-6 or abs(names[label] * c - 1) <= 1e-6)
+            for (_, names), c in zip(found, cs)
+        )
+
+    first, names = found[0][0], found[0][1]
+    kept = Factors({k: v for k, v in names.items() if fits(k)})
+    kept.shapes = frozenset(getattr(names, "shapes", frozenset()) & set(kept))
+    if not any(k not in ("2", "1/2") for k in kept):
+        return said[0][0]
+    words, fix = _factor_words(float(first["c"]), kept)
+    sentence = said[0][0]
+    middle = sentence[first.end("c") + 1 : first.start("fix")]  # " times the right one (...): a factor "
+    return sentence[: first.start("said")] + words + middle + fix + sentence[first.end("fix") :]
 
 
 def swapped_axes(got, want, scale: float) -> str | None:

@@ -54,8 +54,9 @@ class Row:
 class _Failed(Exception):
     """A case failed: the message is the row's detail; ``find_bug()`` looks for the known bug it matches."""
 
-    def __init__(self, detail: str, find_bug=None, crash: bool = False, relation: str = ""):
+    def __init__(self, detail: str, find_bug=None, crash: bool = False, relation: str = "", names=None):
         super().__init__(detail)
+        self.names = names  # the case's factor names (``_names``): a factor is named by what fits on every case
         self.find_bug = find_bug
         self.crash = crash  # the student's function raised: its diagnosis matched an error message, not values
         self.relation = relation  # how the wrong gradient relates to the right one (checker.relations), or ""
@@ -139,7 +140,7 @@ def run_cases(function: str, case_list, run_case, student) -> Row:
     crashes where Lq != Lk, as `.T` does, and only the square case tells them apart).
     """
     student.start(function)
-    first, bug, crash_guess, relation, crash_said = None, None, None, "", ""
+    first, bug, crash_guess, relation, crash_said, factors = None, None, None, "", "", []
     for case in case_list:
         try:
             with np.errstate(all="ignore"):  # a student's NaN is reported in the row, not as a warning
@@ -155,6 +156,7 @@ def run_cases(function: str, case_list, run_case, student) -> Row:
                 crash_said = crash_said or said
             else:
                 relation = relation or said
+                factors += [(said, getattr(failure, "names", None))] if said else []
             if getattr(failure, "find_bug", None) is None:
                 continue
             if getattr(failure, "crash", False):
@@ -167,6 +169,8 @@ def run_cases(function: str, case_list, run_case, student) -> Row:
             first = first or f"{raised(exc)} [case {case.label}]"
     if first is None:
         return Row(function, "PASS")
+    if relation and factors and factors[0][0] == relation:
+        relation = relations.agreed_factor(factors)
     return Row(function, "FAIL", first, bug or crash_guess, relation or crash_said)
 
 
@@ -268,7 +272,8 @@ def check_backward(pair: Pair, student, own_forward: bool, rng, forward_failed: 
                 said = _order(pair, case, result, expected, scale) or _relation(
                     pair, case, name, got, expected, scale, d_out
                 )
-                raise _Failed(problem, lambda: matching_bug(function, got, run_variant, scale, expected), relation=said)
+                find = lambda: matching_bug(function, got, run_variant, scale, expected)  # noqa: E731
+                raise _Failed(problem, find, relation=said, names=_names(case))
 
     return run_cases(function, pair.cases(rng), run_case, student)
 
