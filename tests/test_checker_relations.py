@@ -438,3 +438,26 @@ def test_each_correct_file_in_an_unusual_style_passes_and_is_related_to_nothing(
     report = check_namespace(load_student(path), source=path.name)
     assert report.passed and len(report.rows) >= 10, str(report)
     assert not any(r.relation for r in report.rows), str(report)
+
+
+@pytest.mark.parametrize("pair_name", ["softmax", "sink_softmax", "layer_norm"])
+def test_a_reduction_over_the_wrong_axis_is_named_with_the_axis_used_and_the_right_one(pair_name):
+    """Trial n03 (the softmax's row sum over the heads) and o26 (LayerNorm's mean over the batch): each variant of
+    ``pair_hints.axes`` is said as the axis taken instead of the last, and the right gradient (the library's) gets no
+    relation; on the variant, no other finder's sentence comes first."""
+    from mha_numpy.checker import cases, pair_hints
+
+    pair = next(p for p in cases.PAIRS if p.name == pair_name)
+    case = pair.cases(np.random.default_rng(5))[0]
+    out, cache = pair.forward(*case.values())
+    d_out = np.random.default_rng(6).standard_normal(out.shape)
+    want = pair.backward(d_out, cache)
+    want = want[0] if isinstance(want, tuple) else want
+    variants = pair_hints.axes(pair, case, "x", d_out)
+    assert len(variants) >= want.ndim - 1, list(variants)
+    scale = float(np.abs(want).max())
+    for said, got in variants.items():
+        line = R.explain("dx", "in a backward", got, want, scale, axes=variants)
+        assert f"is right with {said}" in line and "instead of axis -1" in line, line
+    assert R.explain("dx", "in a backward", want, want, scale, axes=variants) == ""
+    assert R.wrong_axis(NOISE, WANT, SCALE, {"a sum over axis 0 instead of axis -1": WANT + 1}) is None

@@ -14,6 +14,8 @@ returns the end of a sentence, or None:
 - ``scrambled``: want's values, each once, in other places (a reshape where a transpose belongs);
 - ``summed_wrong``: got summed over some axes is want (a sum missing: a bias gradient per position), or got is want
   summed over an axis (a sum too many);
+- ``wrong_axis``: got = the right computation with one reduction over another axis (``axes``: {which sum or mean
+  over which axis instead of which: the gradient so computed}, ``pair_hints.axes``);
 - ``missing_path``: got = want − one or more paths' contributions, or want + (c − 1) · one path (a factor or a sign
   on one path only); ``paths``: {what the path is: its contribution}, given by the caller for each gradient
   (``pair_hints`` for the pairs, ``Capstone.paths`` for the capstones);
@@ -250,6 +252,15 @@ def summed_wrong(got, want, scale: float) -> str | None:
     return None
 
 
+def wrong_axis(got, want, scale: float, axes: dict[str, np.ndarray] | None = None) -> str | None:
+    """got is the right computation with one reduction (a sum, a mean) taken over another axis: ``axes`` {what was
+    reduced over which axis instead of which: the gradient so computed}, given by the caller (``pair_hints.axes``)."""
+    for said, variant in (axes or {}).items():
+        if variant.shape == want.shape and _close(got, variant, scale) and not _close(want, variant, scale):
+            return f"is right with {said}: that reduction runs over the wrong axis, take it over the forward's"
+    return None
+
+
 def missing_path(got, want, scale: float, paths: dict[str, np.ndarray] | None = None, names=None) -> str | None:
     """got = want − the contributions of one or more paths (``paths``: {what the path is: its contribution to this
     gradient}); the fewest paths that explain it are named. Else got = want + (c − 1) · one path: that path's part
@@ -400,7 +411,7 @@ def _safely(finder) -> str | None:
 
 
 def explain(gradient: str, where: str, got, want, scale: float, *, names=None, paths=None, masked_rows=None,
-            parts=None, arrays=None):  # fmt: skip
+            parts=None, arrays=None, axes=None):  # fmt: skip
     """The first relation between the student's ``got`` and the reference's ``want``, as one sentence naming
     ``gradient`` and ``where`` (a backward, an F-line), or "" when none holds (always "" when ``got`` is right to
     the tolerance: no relation is said of a right answer). Never says the expected value."""
@@ -426,6 +437,7 @@ def explain(gradient: str, where: str, got, want, scale: float, *, names=None, p
             lambda: reordered(got, want, scale),
             lambda: scrambled(got, want, scale),
             lambda: summed_wrong(got, want, scale),
+            lambda: wrong_axis(got, want, scale, axes),
             lambda: missing_path(got, want, scale, paths, names),
             lambda: wrong_on_part(got, want, scale, masked_rows, parts),
             lambda: elementwise_factor(got, want, scale, arrays),
