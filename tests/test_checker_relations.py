@@ -150,6 +150,12 @@ def test_wrong_on_part_names_the_first_row_one_head_and_the_masked_rows():
     assert "the first row" in R.wrong_on_part(first, want, 1.0)
     table = want[0, 0].copy()  # (4, 5): row 0 of a table is token 0, not a first position
     assert "index 0 of axis 0" in R.wrong_on_part(np.where(np.arange(4)[:, None] == 0, 0.0, table), table, 1.0)
+    repeated = {"the rows of ids that occur more than once": np.array([[True], [True], [False], [True]])}
+    row0 = np.where(np.arange(4)[:, None] == 0, 0.0, table)  # token 0 skipped (trial o14), and 0 is a repeated id
+    assert "right except on row 0" in R.wrong_on_part(row0, table, 1.0, parts=repeated)  # the smaller place
+    rows01 = np.where(np.arange(4)[:, None] < 2, 0.0, table)  # two of the repeated rows: the part, as before
+    assert "wrong only on the rows of ids that occur more than once" in R.wrong_on_part(rows01, table, 1.0,
+                                                                                        parts=repeated)  # fmt: skip
     head = want.copy()
     head[:, 2] *= 2
     assert "head 2" in R.wrong_on_part(head, want, 1.0)

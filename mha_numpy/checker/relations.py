@@ -315,28 +315,41 @@ def wrong_on_part(got, want, scale: float, masked_rows=None, parts=None) -> str 
                 "is wrong only on the fully masked rows (no key allowed): there the weights are zero, and so are the "
                 "context and the gradients; handle those rows without dividing by a zero sum or using -inf"
             )
+    part = None
     for label, where in (parts or {}).items():
         try:
             region = np.broadcast_to(np.asarray(where, dtype=bool), want.shape)
         except ValueError:
             continue
         if region.any() and not region.all() and not (bad & ~region).any():
-            return f"is wrong only on {label}"
+            part = (f"is wrong only on {label}", int(region.sum()))
+            break
+    index = _one_index(bad, want)
+    if part and index and index[1] < part[1]:  # the smaller place that holds every wrong entry says more
+        return index[0]
+    return (part or index or (None,))[0]
+
+
+def _one_index(bad, want) -> tuple[str, int] | None:
+    """(the sentence, the entries of that slice) when every wrong entry is at one index of one axis: the first row,
+    the last row, one head, or an index of an axis; None otherwise."""
     for axis in [want.ndim - 2, *([1] if want.ndim == 4 else []), *range(want.ndim)]:
         if want.shape[axis] < 2:
             continue
         hit = np.flatnonzero(np.moveaxis(bad, axis, 0).reshape(want.shape[axis], -1).any(axis=1))
         if len(hit) != 1:
             continue
-        i = int(hit[0])
+        i, size = int(hit[0]), want.size // want.shape[axis]
         rows = want.ndim >= 3 and axis == want.ndim - 2  # positions of a sequence (a table's row 0 is token 0)
         if rows and i == 0:
-            return "is right except on the first row (index 0 of axis -2): look at how the first row is treated"
+            return "is right except on the first row (index 0 of axis -2): look at how the first row is treated", size
         if rows and i == want.shape[axis] - 1:
-            return "is right except on the last row (axis -2): look for a loop that stops one row early"
+            return "is right except on the last row (axis -2): look for a loop that stops one row early", size
         if axis == 1 and want.ndim == 4:
-            return f"is right except on head {i} (axis 1): look at how that head is indexed"
-        return f"is right except at index {i} of axis {axis}: look at how that slice is treated"
+            return f"is right except on head {i} (axis 1): look at how that head is indexed", size
+        if axis == 0 and want.ndim == 2:  # a table's or a weight's row (an embedding's row 0 is token 0)
+            return f"is right except on row {i} (index {i} of axis 0): look at how that row is treated", size
+        return f"is right except at index {i} of axis {axis}: look at how that slice is treated", size
     return None
 
 
