@@ -366,6 +366,24 @@ def test_right_gradients_returned_in_the_wrong_order_are_told_so():
     assert row.status == "FAIL" and "order" not in row.relation, row.relation
 
 
+def test_a_backward_right_only_on_the_reference_cache_is_also_told_its_own_relation():
+    """Dropout caching keep = 1 − p and multiplying by it (trial n05), where the library caches 1/(1 − p): the backward
+    is right on the reference's cache, but nothing was changed after it was stored; the relation also says what the
+    student's own result is ((1 − p)² times the right one)."""
+
+    def dropout_forward(x, p, rng, keep_mask):
+        return np.where(keep_mask, x / (1.0 - p), 0.0), (keep_mask, 1.0 - p)
+
+    def dropout_backward(d_out, cache):
+        keep_mask, keep = cache
+        return np.where(keep_mask, d_out * keep, 0.0)
+
+    report = check_namespace({"dropout_forward": dropout_forward, "dropout_backward": dropout_backward})
+    row = report["dropout_backward"]
+    assert row.status == "FAIL" and "with its own cache, dx is (1 − p)² (= " in row.relation, row.relation
+    assert "a factor 1/(1 − p)² is missing" in row.relation, row.relation  # the factor of every case, p = 0.3 and 0.5
+
+
 def test_a_flash_backward_with_d_from_the_whole_rows_p_dp_passes():
     """D = Σ_j P_j ∘ dP_j over the whole row equals rowsum(dO ∘ O): a correct variant, not the tile-D bug."""
     from mha_numpy.checker import load_student

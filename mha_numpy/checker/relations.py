@@ -144,7 +144,7 @@ def constant_factor(got, want, scale: float, names: dict[str, float] | None = No
 
 
 FACTOR_SAID = re.compile(
-    r" is (?P<said>.+?) \(= (?P<c>[-+0-9.e]+)\) times the right one \([^)]*\): a factor (?P<fix>.+?) is missing"
+    r" is (?P<said>[^:;]+?) \(= (?P<c>[-+0-9.e]+)\) times the right one \([^)]*\): a factor (?P<fix>.+?) is missing"
 )
 
 

@@ -262,13 +262,20 @@ def check_backward(pair: Pair, student, own_forward: bool, rng, forward_failed: 
                     said = (f"d{name} (in {function}) is right when it reads the reference forward's cache: the cache "
                             f"{forward_name} returns is what is wrong (a value changed after it was stored, or "
                             "another quantity than the backward reads); store what the backward needs")  # fmt: skip
+                    own = _relation(pair, case, name, got, expected, scale, d_out)
+                    prefix = f"d{name} (in {function}) "
+                    if own.startswith(prefix):  # the pair as it stands: said by its own result, no mutation claimed
+                        said = (f"{prefix}is right when it reads the reference forward's cache: the cache "
+                                f"{forward_name} returns holds another quantity than the backward reads (a convention "
+                                "of its own, or a value changed after it was stored); with its own cache, "
+                                f"d{name} {own[len(prefix):-1]}")  # fmt: skip
                     if _right_straight_after_forward(student, pair, case, d_out, expected, scale):
                         said = (f"d{name} (in {function}) is right when the backward runs straight after its forward, "
                                 f"wrong when another {forward_name} call comes between: the cache shares memory with "
                                 "state the next call overwrites (a module-level buffer, an attribute kept between "
                                 "calls); return this call's own arrays")  # fmt: skip
                     raise _Failed(problem, lambda: matching_bug(function, got, run_variant, scale, expected),
-                                  relation=said + ".")  # fmt: skip
+                                  relation=said + ".", names=_names(case))  # fmt: skip
                 said = _order(pair, case, result, expected, scale) or _relation(
                     pair, case, name, got, expected, scale, d_out
                 )
@@ -331,6 +338,7 @@ def _names(case: Case) -> dict[str, float]:
     if isinstance(p, float) and 0 < p < 1:  # dropout's 1/p where 1/(1 − p) belongs, and the reverse
         keep = 1 - p
         names.update({"(1 − p)/p": keep / p, "p/(1 − p)": p / keep})
+        names.update({"(1 − p)²": keep**2, "1/(1 − p)²": 1 / keep**2})  # 1 − p where 1/(1 − p) belongs
     return names
 
 
