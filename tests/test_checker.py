@@ -384,6 +384,23 @@ def test_a_backward_right_only_on_the_reference_cache_is_also_told_its_own_relat
     assert "a factor 1/(1 − p)² is missing" in row.relation, row.relation  # the factor of every case, p = 0.3 and 0.5
 
 
+@pytest.mark.parametrize("rescaled", ["l", "acc"])
+def test_an_online_update_rescaling_only_one_running_sum_is_the_catalogued_no_rescale(rescaled):
+    """Trial n07: l rescaled when the max grows and acc not (or the converse) is a variant of online_no_rescale, and
+    that match is said instead of the weak "right except on the first row" (the rows whose max grows in the case)."""
+
+    def update(m, l_sum, acc, s, v):
+        m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+        shift = np.where(np.isfinite(m_new), m_new, 0.0)
+        alpha, e = np.exp(m - shift), np.exp(s - shift)
+        l_alpha, acc_alpha = (alpha, 1.0) if rescaled == "l" else (1.0, alpha)
+        return m_new, l_alpha * l_sum + e.sum(-1, keepdims=True), acc_alpha * acc + e @ v
+
+    row = check_namespace({"online_softmax_update": update})["online_softmax_update"]
+    assert row.status == "FAIL" and row.bug is not None and row.bug.key == "online_no_rescale", str(row)
+    assert f"({rescaled} is)" in row.bug.title and "right except" not in row.relation, str(row)
+
+
 def test_a_flash_backward_with_d_from_the_whole_rows_p_dp_passes():
     """D = Σ_j P_j ∘ dP_j over the whole row equals rowsum(dO ∘ O): a correct variant, not the tile-D bug."""
     from mha_numpy.checker import load_student

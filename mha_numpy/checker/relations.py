@@ -330,6 +330,9 @@ def wrong_on_part(got, want, scale: float, masked_rows=None, parts=None) -> str 
     return (part or index or (None,))[0]
 
 
+ONE_INDEX = " is right except "  # the words of ``_one_index``'s sentences: a place, weaker than a catalogue match
+
+
 def _one_index(bad, want) -> tuple[str, int] | None:
     """(the sentence, the entries of that slice) when every wrong entry is at one index of one axis: the first row,
     the last row, one head, or an index of an axis; None otherwise."""
