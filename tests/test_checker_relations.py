@@ -70,6 +70,10 @@ def test_a_factor_found_on_several_cases_is_named_by_the_labels_that_fit_it_on_e
     unscaled = R.agreed_factor(said(0.5, 1 / np.sqrt(3)))
     assert "is 1/√d (= 0.5) times" in unscaled and "a factor √d is missing" in unscaled, unscaled
     assert R.agreed_factor(said(0.5, 0.5)[:1]) == said(0.5, 0.5)[0][0]
+    three = R.factor_names({"the batch size": 2, "the number of heads": 3}, d=3)  # 1/3, said to 6 digits
+    heads = [said(0.5, 0.5)[0], (f"dv {R.constant_factor(WANT / 3, WANT, SCALE, three)}.", three)]
+    assert "is 1/d (= 0.333333)" in heads[1][0]  # the second case alone: 1/d before the heads
+    assert "is 1/(the number of heads) (= 0.5) times" in R.agreed_factor(heads), R.agreed_factor(heads)
     other = [("dv has the wrong sign.", first), said(0.5, 0.5)[1]]
     assert R.agreed_factor(other) == "dv has the wrong sign."
 
@@ -332,7 +336,7 @@ def test_zeros_for_none_sees_zeros_returned_for_an_input_never_given():
 
 FACTORS = [
     ("dropout_no_scale", "is 1 − p (= 0.7) times"),
-    ("soft_cap_times_cap", "is cap or 2 (= 2) times"),
+    ("soft_cap_times_cap", "is cap (= 2) times"),  # cap ≠ 2 on the second case: 2 is not the factor
     ("repeat_kv_mean", "is 1/n_rep (= 0.333333) times"),
     ("cross_entropy_no_mean", "is N (the rows, every axis but the last) (= 6) times"),
 ]

@@ -156,20 +156,20 @@ def agreed_factor(said: list[tuple[str, dict]]) -> str:
     found = [(FACTOR_SAID.search(sentence), names) for sentence, names in said]
     if len(found) < 2 or not all(m and names for m, names in found):
         return said[0][0] if said else ""
-    cs = [abs(float(m["c"])) for m, _ in found]
+    cs = [abs(float(m["c"])) for m, _ in found]  # as said: to 6 digits, so a label fits to 1e-5
 
-    def fits(label: str) -> bool:
-        return all(
-            label in names and (abs(names[label] / c - 1) <= 1e-6 or abs(names[label] * c - 1) <= 1e-6)
-            for (_, names), c in zip(found, cs)
-        )
+    def fits(label: str, inverse: bool) -> bool:
+        return all(label in names and abs((1 / names[label] if inverse else names[label]) / c - 1) <= 1e-5
+                   for (_, names), c in zip(found, cs))  # fmt: skip
 
     first, names = found[0][0], found[0][1]
-    kept = Factors({k: v for k, v in names.items() if fits(k)})
+    direct = [k for k in names if fits(k, False)]
+    kept = Factors({k: names[k] for k in direct + [k for k in names if fits(k, True)]})
     kept.shapes = frozenset(getattr(names, "shapes", frozenset()) & set(kept))
-    if not any(k not in ("2", "1/2") for k in kept):
+    if not direct or not any(k not in ("2", "1/2") for k in kept):
         return said[0][0]
-    words, fix = _factor_words(float(first["c"]), kept)
+    c = float(np.copysign(names[direct[0]], float(first["c"])))  # the label's exact value, not the 6 digits said
+    words, fix = _factor_words(c, kept)
     sentence = said[0][0]
     middle = sentence[first.end("c") + 1 : first.start("fix")]  # " times the right one (...): a factor "
     return sentence[: first.start("said")] + words + middle + fix + sentence[first.end("fix") :]
