@@ -230,7 +230,13 @@ def breach(guard: LibraryGuard) -> str:
     if not any(finder is guard for finder in sys.meta_path):
         return "the file removed the checker's import guard from sys.meta_path: the library's answers are not allowed"
     for name, module in list(sys.modules.items()):
-        if (name == LIBRARY or name.startswith(LIBRARY + ".")) and getattr(module, "__file__", None) is not None:
+        if not isinstance(name, str) or not (name == LIBRARY or name.startswith(LIBRARY + ".")):
+            continue
+        try:
+            loaded = getattr(module, "__file__", None) is not None
+        except Exception:  # noqa: BLE001 - an object of the student's whose __file__ raises: not a stand-in
+            loaded = True
+        if loaded:
             return f"the file loaded {name} past the checker's import guard: the library's answers are not allowed"
     return ""
 
