@@ -230,9 +230,9 @@ def sdpa_cases(rng):
 
     return [
         Case("q (2, 2, 3, 4), k, v (2, 2, 5, 4), no mask", qkv(2, 2, 3, 5, 4) + [("mask", None)]),
-        Case(
-            "q (2, 2, 4, 3), k, v (2, 2, 4, 3), mask with a fully masked row",
-            qkv(2, 2, 4, 4, 3) + [("mask", _blocked_mask(rng, 2, 2, 4, 4, True))],
+        Case(  # three heads: a factor of the heads is not one of the batch (2) there
+            "q (2, 3, 4, 3), k, v (2, 3, 4, 3), mask with a fully masked row",
+            qkv(2, 3, 4, 4, 3) + [("mask", _blocked_mask(rng, 2, 3, 4, 4, True))],
         ),
     ]
 

@@ -324,6 +324,83 @@ def test_a_right_backward_behind_a_wrong_cache_is_told_so():
     assert "reference forward's cache" not in check_namespace(ns, only=["softmax"])["softmax_backward"].detail
 
 
+def test_a_cache_that_the_next_forward_overwrites_fails_and_is_told_so():
+    """A forward that returns one module-level buffer as its cache (trial h13): the checker calls the forward on
+    other values between a forward and its backward, as two layers would, so the backward reads the later call's
+    weights and FAILs, and the relation says the cache shares memory with what the next call overwrites. The
+    solutions (every other test here) pass with that extra call."""
+    ns = correct_namespace()
+    buffers: dict = {}
+
+    def softmax_forward(x):
+        p, _ = ns["softmax_forward"](x)
+        buffer = buffers.setdefault(p.shape, np.empty(p.shape))
+        buffer[...] = p
+        return p, buffer
+
+    report = check_namespace({"softmax_forward": softmax_forward, "softmax_backward": ns["softmax_backward"]})
+    assert report["softmax_forward"].status == "PASS", str(report)
+    row = report["softmax_backward"]
+    assert row.status == "FAIL" and "shares memory with state the next call overwrites" in row.relation, str(report)
+
+
+def test_right_gradients_returned_in_the_wrong_order_are_told_so():
+    """A backward returning (dk, dq) for (dq, dk) (trial o29): the relation says the order it returns and the
+    right one, whether the shapes differ (Lq != Lk) or not; a wrong gradient in the right order gets no such line."""
+    ns = correct_namespace()
+
+    def swapped(d_out, cache):
+        dq, dk = ns["attention_scores_backward"](d_out, cache)
+        return dk, dq
+
+    ns_swapped = {"attention_scores_forward": ns["attention_scores_forward"], "attention_scores_backward": swapped}
+    row = check_namespace(ns_swapped)["attention_scores_backward"]
+    assert row.status == "FAIL" and "it returns (dk, dq); the order is (dq, dk)" in row.relation, row.relation
+
+    def halved(d_out, cache):
+        dq, dk = ns["attention_scores_backward"](d_out, cache)
+        return dq, dk / 2
+
+    ns_halved = {"attention_scores_forward": ns["attention_scores_forward"], "attention_scores_backward": halved}
+    row = check_namespace(ns_halved)["attention_scores_backward"]
+    assert row.status == "FAIL" and "order" not in row.relation, row.relation
+
+
+def test_a_backward_right_only_on_the_reference_cache_is_also_told_its_own_relation():
+    """Dropout caching keep = 1 − p and multiplying by it (trial n05), where the library caches 1/(1 − p): the backward
+    is right on the reference's cache, but nothing was changed after it was stored; the relation also says what the
+    student's own result is ((1 − p)² times the right one)."""
+
+    def dropout_forward(x, p, rng, keep_mask):
+        return np.where(keep_mask, x / (1.0 - p), 0.0), (keep_mask, 1.0 - p)
+
+    def dropout_backward(d_out, cache):
+        keep_mask, keep = cache
+        return np.where(keep_mask, d_out * keep, 0.0)
+
+    report = check_namespace({"dropout_forward": dropout_forward, "dropout_backward": dropout_backward})
+    row = report["dropout_backward"]
+    assert row.status == "FAIL" and "with its own cache, dx is (1 − p)² (= " in row.relation, row.relation
+    assert "a factor 1/(1 − p)² is missing" in row.relation, row.relation  # the factor of every case, p = 0.3 and 0.5
+
+
+@pytest.mark.parametrize("rescaled", ["l", "acc"])
+def test_an_online_update_rescaling_only_one_running_sum_is_the_catalogued_no_rescale(rescaled):
+    """Trial n07: l rescaled when the max grows and acc not (or the converse) is a variant of online_no_rescale, and
+    that match is said instead of the weak "right except on the first row" (the rows whose max grows in the case)."""
+
+    def update(m, l_sum, acc, s, v):
+        m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+        shift = np.where(np.isfinite(m_new), m_new, 0.0)
+        alpha, e = np.exp(m - shift), np.exp(s - shift)
+        l_alpha, acc_alpha = (alpha, 1.0) if rescaled == "l" else (1.0, alpha)
+        return m_new, l_alpha * l_sum + e.sum(-1, keepdims=True), acc_alpha * acc + e @ v
+
+    row = check_namespace({"online_softmax_update": update})["online_softmax_update"]
+    assert row.status == "FAIL" and row.bug is not None and row.bug.key == "online_no_rescale", str(row)
+    assert f"({rescaled} is)" in row.bug.title and "right except" not in row.relation, str(row)
+
+
 def test_a_flash_backward_with_d_from_the_whole_rows_p_dp_passes():
     """D = Σ_j P_j ∘ dP_j over the whole row equals rowsum(dO ∘ O): a correct variant, not the tile-D bug."""
     from mha_numpy.checker import load_student

@@ -192,6 +192,42 @@ def test_a_file_that_patches_numpy_the_checker_or_the_reference_still_fails(tmp_
         assert r.stdout.splitlines()[-1].startswith(f"the file imports {module}: refused"), r.stdout
 
 
+PAST_THE_GUARD = """
+import sys
+
+sys.path.insert(0, {root!r})
+
+
+def unguard():
+    sys.meta_path[:] = [f for f in sys.meta_path if "guard" not in type(f).__name__.lower()]
+    for name in [n for n in sys.modules if n.split(".")[0] == "mha_numpy"]:
+        del sys.modules[name]
+    from mha_numpy.functional import softmax_forward
+
+    return softmax_forward
+"""
+
+
+@pytest.mark.parametrize("when", ["import", "call"])
+def test_a_file_that_loads_the_library_past_the_guard_fails(tmp_path, when):
+    """Removing the guard from sys.meta_path and importing the library's files by hand (item h02 of the trial set):
+    the child checks its guard after loading the file and after every call, and fails the file (exit 3), or the
+    call, naming it, so the library's pair never PASSes."""
+    source = PAST_THE_GUARD.format(root=str(Path(__file__).resolve().parent.parent))
+    if when == "import":
+        source += "\nsoftmax_forward = unguard()\n"
+    else:
+        source += "\n\ndef softmax_forward(x):\n    return unguard()(x)\n"
+    r = check(write(tmp_path, source))
+    if when == "import":
+        assert r.returncode == 3 and "removed the checker's import guard" in r.stderr and r.stdout == "", (
+            r.stdout + r.stderr
+        )
+    else:
+        assert r.returncode == 1 and rows(r)["softmax_forward"].startswith("FAIL"), r.stdout + r.stderr
+        assert "import guard" in rows(r)["softmax_forward"], r.stdout
+
+
 def test_the_file_runs_with_a_clean_environment_in_a_scratch_directory(tmp_path):
     source = (
         SOFTMAX

@@ -52,6 +52,32 @@ def test_a_factor_is_named_by_the_computation_before_the_arrays_sizes_and_by_eve
     assert "a factor 1/(the number of heads) is missing" in R.constant_factor(3 * WANT, WANT, SCALE, names)
 
 
+def test_a_factor_found_on_several_cases_is_named_by_the_labels_that_fit_it_on_every_one():
+    """√d = the heads = 2 on the first case, √d = √3 on the second (trial o03, dv divided by the heads): the heads fit
+    both, √d only the first; a factor that is 1/√d on both is named 1/√d alone; one case, or a sentence that is not a
+    constant factor's, is left as it was."""
+    sizes = {"the batch size": 2, "the number of heads": 2}
+    first, second = R.factor_names(sizes, d=4), R.factor_names(sizes, d=3)
+
+    def said(c1, c2):
+        return [(f"dv {R.constant_factor(c1 * WANT, WANT, SCALE, first)}.", first),
+                (f"dv {R.constant_factor(c2 * WANT, WANT, SCALE, second)}.", second)]  # fmt: skip
+
+    over_heads = R.agreed_factor(said(0.5, 0.5))
+    assert "is 1/√d or 1/2 (= 0.5)" in said(0.5, 0.5)[0][0]  # the first case alone: √d before the sizes
+    assert "1/(the number of heads)" in over_heads and "√d" not in over_heads, over_heads
+    assert "a factor the batch size or the number of heads or 2 is missing" in over_heads, over_heads
+    unscaled = R.agreed_factor(said(0.5, 1 / np.sqrt(3)))
+    assert "is 1/√d (= 0.5) times" in unscaled and "a factor √d is missing" in unscaled, unscaled
+    assert R.agreed_factor(said(0.5, 0.5)[:1]) == said(0.5, 0.5)[0][0]
+    three = R.factor_names({"the batch size": 2, "the number of heads": 3}, d=3)  # 1/3, said to 6 digits
+    heads = [said(0.5, 0.5)[0], (f"dv {R.constant_factor(WANT / 3, WANT, SCALE, three)}.", three)]
+    assert "is 1/d (= 0.333333)" in heads[1][0]  # the second case alone: 1/d before the heads
+    assert "is 1/(the number of heads) (= 0.5) times" in R.agreed_factor(heads), R.agreed_factor(heads)
+    other = [("dv has the wrong sign.", first), said(0.5, 0.5)[1]]
+    assert R.agreed_factor(other) == "dv has the wrong sign."
+
+
 def test_swapped_axes_sees_a_transpose_and_two_swapped_axes():
     square = RNG.standard_normal((4, 4))
     assert "transpose" in R.swapped_axes(square.T, square, 1.0)
@@ -128,6 +154,12 @@ def test_wrong_on_part_names_the_first_row_one_head_and_the_masked_rows():
     assert "the first row" in R.wrong_on_part(first, want, 1.0)
     table = want[0, 0].copy()  # (4, 5): row 0 of a table is token 0, not a first position
     assert "index 0 of axis 0" in R.wrong_on_part(np.where(np.arange(4)[:, None] == 0, 0.0, table), table, 1.0)
+    repeated = {"the rows of ids that occur more than once": np.array([[True], [True], [False], [True]])}
+    row0 = np.where(np.arange(4)[:, None] == 0, 0.0, table)  # token 0 skipped (trial o14), and 0 is a repeated id
+    assert "right except on row 0" in R.wrong_on_part(row0, table, 1.0, parts=repeated)  # the smaller place
+    rows01 = np.where(np.arange(4)[:, None] < 2, 0.0, table)  # two of the repeated rows: the part, as before
+    assert "wrong only on the rows of ids that occur more than once" in R.wrong_on_part(rows01, table, 1.0,
+                                                                                        parts=repeated)  # fmt: skip
     head = want.copy()
     head[:, 2] *= 2
     assert "head 2" in R.wrong_on_part(head, want, 1.0)
@@ -304,7 +336,7 @@ def test_zeros_for_none_sees_zeros_returned_for_an_input_never_given():
 
 FACTORS = [
     ("dropout_no_scale", "is 1 − p (= 0.7) times"),
-    ("soft_cap_times_cap", "is cap or 2 (= 2) times"),
+    ("soft_cap_times_cap", "is cap (= 2) times"),  # cap ≠ 2 on the second case: 2 is not the factor
     ("repeat_kv_mean", "is 1/n_rep (= 0.333333) times"),
     ("cross_entropy_no_mean", "is N (the rows, every axis but the last) (= 6) times"),
 ]
@@ -416,3 +448,26 @@ def test_each_correct_file_in_an_unusual_style_passes_and_is_related_to_nothing(
     report = check_namespace(load_student(path), source=path.name)
     assert report.passed and len(report.rows) >= 10, str(report)
     assert not any(r.relation for r in report.rows), str(report)
+
+
+@pytest.mark.parametrize("pair_name", ["softmax", "sink_softmax", "layer_norm"])
+def test_a_reduction_over_the_wrong_axis_is_named_with_the_axis_used_and_the_right_one(pair_name):
+    """Trial n03 (the softmax's row sum over the heads) and o26 (LayerNorm's mean over the batch): each variant of
+    ``pair_hints.axes`` is said as the axis taken instead of the last, and the right gradient (the library's) gets no
+    relation; on the variant, no other finder's sentence comes first."""
+    from mha_numpy.checker import cases, pair_hints
+
+    pair = next(p for p in cases.PAIRS if p.name == pair_name)
+    case = pair.cases(np.random.default_rng(5))[0]
+    out, cache = pair.forward(*case.values())
+    d_out = np.random.default_rng(6).standard_normal(out.shape)
+    want = pair.backward(d_out, cache)
+    want = want[0] if isinstance(want, tuple) else want
+    variants = pair_hints.axes(pair, case, "x", d_out)
+    assert len(variants) >= want.ndim - 1, list(variants)
+    scale = float(np.abs(want).max())
+    for said, got in variants.items():
+        line = R.explain("dx", "in a backward", got, want, scale, axes=variants)
+        assert f"is right with {said}" in line and "instead of axis -1" in line, line
+    assert R.explain("dx", "in a backward", want, want, scale, axes=variants) == ""
+    assert R.wrong_axis(NOISE, WANT, SCALE, {"a sum over axis 0 instead of axis -1": WANT + 1}) is None

@@ -7,6 +7,7 @@ only after the call."""
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,25 @@ def test_solution_meets_the_memory_target_measured_from_outside_and_reports_its_
     assert "memory target" not in row.detail
     assert "measured by the checker: high-water mark reset before the call" in row.detail
     assert "× the library's chunked kernel" in row.detail
+
+
+def test_each_measured_call_of_the_student_has_its_own_time_limit_not_the_librarys_rounds(monkeypatch):
+    """Trial c07 (a correct flash pair) timed out under --timeout 10 on a loaded machine: the student's time limit was
+    started once before the stage, so the library's process start and its three rounds used it up. A library slowed
+    by a sleep per round far beyond the student's limit in all, and each student call still within its own."""
+    from mha_numpy.checker import systems
+
+    measured = systems.measured_call
+
+    def slow_library(process, *args, **kw):
+        if process is not student:
+            time.sleep(1.5)  # three rounds: 4.5 s, beyond the student's 3 s
+        return measured(process, *args, **kw)
+
+    monkeypatch.setattr(systems, "measured_call", slow_library)
+    with ChildProcess(SOLUTION, 3) as student:
+        row = check_systems(student, L, memory_fraction=1e9, time_ratio=1e9)
+    assert row.status == "PASS", row.detail
 
 
 def test_a_kernel_that_builds_the_full_matrix_fails_the_memory_target_named():

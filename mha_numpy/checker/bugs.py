@@ -138,6 +138,20 @@ def online_update_no_rescale(m, l_sum, acc, s, v):
     return m_new, l_sum + e.sum(-1, keepdims=True), acc + e @ v  # BUG: old l and acc not rescaled by exp(m - m_new)
 
 
+def online_update_acc_not_rescaled(m, l_sum, acc, s, v):
+    m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+    shift = np.where(np.isfinite(m_new), m_new, 0.0)
+    alpha, e = np.exp(m - shift), np.exp(s - shift)
+    return m_new, alpha * l_sum + e.sum(-1, keepdims=True), acc + e @ v  # BUG: l rescaled, acc not
+
+
+def online_update_l_not_rescaled(m, l_sum, acc, s, v):
+    m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+    shift = np.where(np.isfinite(m_new), m_new, 0.0)
+    alpha, e = np.exp(m - shift), np.exp(s - shift)
+    return m_new, l_sum + e.sum(-1, keepdims=True), alpha * acc + e @ v  # BUG: acc rescaled, l not
+
+
 def online_update_nan(m, l_sum, acc, s, v):
     m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
     alpha = np.exp(m - m_new)  # BUG: while a row has seen only -inf, m = m_new = -inf and this is NaN
@@ -973,6 +987,24 @@ BUGS: list[Bug] = [
         "l and acc were accumulated relative to the old max; multiply both by exp(m_old - m_new) before adding the new "
         "block. Scores that grow from block to block show it",
         online_update_no_rescale,
+    ),
+    Bug(
+        "online_no_rescale",
+        "online_softmax_update",
+        "The running acc is not rescaled when the max grows (l is)",
+        "`alpha * l + sum(exp(s - m_new))` but `acc + exp(s - m_new) @ v`",
+        "acc was accumulated relative to the old max, as l was; multiply it by the same exp(m_old - m_new) before "
+        "adding the new block. Scores that grow from block to block show it",
+        online_update_acc_not_rescaled,
+    ),
+    Bug(
+        "online_no_rescale",
+        "online_softmax_update",
+        "The running l is not rescaled when the max grows (acc is)",
+        "`alpha * acc + exp(s - m_new) @ v` but `l + sum(exp(s - m_new))`",
+        "l was accumulated relative to the old max, as acc was; multiply it by the same exp(m_old - m_new) before "
+        "adding the new block. Scores that grow from block to block show it",
+        online_update_l_not_rescaled,
     ),
     Bug(
         "online_nan",

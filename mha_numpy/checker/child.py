@@ -112,6 +112,7 @@ class Server:
         self.staged = None  # the next ``measure``'s inputs
         self.results = None  # the last ``measure``'s
         self.call_checked = call_checked  # bound now, before the student's file can rebind the module's name
+        self.breach = _guard.breach
 
     def load(self, path: str, shown: str, listings: dict | None = None) -> dict:
         if self.guard is not None:
@@ -120,6 +121,9 @@ class Server:
             self.namespace = load_student(path, shown)
         except StudentFileError as e:
             return {"kind": "error", "message": str(e)}
+        broken = self.breach(self.guard) if self.guard is not None else ""
+        if broken:
+            return {"kind": "error", "message": broken}
         names = [n for n, v in self.namespace.items() if callable(v) and n[:1] != "_"]
         modules = {n: str(getattr(self.namespace[n], "__module__", "") or "") for n in names}  # the file's, or not
         refused = list(self.guard.refused) if self.guard is not None else []
@@ -152,6 +156,9 @@ class Server:
             return {"kind": "fault", "detail": str(e)}
         except BaseException as e:  # noqa: BLE001 - whatever the student's code raises is a verdict, not our end
             return _raised(e)
+        broken = self.breach(self.guard) if self.guard is not None else ""
+        if broken:  # the call itself took the fence down: its result may be the library's
+            return {"kind": "fault", "detail": broken}
         if function.endswith("_forward") and isinstance(result, tuple) and len(result) == 2:
             cache = None
             if keep_cache:

@@ -223,6 +223,24 @@ class LibraryGuard(importlib.abc.MetaPathFinder):
         return importlib.machinery.ModuleSpec(fullname, _StandinLoader(self), is_package=package)
 
 
+def breach(guard: LibraryGuard) -> str:
+    """What the student's code did to the fence, or "": ``guard`` gone from ``sys.meta_path``, or a module of the
+    library loaded from its file (a stand-in and a refused module have no ``__file__``). The child asks after
+    loading the file and after every call, and fails the file (or the call) with this sentence."""
+    if not any(finder is guard for finder in sys.meta_path):
+        return "the file removed the checker's import guard from sys.meta_path: the library's answers are not allowed"
+    for name, module in list(sys.modules.items()):
+        if not isinstance(name, str) or not (name == LIBRARY or name.startswith(LIBRARY + ".")):
+            continue
+        try:
+            loaded = getattr(module, "__file__", None) is not None
+        except Exception:  # noqa: BLE001 - an object of the student's whose __file__ raises: not a stand-in
+            loaded = True
+        if loaded:
+            return f"the file loaded {name} past the checker's import guard: the library's answers are not allowed"
+    return ""
+
+
 def install(listings: dict[str, str] | None = None) -> LibraryGuard:
     """Put a LibraryGuard first in ``sys.meta_path`` and forget any library module already imported."""
     for name in [n for n in sys.modules if n == LIBRARY or n.startswith(LIBRARY + ".")]:

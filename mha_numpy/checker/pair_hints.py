@@ -3,9 +3,10 @@ may be confined to, for every pair of the course (exercises 1-8 and 11-14).
 
 ``hints(pair_name, case, name, d_out) -> (paths, parts)``: ``paths`` {what the path is: its contribution to
 d``name``} for ``relations.missing_path`` (a path missing, or one path's part scaled or of the wrong sign);
-``parts`` {what the part is, and where to look: bool, True on it} for ``relations.wrong_on_part``. Both computed
-from the case's inputs and the upstream gradient with the library's pairs, only when a gradient is wrong; a pair or
-a gradient with none gives empty dicts. The paths of a gradient sum to it:
+``parts`` {what the part is, and where to look: bool, True on it} for ``relations.wrong_on_part``; ``axes(...)``
+{a reduction over another axis: the gradient so computed} for ``relations.wrong_axis`` (softmax, LayerNorm). All
+computed from the case's inputs and the upstream gradient with the library's pairs, only when a gradient is
+wrong; a pair or a gradient with none gives empty dicts. The paths of a gradient sum to it:
 
     softmax, sink softmax   dx = p ∘ dp − p ∘ Σ(p ∘ dp)                    the weights' path, the normaliser's
     attention (6, 13)       dq = (p ∘ dp) K · s − (p ∘ Σ(p ∘ dp)) K · s      the same two, through the scores
@@ -223,6 +224,43 @@ def factor_arrays(pair, case, name: str) -> dict:
     if pair.name == "delta_rule_recurrent" and name == "g":
         return {"a_t = exp(g_t)": np.exp(a["g"])}
     return {}
+
+
+AXIS_NAMES = {  # the course's layouts, by the number of axes
+    3: ("the batch", "the positions", "the features"),
+    4: ("the batch", "the heads", "the queries", "the keys"),
+}
+
+
+def _axis(ndim: int, axis: int) -> str:
+    """Axis ``axis`` of an array of ``ndim`` axes, said with what it holds in the course's layouts."""
+    words = AXIS_NAMES.get(ndim)
+    return f"axis {axis - ndim if axis == ndim - 1 else axis}" + (f" ({words[axis]})" if words else "")
+
+
+def axes(pair, case, name: str, d_out) -> dict:
+    """{which reduction over which axis instead of which: d``name`` computed so} for ``relations.wrong_axis``: the
+    softmax backward's row sum Σ(p ∘ dp) and LayerNorm's two means over each other axis (keepdims), from the case's
+    inputs with the library's formulas. Empty for the other pairs and gradients."""
+    a = dict(case.args)
+    out = {}
+    if pair.name in ("softmax", "sink_softmax") and name == "x":
+        p = F.softmax_forward(a["x"])[0] if pair.name == "softmax" else F.sink_softmax_forward(a["x"], a["sink"])[0]
+        for ax in range(p.ndim - 1):
+            said = f"the row sum Σ(p ∘ dp) taken over {_axis(p.ndim, ax)} instead of {_axis(p.ndim, p.ndim - 1)}"
+            out[said] = p * (d_out - (p * d_out).sum(axis=ax, keepdims=True))
+    if pair.name == "layer_norm" and name == "x":
+        x = a["x"]
+        rstd = 1.0 / np.sqrt(x.var(axis=-1, keepdims=True) + a["eps"])  # (..., 1)
+        xhat, g, last = (x - x.mean(axis=-1, keepdims=True)) * rstd, d_out * a["gamma"], _axis(x.ndim, x.ndim - 1)
+        for ax in range(x.ndim - 1):
+            mean, var = g.mean(axis=ax, keepdims=True), (g * xhat).mean(axis=ax, keepdims=True)
+            right_mean, right_var = g.mean(axis=-1, keepdims=True), (g * xhat).mean(axis=-1, keepdims=True)
+            where = f"taken over {_axis(x.ndim, ax)} instead of {last}"
+            out[f"the mean's path mean(dx̂) {where}"] = rstd * (g - mean - xhat * right_var)
+            out[f"the variance's path mean(dx̂ ∘ x̂) {where}"] = rstd * (g - right_mean - xhat * var)
+            out[f"both means of the backward {where}"] = rstd * (g - mean - xhat * var)
+    return out
 
 
 def forward_hints(pair, case) -> tuple[dict, dict]:

@@ -7,12 +7,15 @@ returns the end of a sentence, or None:
 - ``missing``: None or all zeros where the reference is non-zero (``zeros_for_none``: zeros where it is None);
 - ``constant_factor``: got = c · want, c fitted by least squares and named (``factor_names``: √d, 1/√d, the scale,
   the call's own numbers such as cap, n_rep, 1 − p; then, only when none fits, every size of the case's arrays that
-  does: the batch, the heads, N, L, 2), −1, or given as a number;
+  does: the batch, the heads, N, L, 2), −1, or given as a number; ``agreed_factor``: a factor found on several
+  cases named only by the labels that fit it on every one (the runner's, after the cases);
 - ``swapped_axes``: got = want with its axes permuted (a transpose; of equal sizes, the shape does not show it);
 - ``reordered``: want's slices along one axis in another order (np.tile for np.repeat, two halves swapped);
 - ``scrambled``: want's values, each once, in other places (a reshape where a transpose belongs);
 - ``summed_wrong``: got summed over some axes is want (a sum missing: a bias gradient per position), or got is want
   summed over an axis (a sum too many);
+- ``wrong_axis``: got = the right computation with one reduction over another axis (``axes``: {which sum or mean
+  over which axis instead of which: the gradient so computed}, ``pair_hints.axes``);
 - ``missing_path``: got = want − one or more paths' contributions, or want + (c − 1) · one path (a factor or a sign
   on one path only); ``paths``: {what the path is: its contribution}, given by the caller for each gradient
   (``pair_hints`` for the pairs, ``Capstone.paths`` for the capstones);
@@ -36,6 +39,7 @@ is told by the runner itself (``runner._right_on_reference_cache``: the backward
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 
@@ -139,6 +143,38 @@ def constant_factor(got, want, scale: float, names: dict[str, float] | None = No
     return f"is {said} times the right one ({way}{sign}): a factor {fix} is missing where it is computed"
 
 
+FACTOR_SAID = re.compile(
+    r" is (?P<said>[^:;]+?) \(= (?P<c>[-+0-9.e]+)\) times the right one \([^)]*\): a factor (?P<fix>.+?) is missing"
+)
+
+
+def agreed_factor(said: list[tuple[str, dict]]) -> str:
+    """The first case's sentence of ``said`` [(sentence, the case's factor names)], its factor named only by the
+    labels that fit the factor found on every case: a label is a guess from one case (√d = the heads = 2 on the
+    first), the bug is the same on all (√3 ≠ 2 on the second). Unchanged when a sentence is not a constant factor's,
+    or no label fits every case."""
+    found = [(FACTOR_SAID.search(sentence), names) for sentence, names in said]
+    if len(found) < 2 or not all(m and names for m, names in found):
+        return said[0][0] if said else ""
+    cs = [abs(float(m["c"])) for m, _ in found]  # as said: to 6 digits, so a label fits to 1e-5
+
+    def fits(label: str, inverse: bool) -> bool:
+        return all(label in names and abs((1 / names[label] if inverse else names[label]) / c - 1) <= 1e-5
+                   for (_, names), c in zip(found, cs))  # fmt: skip
+
+    first, names = found[0][0], found[0][1]
+    direct = [k for k in names if fits(k, False)]
+    kept = Factors({k: names[k] for k in direct + [k for k in names if fits(k, True)]})
+    kept.shapes = frozenset(getattr(names, "shapes", frozenset()) & set(kept))
+    if not direct or not any(k not in ("2", "1/2") for k in kept):
+        return said[0][0]
+    c = float(np.copysign(names[direct[0]], float(first["c"])))  # the label's exact value, not the 6 digits said
+    words, fix = _factor_words(c, kept)
+    sentence = said[0][0]
+    middle = sentence[first.end("c") + 1 : first.start("fix")]  # " times the right one (...): a factor "
+    return sentence[: first.start("said")] + words + middle + fix + sentence[first.end("fix") :]
+
+
 def swapped_axes(got, want, scale: float) -> str | None:
     """got = want with its axes permuted (a transpose, or two axes swapped; of equal size, the shape hides it)."""
     if got.ndim != want.ndim or not 2 <= got.ndim <= MAX_NDIM or not _nonzero(want, scale):
@@ -216,6 +252,15 @@ def summed_wrong(got, want, scale: float) -> str | None:
     return None
 
 
+def wrong_axis(got, want, scale: float, axes: dict[str, np.ndarray] | None = None) -> str | None:
+    """got is the right computation with one reduction (a sum, a mean) taken over another axis: ``axes`` {what was
+    reduced over which axis instead of which: the gradient so computed}, given by the caller (``pair_hints.axes``)."""
+    for said, variant in (axes or {}).items():
+        if variant.shape == want.shape and _close(got, variant, scale) and not _close(want, variant, scale):
+            return f"is right with {said}: that reduction runs over the wrong axis, take it over the forward's"
+    return None
+
+
 def missing_path(got, want, scale: float, paths: dict[str, np.ndarray] | None = None, names=None) -> str | None:
     """got = want − the contributions of one or more paths (``paths``: {what the path is: its contribution to this
     gradient}); the fewest paths that explain it are named. Else got = want + (c − 1) · one path: that path's part
@@ -270,28 +315,44 @@ def wrong_on_part(got, want, scale: float, masked_rows=None, parts=None) -> str 
                 "is wrong only on the fully masked rows (no key allowed): there the weights are zero, and so are the "
                 "context and the gradients; handle those rows without dividing by a zero sum or using -inf"
             )
+    part = None
     for label, where in (parts or {}).items():
         try:
             region = np.broadcast_to(np.asarray(where, dtype=bool), want.shape)
         except ValueError:
             continue
         if region.any() and not region.all() and not (bad & ~region).any():
-            return f"is wrong only on {label}"
+            part = (f"is wrong only on {label}", int(region.sum()))
+            break
+    index = _one_index(bad, want)
+    if part and index and index[1] < part[1]:  # the smaller place that holds every wrong entry says more
+        return index[0]
+    return (part or index or (None,))[0]
+
+
+ONE_INDEX = " is right except "  # the words of ``_one_index``'s sentences: a place, weaker than a catalogue match
+
+
+def _one_index(bad, want) -> tuple[str, int] | None:
+    """(the sentence, the entries of that slice) when every wrong entry is at one index of one axis: the first row,
+    the last row, one head, or an index of an axis; None otherwise."""
     for axis in [want.ndim - 2, *([1] if want.ndim == 4 else []), *range(want.ndim)]:
         if want.shape[axis] < 2:
             continue
         hit = np.flatnonzero(np.moveaxis(bad, axis, 0).reshape(want.shape[axis], -1).any(axis=1))
         if len(hit) != 1:
             continue
-        i = int(hit[0])
+        i, size = int(hit[0]), want.size // want.shape[axis]
         rows = want.ndim >= 3 and axis == want.ndim - 2  # positions of a sequence (a table's row 0 is token 0)
         if rows and i == 0:
-            return "is right except on the first row (index 0 of axis -2): look at how the first row is treated"
+            return "is right except on the first row (index 0 of axis -2): look at how the first row is treated", size
         if rows and i == want.shape[axis] - 1:
-            return "is right except on the last row (axis -2): look for a loop that stops one row early"
+            return "is right except on the last row (axis -2): look for a loop that stops one row early", size
         if axis == 1 and want.ndim == 4:
-            return f"is right except on head {i} (axis 1): look at how that head is indexed"
-        return f"is right except at index {i} of axis {axis}: look at how that slice is treated"
+            return f"is right except on head {i} (axis 1): look at how that head is indexed", size
+        if axis == 0 and want.ndim == 2:  # a table's or a weight's row (an embedding's row 0 is token 0)
+            return f"is right except on row {i} (index {i} of axis 0): look at how that row is treated", size
+        return f"is right except at index {i} of axis {axis}: look at how that slice is treated", size
     return None
 
 
@@ -366,7 +427,7 @@ def _safely(finder) -> str | None:
 
 
 def explain(gradient: str, where: str, got, want, scale: float, *, names=None, paths=None, masked_rows=None,
-            parts=None, arrays=None):  # fmt: skip
+            parts=None, arrays=None, axes=None):  # fmt: skip
     """The first relation between the student's ``got`` and the reference's ``want``, as one sentence naming
     ``gradient`` and ``where`` (a backward, an F-line), or "" when none holds (always "" when ``got`` is right to
     the tolerance: no relation is said of a right answer). Never says the expected value."""
@@ -392,6 +453,7 @@ def explain(gradient: str, where: str, got, want, scale: float, *, names=None, p
             lambda: reordered(got, want, scale),
             lambda: scrambled(got, want, scale),
             lambda: summed_wrong(got, want, scale),
+            lambda: wrong_axis(got, want, scale, axes),
             lambda: missing_path(got, want, scale, paths, names),
             lambda: wrong_on_part(got, want, scale, masked_rows, parts),
             lambda: elementwise_factor(got, want, scale, arrays),

@@ -14,6 +14,7 @@ right one (``relations``: a factor, a transpose, a sum, a path, a part), then ma
 from __future__ import annotations
 
 import copy
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,8 +54,9 @@ class Row:
 class _Failed(Exception):
     """A case failed: the message is the row's detail; ``find_bug()`` looks for the known bug it matches."""
 
-    def __init__(self, detail: str, find_bug=None, crash: bool = False, relation: str = ""):
+    def __init__(self, detail: str, find_bug=None, crash: bool = False, relation: str = "", names=None):
         super().__init__(detail)
+        self.names = names  # the case's factor names (``_names``): a factor is named by what fits on every case
         self.find_bug = find_bug
         self.crash = crash  # the student's function raised: its diagnosis matched an error message, not values
         self.relation = relation  # how the wrong gradient relates to the right one (checker.relations), or ""
@@ -138,7 +140,7 @@ def run_cases(function: str, case_list, run_case, student) -> Row:
     crashes where Lq != Lk, as `.T` does, and only the square case tells them apart).
     """
     student.start(function)
-    first, bug, crash_guess, relation, crash_said = None, None, None, "", ""
+    first, bug, crash_guess, relation, crash_said, factors = None, None, None, "", "", []
     for case in case_list:
         try:
             with np.errstate(all="ignore"):  # a student's NaN is reported in the row, not as a warning
@@ -154,6 +156,7 @@ def run_cases(function: str, case_list, run_case, student) -> Row:
                 crash_said = crash_said or said
             else:
                 relation = relation or said
+                factors += [(said, getattr(failure, "names", None))] if said else []
             if getattr(failure, "find_bug", None) is None:
                 continue
             if getattr(failure, "crash", False):
@@ -166,6 +169,10 @@ def run_cases(function: str, case_list, run_case, student) -> Row:
             first = first or f"{raised(exc)} [case {case.label}]"
     if first is None:
         return Row(function, "PASS")
+    if relation and factors and factors[0][0] == relation:
+        relation = relations.agreed_factor(factors)
+    if bug is not None and relations.ONE_INDEX in relation:  # the catalogue's match of the values says more
+        relation = ""
     return Row(function, "FAIL", first, bug or crash_guess, relation or crash_said)
 
 
@@ -216,6 +223,7 @@ def check_backward(pair: Pair, student, own_forward: bool, rng, forward_failed: 
 
         if own_forward:
             out, cache = _out(student.call(forward_name, case.args))
+            _another_forward(student, forward_name, case)  # a cache that a later call overwrites shows now
         else:
             out, cache = pair.forward(*case.values())
         # a random upstream gradient, never ones: an all-ones one hides a swapped transpose or a mean-for-sum
@@ -256,12 +264,44 @@ def check_backward(pair: Pair, student, own_forward: bool, rng, forward_failed: 
                     said = (f"d{name} (in {function}) is right when it reads the reference forward's cache: the cache "
                             f"{forward_name} returns is what is wrong (a value changed after it was stored, or "
                             "another quantity than the backward reads); store what the backward needs")  # fmt: skip
+                    own = _relation(pair, case, name, got, expected, scale, d_out)
+                    prefix = f"d{name} (in {function}) "
+                    if own.startswith(prefix):  # the pair as it stands: said by its own result, no mutation claimed
+                        said = (f"{prefix}is right when it reads the reference forward's cache: the cache "
+                                f"{forward_name} returns holds another quantity than the backward reads (a convention "
+                                "of its own, or a value changed after it was stored); with its own cache, "
+                                f"d{name} {own[len(prefix):-1]}")  # fmt: skip
+                    if _right_straight_after_forward(student, pair, case, d_out, expected, scale):
+                        said = (f"d{name} (in {function}) is right when the backward runs straight after its forward, "
+                                f"wrong when another {forward_name} call comes between: the cache shares memory with "
+                                "state the next call overwrites (a module-level buffer, an attribute kept between "
+                                "calls); return this call's own arrays")  # fmt: skip
                     raise _Failed(problem, lambda: matching_bug(function, got, run_variant, scale, expected),
-                                  relation=said + ".")  # fmt: skip
-                said = _relation(pair, case, name, got, expected, scale, d_out)
-                raise _Failed(problem, lambda: matching_bug(function, got, run_variant, scale, expected), relation=said)
+                                  relation=said + ".", names=_names(case))  # fmt: skip
+                said = _order(pair, case, result, expected, scale) or _relation(
+                    pair, case, name, got, expected, scale, d_out
+                )
+                find = lambda: matching_bug(function, got, run_variant, scale, expected)  # noqa: E731
+                raise _Failed(problem, find, relation=said, names=_names(case))
 
     return run_cases(function, pair.cases(rng), run_case, student)
+
+
+def _order(pair: Pair, case: Case, result, expected: dict, scale: float) -> str:
+    """The sentence for a backward that returns the right gradients in another order than the forward's inputs
+    ("returns (dk, dq); the order is (dq, dk)"), or "" (a dict, another count, or no order of them is right)."""
+    given = pair.owed(case)
+    if not isinstance(result, tuple | list) or len(result) != len(given) or not 2 <= len(given) <= 5:
+        return ""
+    for order in itertools.permutations(range(len(given))):  # order[i]: the position that holds d(given[i])
+        if order != tuple(range(len(given))) and all(
+            compare(n, result[j], expected[n], scale) is None for n, j in zip(given, order)
+        ):
+            returned = [given[order.index(j)] for j in range(len(given))]
+            said, right = ", ".join(f"d{n}" for n in returned), ", ".join(f"d{n}" for n in given)
+            return (f"{pair.name}_backward returns the right gradients in the wrong order: it returns ({said}); the "
+                    f"order is ({right}), the forward's inputs' order.")  # fmt: skip
+    return ""
 
 
 def _zeros_for_absent(pair: Pair, result, case: Case) -> str:
@@ -300,6 +340,7 @@ def _names(case: Case) -> dict[str, float]:
     if isinstance(p, float) and 0 < p < 1:  # dropout's 1/p where 1/(1 − p) belongs, and the reverse
         keep = 1 - p
         names.update({"(1 − p)/p": keep / p, "p/(1 − p)": p / keep})
+        names.update({"(1 − p)²": keep**2, "1/(1 − p)²": 1 / keep**2})  # 1 − p where 1/(1 − p) belongs
     return names
 
 
@@ -320,11 +361,12 @@ def _relation(pair: Pair, case: Case, name: str, got: dict, expected: dict, scal
     gradient)."""
     try:
         (paths, parts), arrays = pair_hints.hints(pair, case, name, d_out), pair_hints.factor_arrays(pair, case, name)
+        axes = pair_hints.axes(pair, case, name, d_out)
     except (ValueError, TypeError, KeyError, ArithmeticError):  # a case the hints do not fit: the other relations
-        paths, parts, arrays = {}, {}, {}
+        paths, parts, arrays, axes = {}, {}, {}, {}
     return relations.explain(f"d{name}", f"in {pair.name}_backward", got.get(name), expected[name], scale,
                              names=_names(case), paths=paths, masked_rows=_masked_rows(case), parts=parts,
-                             arrays=arrays)  # fmt: skip
+                             arrays=arrays, axes=axes)  # fmt: skip
 
 
 def _right_on_reference_cache(student, pair: Pair, case: Case, d_out, expected: dict, scale: float) -> bool:
@@ -336,6 +378,33 @@ def _right_on_reference_cache(student, pair: Pair, case: Case, d_out, expected: 
     except (Abort, StudentFileError):
         raise
     except Exception:  # noqa: BLE001 - a backward written for its own cache's layout: no hint
+        return False
+    return all(compare(n, got.get(n), expected[n], scale) is None for n in pair.owed(case))
+
+
+def _another_forward(student, forward_name: str, case: Case) -> None:
+    """Call the student's forward once on other values of the same shapes (every float array halved and shifted),
+    its result dropped: between a forward and its backward, as when two layers run forward before either runs
+    backward. A cache that shares memory with what that call overwrites then gives a wrong backward. A crash here is
+    not this check's verdict (the case's own calls give it)."""
+    other = [(n, v * 0.5 + 0.25 if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v) for n, v in case.args]
+    try:
+        student.call(forward_name, other, keep_cache=False)
+    except (Abort, StudentFileError):
+        raise
+    except Exception:  # noqa: BLE001, S110 - the student's forward on other values: judged on the case's own
+        pass
+
+
+def _right_straight_after_forward(student, pair: Pair, case: Case, d_out, expected: dict, scale: float) -> bool:
+    """True when the student's backward is right on the cache of a forward called just before it (no other call
+    between): its wrong gradient came from the forward call that ``_another_forward`` made in between."""
+    try:
+        cache = _out(student.call(f"{pair.name}_forward", case.args))[1]
+        got = gradients(pair, student.call(f"{pair.name}_backward", [("d_out", d_out), ("cache", cache)]), case)
+    except (Abort, StudentFileError):
+        raise
+    except Exception:  # noqa: BLE001 - any other failure: not this hint
         return False
     return all(compare(n, got.get(n), expected[n], scale) is None for n in pair.owed(case))
 

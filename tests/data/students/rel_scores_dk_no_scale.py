@@ -1,6 +1,6 @@
 """A student's scores backward that scales dq and forgets the scale on dk only."""
 
-# relation: attention_scores_backward dk (in attention_scores_backward) is 1/scale or √d or 2 (= 2) times the right one
+# relation: attention_scores_backward dk (in attention_scores_backward) is 1/scale (= 2) times the right one
 
 
 def attention_scores_forward(q, k, scale):

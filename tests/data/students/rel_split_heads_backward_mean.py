@@ -1,6 +1,6 @@
 """A student's split_heads backward that divides by the number of heads ("each head gets its share")."""
 
-# relation: split_heads_backward dx (in split_heads_backward) is 1/num_heads or 1/2 (= 0.5) times the right one
+# relation: split_heads_backward dx (in split_heads_backward) is 1/num_heads (= 0.5) times the right one
 
 
 def split_heads_forward(x, num_heads):

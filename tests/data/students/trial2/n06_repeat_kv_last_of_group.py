@@ -1,6 +1,6 @@
 # expect: FAIL
 # where: repeat_kv_backward x
-# name: catalogue repeat_kv_first_head
+# name: catalogue repeat_kv_first_head | relation path
 """Near repeat_kv_first_head: one query head of each group taken, the last one instead of the first."""
 
 import numpy as np
