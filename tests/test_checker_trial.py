@@ -7,6 +7,9 @@ reads it): correct files in unusual styles (c*), near-variants of catalogued bug
 the correct FlashAttention file also runs exercise 13's memory and time check), shared by the xdist workers through a
 file in pytest's base temporary directory. A gap of today's checker is an ``xfail(strict=True)`` naming it, so the fix
 that closes it turns the case into a failure until its mark is removed.
+
+A second set, trial3, written after the checker was fixed on trial2 and never used to tune it, is tested the same
+way at the end of this file, its naming per bug as well as a rate.
 """
 
 from __future__ import annotations
@@ -189,12 +192,14 @@ NAMING_GAPS3 = {  # right in substance, in words KINDS does not read (a "part" o
     # the whole case is the named part: its float mask is nonzero everywhere
     "o09_apply_mask_float_nonzero_blocks.py": "dscores is all zeros where the right gradient is not",
     # no relation
+    "n14_self_attention_dx_query_w_transposed.py": "dx: worst at (1, 1, 5), got 1.06434, expected 2.05208 (no "
+    "relation: the query's path taken through W_qᵀ)",
     "o03_delta_states_aliased.py": "dq: worst at ..., got -0.461129, expected -3.36319 (no relation: every cached "
     "state is the same array, overwritten)",
     "o12_repeat_kv_cache_unpacked_backwards.py": "dx: shape (2, 3, 3, 4), expected (2, 2, 3, 4) (no relation: the "
     "group's sum over the k/v heads instead)",
 }
-NAMED3 = 16  # of 25 when the set was written
+NAMED3 = 16  # of 26 when the set was written
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +227,7 @@ def test_every_bug_of_trial3_is_named(measured3, name):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=f"{NAMED3} of 25 trial3 bugs named: the gaps of NAMING_GAPS3")
+@pytest.mark.xfail(strict=True, reason=f"{NAMED3} of 26 trial3 bugs named: the gaps of NAMING_GAPS3")
 def test_at_least_nine_bugs_in_ten_of_trial3_are_named(measured3):
     named = sum(bool(measured3["files"][n]["named"]) for n in BUGS3)
     assert named >= NAMED_AT_LEAST * len(BUGS3), f"{named} / {len(BUGS3)} named\n{measured3['table']}"
@@ -230,9 +235,9 @@ def test_at_least_nine_bugs_in_ten_of_trial3_are_named(measured3):
 
 def test_trial3_has_each_kind_of_file_and_every_bug_says_where_and_what():
     kinds = {kind: [n for n in HEADERS3 if n.startswith(kind)] for kind in "cnoh"}
-    assert [len(kinds[k]) >= least for k, least in zip("cnoh", (5, 10, 10, 4))] == [True] * 4, kinds
+    assert [len(kinds[k]) >= least for k, least in zip("cnoh", (7, 14, 12, 4))] == [True] * 4, kinds
     assert all(HEADERS3[n].expect == "PASS" and not HEADERS3[n].hostile for n in kinds["c"])
     assert all(HEADERS3[n].hostile for n in kinds["h"])
-    assert set(NAMING_GAPS3) <= set(BUGS3) and len(BUGS3) == 25
+    assert set(NAMING_GAPS3) <= set(BUGS3) and len(BUGS3) == 26
     for name in BUGS3:
         assert HEADERS3[name].where and HEADERS3[name].names, name
