@@ -201,7 +201,7 @@ NAMING_GAPS3 = {  # right in substance, in words KINDS does not read (a "part" o
     "o13_relative_bias_distance_mirrored.py": "out: worst at (0, 1, 0, 1), got 1.304, expected -0.703735 (no relation: "
     "the table read at i - j, mirrored; Lq != Lk, so not a transpose)",
 }
-NAMED3 = 20  # of 31 when the set was written
+NAMED3 = 22  # of 33 when the set was written
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +229,7 @@ def test_every_bug_of_trial3_is_named(measured3, name):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=f"{NAMED3} of 31 trial3 bugs named: the gaps of NAMING_GAPS3")
+@pytest.mark.xfail(strict=True, reason=f"{NAMED3} of 33 trial3 bugs named: the gaps of NAMING_GAPS3")
 def test_at_least_nine_bugs_in_ten_of_trial3_are_named(measured3):
     named = sum(bool(measured3["files"][n]["named"]) for n in BUGS3)
     assert named >= NAMED_AT_LEAST * len(BUGS3), f"{named} / {len(BUGS3)} named\n{measured3['table']}"
@@ -237,9 +237,9 @@ def test_at_least_nine_bugs_in_ten_of_trial3_are_named(measured3):
 
 def test_trial3_has_each_kind_of_file_and_every_bug_says_where_and_what():
     kinds = {kind: [n for n in HEADERS3 if n.startswith(kind)] for kind in "cnoh"}
-    assert [len(kinds[k]) >= least for k, least in zip("cnoh", (8, 16, 15, 4))] == [True] * 4, kinds
+    assert [len(kinds[k]) >= least for k, least in zip("cnoh", (8, 16, 17, 4))] == [True] * 4, kinds
     assert all(HEADERS3[n].expect == "PASS" and not HEADERS3[n].hostile for n in kinds["c"])
     assert all(HEADERS3[n].hostile for n in kinds["h"])
-    assert set(NAMING_GAPS3) <= set(BUGS3) and len(BUGS3) == 31
+    assert set(NAMING_GAPS3) <= set(BUGS3) and len(BUGS3) == 33
     for name in BUGS3:
         assert HEADERS3[name].where and HEADERS3[name].names, name
