@@ -1,6 +1,6 @@
 # expect: FAIL
 # where: capstone_model_backward F11 scores
-# name: relation wrong-axis
+# name: relation wrong-axis | catalogue softmax_wrong_axis
 """Outside the catalogue: at F11 the softmax's row term Σ_j p_j dp_j is summed over the queries (axis -2) instead
 of the keys; the weights are square (L × L) so no shape complains."""
 

@@ -1,6 +1,6 @@
 # expect: FAIL
 # where: apply_mask_backward scores
-# name: relation part
+# name: relation part | relation missing
 """Outside the catalogue: the backward rebuilds "blocked" from the mask as "mask is False or mask is nonzero", so a
 float mask's finite entries (a bias added, not a block) stop the gradient too: wrong exactly on the entries a
 finite nonzero float mask touched."""
