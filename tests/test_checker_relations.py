@@ -471,3 +471,26 @@ def test_a_reduction_over_the_wrong_axis_is_named_with_the_axis_used_and_the_rig
         assert f"is right with {said}" in line and "instead of axis -1" in line, line
     assert R.explain("dx", "in a backward", want, want, scale, axes=variants) == ""
     assert R.wrong_axis(NOISE, WANT, SCALE, {"a sum over axis 0 instead of axis -1": WANT + 1}) is None
+
+
+def test_a_path_through_its_weight_transposed_is_named_with_the_path_and_the_weight():
+    """Trial3 n14: self-attention's dx with the query path through W_qᵀ (square: no shape error) is said as that path
+    and that weight, by the student file's own backward; the right dx, and noise, get no such sentence."""
+    from mha_numpy.checker import cases, pair_hints
+
+    path = Path(__file__).parent / "data" / "students" / "trial3" / "n14_self_attention_dx_query_w_transposed.py"
+    student = load_student(path)
+    pair = next(p for p in cases.PAIRS if p.name == "self_attention")
+    case = pair.cases(np.random.default_rng(5))[0]
+    out, cache = pair.forward(*case.values())
+    d_out = np.random.default_rng(6).standard_normal(out.shape)
+    want = pair.backward(d_out, cache)["x"]
+    got = student["self_attention_backward"](d_out, student["self_attention_forward"](*case.values())[1])["x"]
+    weights = pair_hints.transposed_weights(pair, case, "x", d_out)
+    assert len(weights) == 7, list(weights)  # each of the three paths, and every set of them
+    scale = float(np.abs(want).max())
+    line = R.explain("dx", "in self_attention_backward", got, want, scale, weights=weights)
+    assert "the query path uses W_qᵀ where W_q belongs" in line and "lacks the contribution of" in line, line
+    assert R.explain("dx", "in self_attention_backward", want, want, scale, weights=weights) == ""
+    assert R.transposed_weight(NOISE, WANT, SCALE, {"the query path uses W_qᵀ where W_q belongs": WANT + 1}) is None
+    assert pair_hints.transposed_weights(pair, case, "W_q", d_out) == {}

@@ -192,8 +192,6 @@ NAMING_GAPS3 = {  # right in substance, in words KINDS does not read (a "part" o
     # the whole case is the named part: its float mask is nonzero everywhere
     "o09_apply_mask_float_nonzero_blocks.py": "dscores is all zeros where the right gradient is not",
     # no relation
-    "n14_self_attention_dx_query_w_transposed.py": "dx: worst at (1, 1, 5), got 1.06434, expected 2.05208 (no "
-    "relation: the query's path taken through W_qᵀ)",
     "o03_delta_states_aliased.py": "dq: worst at ..., got -0.461129, expected -3.36319 (no relation: every cached "
     "state is the same array, overwritten)",
     "o12_repeat_kv_cache_unpacked_backwards.py": "dx: shape (2, 3, 3, 4), expected (2, 2, 3, 4) (no relation: the "

@@ -23,6 +23,8 @@ wrong; a pair or a gradient with none gives empty dicts. The paths of a gradient
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from .. import functional as F
@@ -260,6 +262,37 @@ def axes(pair, case, name: str, d_out) -> dict:
             out[f"the mean's path mean(dx̂) {where}"] = rstd * (g - mean - xhat * right_var)
             out[f"the variance's path mean(dx̂ ∘ x̂) {where}"] = rstd * (g - right_mean - xhat * var)
             out[f"both means of the backward {where}"] = rstd * (g - mean - xhat * var)
+    return out
+
+
+SELF_ATTENTION_PATHS = {"query": "W_q", "key": "W_k", "value": "W_v"}
+
+
+def transposed_weights(pair, case, name: str, d_out) -> dict:
+    """{which paths take their weight transposed: d``name`` computed so} for ``relations.transposed_weight``:
+    self-attention's dx with the query, key or value path (or several) through W_qᵀ, W_kᵀ, W_vᵀ where the forward's
+    x @ Wᵀ gives back d @ W. A path's own d is read back from its contribution d @ W (W square and well
+    conditioned: otherwise no variant). Empty for the other pairs and gradients."""
+    if pair.name != "self_attention" or name != "x":
+        return {}
+    params = dict(case.args)["params"]
+    paths = _self_attention(dict(case.args), d_out, "x", lambda: pair.forward(*case.values()))[0]
+    by_path, turned = list(paths.values()), []
+    for (path, weight), part in zip(SELF_ATTENTION_PATHS.items(), by_path):
+        W = np.asarray(params[weight], dtype=np.float64)
+        if W.ndim != 2 or W.shape[0] != W.shape[1] or np.linalg.cond(W) > 1e8:
+            return {}
+        d = part @ np.linalg.inv(W)  # (B, L, E) @ (E, E): the path's d, from its contribution d @ W
+        turned.append((path, weight, d @ W.T))  # (B, L, E) @ (E, E): the path through Wᵀ
+    out = {}
+    for r in range(1, len(turned) + 1):
+        for chosen in itertools.combinations(range(len(turned)), r):
+            said = " and ".join(turned[i][0] for i in chosen)
+            wrong = " and ".join(f"{turned[i][1]}ᵀ" for i in chosen)
+            right = " and ".join(turned[i][1] for i in chosen)
+            path = "path uses" if r == 1 else "paths use"
+            got = sum(turned[i][2] if i in chosen else by_path[i] for i in range(len(turned)))
+            out[f"the {said} {path} {wrong} where {right} belong{'s' * (r == 1)} (x used as the {said})"] = got
     return out
 
 

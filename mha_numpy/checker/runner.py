@@ -362,11 +362,12 @@ def _relation(pair: Pair, case: Case, name: str, got: dict, expected: dict, scal
     try:
         (paths, parts), arrays = pair_hints.hints(pair, case, name, d_out), pair_hints.factor_arrays(pair, case, name)
         axes = pair_hints.axes(pair, case, name, d_out)
+        weights = pair_hints.transposed_weights(pair, case, name, d_out)
     except (ValueError, TypeError, KeyError, ArithmeticError):  # a case the hints do not fit: the other relations
-        paths, parts, arrays, axes = {}, {}, {}, {}
+        paths, parts, arrays, axes, weights = {}, {}, {}, {}, {}
     return relations.explain(f"d{name}", f"in {pair.name}_backward", got.get(name), expected[name], scale,
                              names=_names(case), paths=paths, masked_rows=_masked_rows(case), parts=parts,
-                             arrays=arrays, axes=axes)  # fmt: skip
+                             arrays=arrays, axes=axes, weights=weights)  # fmt: skip
 
 
 def _right_on_reference_cache(student, pair: Pair, case: Case, d_out, expected: dict, scale: float) -> bool:
