@@ -494,3 +494,23 @@ def test_a_path_through_its_weight_transposed_is_named_with_the_path_and_the_wei
     assert R.explain("dx", "in self_attention_backward", want, want, scale, weights=weights) == ""
     assert R.transposed_weight(NOISE, WANT, SCALE, {"the query path uses W_qᵀ where W_q belongs": WANT + 1}) is None
     assert pair_hints.transposed_weights(pair, case, "W_q", d_out) == {}
+
+
+def test_a_relative_bias_read_at_the_mirrored_distance_is_named_not_a_transpose():
+    """Trial3 o13: the table read at i − j where j − i belongs, with Lq ≠ Lk (no transpose), is said as the table read
+    at the mirrored distance; the right bias, and noise, get no such sentence."""
+    from mha_numpy.checker import cases, pair_hints
+
+    pair = next(p for p in cases.PAIRS if p.name == "relative_position_bias")
+    case = next(c for c in pair.cases(np.random.default_rng(5)) if dict(c.args)["Lq"] != dict(c.args)["Lk"])
+    table, Lq, Lk = (dict(case.args)[n] for n in ("table", "Lq", "Lk"))
+    R_ = (table.shape[1] - 1) // 2
+    i, j = np.arange(Lq)[:, None], np.arange(Lk)[None, :]
+    got = table[:, np.clip(i - j, -R_, R_) + R_][None]  # (1, H, Lq, Lk): the distance i − j
+    want = pair.forward(*case.values())[0]
+    variants = pair_hints.forward_variants(pair, case)
+    scale = float(np.abs(want).max())
+    line = R.explain("out", "of relative_position_bias_forward", got, want, scale, variants=variants)
+    assert "at the mirrored distance i − j where j − i belongs" in line and "wrong order" in line, line
+    assert R.explain("out", "of relative_position_bias_forward", want, want, scale, variants=variants) == ""
+    assert R.known_variant(NOISE, WANT, SCALE, {"reads the table mirrored": WANT + 1}) is None

@@ -196,8 +196,6 @@ NAMING_GAPS3 = {  # right in substance, in words KINDS does not read (a "part" o
     "state is the same array, overwritten)",
     "o12_repeat_kv_cache_unpacked_backwards.py": "dx: shape (2, 3, 3, 4), expected (2, 2, 3, 4) (no relation: the "
     "group's sum over the k/v heads instead)",
-    "o13_relative_bias_distance_mirrored.py": "out: worst at (0, 1, 0, 1), got 1.304, expected -0.703735 (no relation: "
-    "the table read at i - j, mirrored; Lq != Lk, so not a transpose)",
 }
 NAMED3 = 22  # of 33 when the set was written
 

@@ -296,6 +296,20 @@ def transposed_weights(pair, case, name: str, d_out) -> dict:
     return out
 
 
+def forward_variants(pair, case) -> dict:
+    """{what a forward did, said whole: its output so computed} for ``relations.known_variant``: the relative bias
+    read at the mirrored distance i − j (the table's columns reversed: column R − t where R + t belongs; with
+    Lq ≠ Lk it is no transpose). Empty for the other pairs."""
+    if pair.name != "relative_position_bias":
+        return {}
+    a = dict(case.args)
+    mirrored = pair.forward(np.asarray(a["table"])[:, ::-1], a["Lq"], a["Lk"])[0]  # (1, H, Lq, Lk)
+    return {
+        "reads the table in the wrong order, at the mirrored distance i − j where j − i belongs (the column of "
+        "distance −t for +t): the distance is the key's position minus the query's": mirrored
+    }
+
+
 def forward_hints(pair, case) -> tuple[dict, dict]:
     """({term: its part of the output}, {part: where}) for ``pair``'s forward on ``case``: the terms a forward adds
     (a bias, a float mask, rope's cos and sin) and the parts an output may be wrong on alone (the blocked or the

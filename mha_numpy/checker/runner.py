@@ -190,10 +190,12 @@ def check_forward(pair: Pair, student, rng) -> Row:
         if problem:
             try:
                 paths, parts = pair_hints.forward_hints(pair, case)
+                variants = pair_hints.forward_variants(pair, case)
             except (ValueError, TypeError, KeyError, ArithmeticError):
-                paths, parts = {}, {}
+                paths, parts, variants = {}, {}, {}
             said = relations.explain("out", f"of {function}", _first(got), expected, scale, names=_names(case),
-                                     paths=paths, masked_rows=_masked_rows(case), parts=parts)  # fmt: skip
+                                     paths=paths, masked_rows=_masked_rows(case), parts=parts,
+                                     variants=variants)  # fmt: skip
             find = lambda: matching_bug(function, {"out": got}, run_variant, scale, {"out": expected})  # noqa: E731
             raise _Failed(problem, find, relation=said)
 
