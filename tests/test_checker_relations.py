@@ -514,3 +514,21 @@ def test_a_relative_bias_read_at_the_mirrored_distance_is_named_not_a_transpose(
     assert "at the mirrored distance i − j where j − i belongs" in line and "wrong order" in line, line
     assert R.explain("out", "of relative_position_bias_forward", want, want, scale, variants=variants) == ""
     assert R.known_variant(NOISE, WANT, SCALE, {"reads the table mirrored": WANT + 1}) is None
+
+
+def test_a_repeat_kv_sum_over_the_kv_heads_instead_of_the_copies_is_named_though_its_shape_differs():
+    """Trial3 o12: repeat_kv's backward summing each copy's heads (B, n_rep, L, d) where the copies of each group belong
+    (B, Hkv, L, d) is said as a sum over the wrong axis; the right dx gets no such sentence."""
+    from mha_numpy.checker import cases, pair_hints
+
+    pair = next(p for p in cases.PAIRS if p.name == "repeat_kv")
+    case = next(c for c in pair.cases(np.random.default_rng(5)) if dict(c.args)["x"].shape[1] != dict(c.args)["n_rep"])
+    (B, Hkv, L, d), n = dict(case.args)["x"].shape, dict(case.args)["n_rep"]
+    d_out = np.random.default_rng(6).standard_normal((B, Hkv * n, L, d))
+    want = d_out.reshape(B, Hkv, n, L, d).sum(axis=2)  # head h is a copy of k/v head h // n_rep
+    got = np.stack([d_out[:, [h * n + r for h in range(Hkv)]].sum(axis=1) for r in range(n)], axis=1)  # per copy
+    variants = pair_hints.axes(pair, case, "x", d_out)
+    scale = float(np.abs(want).max())
+    line = R.explain("dx", "in repeat_kv_backward", got, want, scale, axes=variants)
+    assert "the k/v heads, instead of over axis 2" in line and "wrong axis" in line, line
+    assert R.explain("dx", "in repeat_kv_backward", want, want, scale, axes=variants) == ""

@@ -194,8 +194,6 @@ NAMING_GAPS3 = {  # right in substance, in words KINDS does not read (a "part" o
     # no relation
     "o03_delta_states_aliased.py": "dq: worst at ..., got -0.461129, expected -3.36319 (no relation: every cached "
     "state is the same array, overwritten)",
-    "o12_repeat_kv_cache_unpacked_backwards.py": "dx: shape (2, 3, 3, 4), expected (2, 2, 3, 4) (no relation: the "
-    "group's sum over the k/v heads instead)",
 }
 NAMED3 = 22  # of 33 when the set was written
 

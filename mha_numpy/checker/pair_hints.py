@@ -242,8 +242,9 @@ def _axis(ndim: int, axis: int) -> str:
 
 def axes(pair, case, name: str, d_out) -> dict:
     """{which reduction over which axis instead of which: d``name`` computed so} for ``relations.wrong_axis``: the
-    softmax backward's row sum Σ(p ∘ dp) and LayerNorm's two means over each other axis (keepdims), from the case's
-    inputs with the library's formulas. Empty for the other pairs and gradients."""
+    softmax backward's row sum Σ(p ∘ dp) and LayerNorm's two means over each other axis (keepdims), repeat_kv's sum
+    over the k/v heads instead of the copies (of another shape; np.tile's grouping is the catalogue's), from the
+    case's inputs with the library's formulas. Empty for the other pairs and gradients."""
     a = dict(case.args)
     out = {}
     if pair.name in ("softmax", "sink_softmax") and name == "x":
@@ -262,6 +263,13 @@ def axes(pair, case, name: str, d_out) -> dict:
             out[f"the mean's path mean(dx̂) {where}"] = rstd * (g - mean - xhat * right_var)
             out[f"the variance's path mean(dx̂ ∘ x̂) {where}"] = rstd * (g - right_mean - xhat * var)
             out[f"both means of the backward {where}"] = rstd * (g - mean - xhat * var)
+    if pair.name == "repeat_kv" and name == "x":
+        (B, Hkv, L, d), n = a["x"].shape, a["n_rep"]
+        if n > 1 and Hkv > 1:
+            right = "over axis 2 of the (B, Hkv, n_rep, L, d) view, each group's copies (head h to h // n_rep)"
+            said = (f"the sum over axis 1 of the (B, Hkv, n_rep, L, d) view, the k/v heads, instead of {right}: "
+                    f"its shape (B, n_rep, L, d) = {(B, n, L, d)}, not (B, Hkv, L, d)")  # fmt: skip
+            out[said] = d_out.reshape(B, Hkv, n, L, d).sum(axis=1)  # (B, Hkv·n_rep, L, d) -> (B, n_rep, L, d)
     return out
 
 

@@ -260,8 +260,8 @@ def summed_wrong(got, want, scale: float) -> str | None:
 def wrong_axis(got, want, scale: float, axes: dict[str, np.ndarray] | None = None) -> str | None:
     """got is the right computation with one reduction (a sum, a mean) taken over another axis: ``axes`` {what was
     reduced over which axis instead of which: the gradient so computed}, given by the caller (``pair_hints.axes``)."""
-    for said, variant in (axes or {}).items():
-        if variant.shape == want.shape and _close(got, variant, scale) and not _close(want, variant, scale):
+    for said, variant in (axes or {}).items():  # a variant of another shape than want's: a grouping's sum misread
+        if _close(got, variant, scale) and not _close(want, variant, scale):
             return f"is right with {said}: that reduction runs over the wrong axis, take it over the forward's"
     return None
 
