@@ -532,3 +532,18 @@ def test_a_repeat_kv_sum_over_the_kv_heads_instead_of_the_copies_is_named_though
     line = R.explain("dx", "in repeat_kv_backward", got, want, scale, axes=variants)
     assert "the k/v heads, instead of over axis 2" in line and "wrong axis" in line, line
     assert R.explain("dx", "in repeat_kv_backward", want, want, scale, axes=variants) == ""
+
+
+def test_the_model_capstones_query_path_through_w_q_transposed_is_named_at_its_f_line():
+    """Exercise 9's d_x with F4's path as d_q @ W_qᵀ (square: no shape error) is said as that path and that weight;
+    the other catalogued d_x mistakes keep their own sentences."""
+    from mha_numpy.checker import capstone as C
+
+    case = C.MODEL.cases[0]
+    cache, caches = C.MODEL.make_case(**case)
+    g = C.MODEL.reference(caches)
+    wrong_x = g["h"] + g["q"] @ cache["W_q"].T + g["k"] @ cache["W_k"] + g["v"] @ cache["W_v"]  # (B, L, E) @ (E, E)
+    _, wrong, _, said = C.MODEL.judge({**g, "x": wrong_x}, case)
+    assert wrong.name == "x" and "F4's q path uses W_qᵀ where W_q belongs" in said, said
+    _, wrong, _, said = C.MODEL.judge({**g, "x": g["x"] - g["h"]}, case)
+    assert "lacks the contribution of F15's skip" in said, said

@@ -285,13 +285,20 @@ def transposed_weights(pair, case, name: str, d_out) -> dict:
         return {}
     params = dict(case.args)["params"]
     paths = _self_attention(dict(case.args), d_out, "x", lambda: pair.forward(*case.values()))[0]
-    by_path, turned = list(paths.values()), []
-    for (path, weight), part in zip(SELF_ATTENTION_PATHS.items(), by_path):
+    turned = []
+    for (path, weight), part in zip(SELF_ATTENTION_PATHS.items(), paths.values()):
         W = np.asarray(params[weight], dtype=np.float64)
         if W.ndim != 2 or W.shape[0] != W.shape[1] or np.linalg.cond(W) > 1e8:
             return {}
         d = part @ np.linalg.inv(W)  # (B, L, E) @ (E, E): the path's d, from its contribution d @ W
-        turned.append((path, weight, d @ W.T))  # (B, L, E) @ (E, E): the path through Wᵀ
+        turned.append((f"the {path}", weight, part, d @ W.T))  # (B, L, E) @ (E, E): the path through Wᵀ
+    return with_weights_transposed(turned, 0.0, "x used as the ")
+
+
+def with_weights_transposed(turned: list, rest, used: str = "") -> dict:
+    """{which paths use which weights transposed: the gradient so computed} from ``turned`` [(the path's name, its
+    weight's, its right contribution d @ W, its contribution d @ Wᵀ)] and ``rest`` (the other paths' sum): each path
+    and each set of them (at most 2³ − 1 for self-attention's three)."""
     out = {}
     for r in range(1, len(turned) + 1):
         for chosen in itertools.combinations(range(len(turned)), r):
@@ -299,8 +306,10 @@ def transposed_weights(pair, case, name: str, d_out) -> dict:
             wrong = " and ".join(f"{turned[i][1]}ᵀ" for i in chosen)
             right = " and ".join(turned[i][1] for i in chosen)
             path = "path uses" if r == 1 else "paths use"
-            got = sum(turned[i][2] if i in chosen else by_path[i] for i in range(len(turned)))
-            out[f"the {said} {path} {wrong} where {right} belong{'s' * (r == 1)} (x used as the {said})"] = got
+            where = f" ({used}{' and '.join(turned[i][0].removeprefix('the ') for i in chosen)})" if used else ""
+            out[f"{said} {path} {wrong} where {right} belong{'s' * (r == 1)}{where}"] = rest + sum(
+                turned[i][3] if i in chosen else turned[i][2] for i in range(len(turned))
+            )
     return out
 
 
