@@ -471,3 +471,79 @@ def test_a_reduction_over_the_wrong_axis_is_named_with_the_axis_used_and_the_rig
         assert f"is right with {said}" in line and "instead of axis -1" in line, line
     assert R.explain("dx", "in a backward", want, want, scale, axes=variants) == ""
     assert R.wrong_axis(NOISE, WANT, SCALE, {"a sum over axis 0 instead of axis -1": WANT + 1}) is None
+
+
+def test_a_path_through_its_weight_transposed_is_named_with_the_path_and_the_weight():
+    """Trial3 n14: self-attention's dx with the query path through W_qᵀ (square: no shape error) is said as that path
+    and that weight, by the student file's own backward; the right dx, and noise, get no such sentence."""
+    from mha_numpy.checker import cases, pair_hints
+
+    path = Path(__file__).parent / "data" / "students" / "trial3" / "n14_self_attention_dx_query_w_transposed.py"
+    student = load_student(path)
+    pair = next(p for p in cases.PAIRS if p.name == "self_attention")
+    case = pair.cases(np.random.default_rng(5))[0]
+    out, cache = pair.forward(*case.values())
+    d_out = np.random.default_rng(6).standard_normal(out.shape)
+    want = pair.backward(d_out, cache)["x"]
+    got = student["self_attention_backward"](d_out, student["self_attention_forward"](*case.values())[1])["x"]
+    weights = pair_hints.transposed_weights(pair, case, "x", d_out)
+    assert len(weights) == 7, list(weights)  # each of the three paths, and every set of them
+    scale = float(np.abs(want).max())
+    line = R.explain("dx", "in self_attention_backward", got, want, scale, weights=weights)
+    assert "the query path uses W_qᵀ where W_q belongs" in line and "lacks the contribution of" in line, line
+    assert R.explain("dx", "in self_attention_backward", want, want, scale, weights=weights) == ""
+    assert R.transposed_weight(NOISE, WANT, SCALE, {"the query path uses W_qᵀ where W_q belongs": WANT + 1}) is None
+    assert pair_hints.transposed_weights(pair, case, "W_q", d_out) == {}
+
+
+def test_a_relative_bias_read_at_the_mirrored_distance_is_named_not_a_transpose():
+    """Trial3 o13: the table read at i − j where j − i belongs, with Lq ≠ Lk (no transpose), is said as the table read
+    at the mirrored distance; the right bias, and noise, get no such sentence."""
+    from mha_numpy.checker import cases, pair_hints
+
+    pair = next(p for p in cases.PAIRS if p.name == "relative_position_bias")
+    case = next(c for c in pair.cases(np.random.default_rng(5)) if dict(c.args)["Lq"] != dict(c.args)["Lk"])
+    table, Lq, Lk = (dict(case.args)[n] for n in ("table", "Lq", "Lk"))
+    R_ = (table.shape[1] - 1) // 2
+    i, j = np.arange(Lq)[:, None], np.arange(Lk)[None, :]
+    got = table[:, np.clip(i - j, -R_, R_) + R_][None]  # (1, H, Lq, Lk): the distance i − j
+    want = pair.forward(*case.values())[0]
+    variants = pair_hints.forward_variants(pair, case)
+    scale = float(np.abs(want).max())
+    line = R.explain("out", "of relative_position_bias_forward", got, want, scale, variants=variants)
+    assert "at the mirrored distance i − j where j − i belongs" in line and "wrong order" in line, line
+    assert R.explain("out", "of relative_position_bias_forward", want, want, scale, variants=variants) == ""
+    assert R.known_variant(NOISE, WANT, SCALE, {"reads the table mirrored": WANT + 1}) is None
+
+
+def test_a_repeat_kv_sum_over_the_kv_heads_instead_of_the_copies_is_named_though_its_shape_differs():
+    """Trial3 o12: repeat_kv's backward summing each copy's heads (B, n_rep, L, d) where the copies of each group belong
+    (B, Hkv, L, d) is said as a sum over the wrong axis; the right dx gets no such sentence."""
+    from mha_numpy.checker import cases, pair_hints
+
+    pair = next(p for p in cases.PAIRS if p.name == "repeat_kv")
+    case = next(c for c in pair.cases(np.random.default_rng(5)) if dict(c.args)["x"].shape[1] != dict(c.args)["n_rep"])
+    (B, Hkv, L, d), n = dict(case.args)["x"].shape, dict(case.args)["n_rep"]
+    d_out = np.random.default_rng(6).standard_normal((B, Hkv * n, L, d))
+    want = d_out.reshape(B, Hkv, n, L, d).sum(axis=2)  # head h is a copy of k/v head h // n_rep
+    got = np.stack([d_out[:, [h * n + r for h in range(Hkv)]].sum(axis=1) for r in range(n)], axis=1)  # per copy
+    variants = pair_hints.axes(pair, case, "x", d_out)
+    scale = float(np.abs(want).max())
+    line = R.explain("dx", "in repeat_kv_backward", got, want, scale, axes=variants)
+    assert "the k/v heads, instead of over axis 2" in line and "wrong axis" in line, line
+    assert R.explain("dx", "in repeat_kv_backward", want, want, scale, axes=variants) == ""
+
+
+def test_the_model_capstones_query_path_through_w_q_transposed_is_named_at_its_f_line():
+    """Exercise 9's d_x with F4's path as d_q @ W_qᵀ (square: no shape error) is said as that path and that weight;
+    the other catalogued d_x mistakes keep their own sentences."""
+    from mha_numpy.checker import capstone as C
+
+    case = C.MODEL.cases[0]
+    cache, caches = C.MODEL.make_case(**case)
+    g = C.MODEL.reference(caches)
+    wrong_x = g["h"] + g["q"] @ cache["W_q"].T + g["k"] @ cache["W_k"] + g["v"] @ cache["W_v"]  # (B, L, E) @ (E, E)
+    _, wrong, _, said = C.MODEL.judge({**g, "x": wrong_x}, case)
+    assert wrong.name == "x" and "F4's q path uses W_qᵀ where W_q belongs" in said, said
+    _, wrong, _, said = C.MODEL.judge({**g, "x": g["x"] - g["h"]}, case)
+    assert "lacks the contribution of F15's skip" in said, said

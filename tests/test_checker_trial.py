@@ -190,14 +190,8 @@ VERDICT_GAPS3: dict[str, str] = {}
 LOCATION_GAPS3: dict[str, str] = {}
 NAMING_GAPS3 = {  # when the set was written, 22 of 33 were named; 7 more were right in words the measure did not read
     # no relation
-    "n14_self_attention_dx_query_w_transposed.py": "dx: worst at (1, 1, 5), got 1.06434, expected 2.05208 (no "
-    "relation: the query's path taken through W_qᵀ)",
     "o03_delta_states_aliased.py": "dq: worst at ..., got -0.461129, expected -3.36319 (no relation: every cached "
     "state is the same array, overwritten)",
-    "o12_repeat_kv_cache_unpacked_backwards.py": "dx: shape (2, 3, 3, 4), expected (2, 2, 3, 4) (no relation: the "
-    "group's sum over the k/v heads instead)",
-    "o13_relative_bias_distance_mirrored.py": "out: worst at (0, 1, 0, 1), got 1.304, expected -0.703735 (no relation: "
-    "the table read at i - j, mirrored; Lq != Lk, so not a transpose)",
 }
 NAMED3 = 29  # of 33: 22 as the set was written, 7 in words the measure then learnt to read
 

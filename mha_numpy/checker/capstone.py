@@ -30,7 +30,7 @@ from ..models import layers as LY
 from ..models.tiny import TinyAttentionModel
 from ..optim import Adam, clip_grad_norm
 from ..train import evaluate, make_batch, one_blas_thread
-from . import relations
+from . import pair_hints, relations
 from .diagnose import RTOL, scale_of
 
 MODEL_BACKWARD = "capstone_model_backward"
@@ -385,8 +385,17 @@ def relation(capstone: Capstone, got, cache: dict, expected: dict, line: Line) -
     code = next(text for label, text, _ in capstone.steps if label == line.label).split("  ")[0]
     where = f"at {line.label}: {code}"
     arrays = {"p (the weights)": cache["weights"]} if line.name == "scores" else None
+    weights = _x_weights_transposed(cache, expected) if capstone.paths is model_paths and line.name == "x" else None
     return relations.explain(f"d_{line.name}", where, have, expected[line.name], scale_of(list(expected.values())),
-                             names=names, paths=paths, parts=parts, arrays=arrays)  # fmt: skip
+                             names=names, paths=paths, parts=parts, arrays=arrays, weights=weights)  # fmt: skip
+
+
+def _x_weights_transposed(cache, g) -> dict:
+    """d_x with F4's, F5's or F6's path (or several) through W_qᵀ, W_kᵀ, W_vᵀ where F4-F6's x @ Wᵀ gives back
+    d @ W, for ``relations.transposed_weight``."""
+    turned = [(f"{line}'s {p}", f"W_{p}", g[p] @ cache[f"W_{p}"], g[p] @ cache[f"W_{p}"].T)  # (B, L, E) @ (E, E)
+              for line, p in (("F4", "q"), ("F5", "k"), ("F6", "v"))]  # fmt: skip
+    return pair_hints.with_weights_transposed(turned, g["h"], "x → ")
 
 
 def _close(a, b, scale) -> bool:

@@ -23,6 +23,8 @@ wrong; a pair or a gradient with none gives empty dicts. The paths of a gradient
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from .. import functional as F
@@ -240,8 +242,9 @@ def _axis(ndim: int, axis: int) -> str:
 
 def axes(pair, case, name: str, d_out) -> dict:
     """{which reduction over which axis instead of which: d``name`` computed so} for ``relations.wrong_axis``: the
-    softmax backward's row sum Σ(p ∘ dp) and LayerNorm's two means over each other axis (keepdims), from the case's
-    inputs with the library's formulas. Empty for the other pairs and gradients."""
+    softmax backward's row sum Σ(p ∘ dp) and LayerNorm's two means over each other axis (keepdims), repeat_kv's sum
+    over the k/v heads instead of the copies (of another shape; np.tile's grouping is the catalogue's), from the
+    case's inputs with the library's formulas. Empty for the other pairs and gradients."""
     a = dict(case.args)
     out = {}
     if pair.name in ("softmax", "sink_softmax") and name == "x":
@@ -260,7 +263,68 @@ def axes(pair, case, name: str, d_out) -> dict:
             out[f"the mean's path mean(dx̂) {where}"] = rstd * (g - mean - xhat * right_var)
             out[f"the variance's path mean(dx̂ ∘ x̂) {where}"] = rstd * (g - right_mean - xhat * var)
             out[f"both means of the backward {where}"] = rstd * (g - mean - xhat * var)
+    if pair.name == "repeat_kv" and name == "x":
+        (B, Hkv, L, d), n = a["x"].shape, a["n_rep"]
+        if n > 1 and Hkv > 1:
+            right = "over axis 2 of the (B, Hkv, n_rep, L, d) view, each group's copies (head h to h // n_rep)"
+            said = (f"the sum over axis 1 of the (B, Hkv, n_rep, L, d) view, the k/v heads, instead of {right}: "
+                    f"its shape (B, n_rep, L, d) = {(B, n, L, d)}, not (B, Hkv, L, d)")  # fmt: skip
+            out[said] = d_out.reshape(B, Hkv, n, L, d).sum(axis=1)  # (B, Hkv·n_rep, L, d) -> (B, n_rep, L, d)
     return out
+
+
+SELF_ATTENTION_PATHS = {"query": "W_q", "key": "W_k", "value": "W_v"}
+
+
+def transposed_weights(pair, case, name: str, d_out) -> dict:
+    """{which paths take their weight transposed: d``name`` computed so} for ``relations.transposed_weight``:
+    self-attention's dx with the query, key or value path (or several) through W_qᵀ, W_kᵀ, W_vᵀ where the forward's
+    x @ Wᵀ gives back d @ W. A path's own d is read back from its contribution d @ W (W square and well
+    conditioned: otherwise no variant). Empty for the other pairs and gradients."""
+    if pair.name != "self_attention" or name != "x":
+        return {}
+    params = dict(case.args)["params"]
+    paths = _self_attention(dict(case.args), d_out, "x", lambda: pair.forward(*case.values()))[0]
+    turned = []
+    for (path, weight), part in zip(SELF_ATTENTION_PATHS.items(), paths.values()):
+        W = np.asarray(params[weight], dtype=np.float64)
+        if W.ndim != 2 or W.shape[0] != W.shape[1] or np.linalg.cond(W) > 1e8:
+            return {}
+        d = part @ np.linalg.inv(W)  # (B, L, E) @ (E, E): the path's d, from its contribution d @ W
+        turned.append((f"the {path}", weight, part, d @ W.T))  # (B, L, E) @ (E, E): the path through Wᵀ
+    return with_weights_transposed(turned, 0.0, "x used as the ")
+
+
+def with_weights_transposed(turned: list, rest, used: str = "") -> dict:
+    """{which paths use which weights transposed: the gradient so computed} from ``turned`` [(the path's name, its
+    weight's, its right contribution d @ W, its contribution d @ Wᵀ)] and ``rest`` (the other paths' sum): each path
+    and each set of them (at most 2³ − 1 for self-attention's three)."""
+    out = {}
+    for r in range(1, len(turned) + 1):
+        for chosen in itertools.combinations(range(len(turned)), r):
+            said = " and ".join(turned[i][0] for i in chosen)
+            wrong = " and ".join(f"{turned[i][1]}ᵀ" for i in chosen)
+            right = " and ".join(turned[i][1] for i in chosen)
+            path = "path uses" if r == 1 else "paths use"
+            where = f" ({used}{' and '.join(turned[i][0].removeprefix('the ') for i in chosen)})" if used else ""
+            out[f"{said} {path} {wrong} where {right} belong{'s' * (r == 1)}{where}"] = rest + sum(
+                turned[i][3] if i in chosen else turned[i][2] for i in range(len(turned))
+            )
+    return out
+
+
+def forward_variants(pair, case) -> dict:
+    """{what a forward did, said whole: its output so computed} for ``relations.known_variant``: the relative bias
+    read at the mirrored distance i − j (the table's columns reversed: column R − t where R + t belongs; with
+    Lq ≠ Lk it is no transpose). Empty for the other pairs."""
+    if pair.name != "relative_position_bias":
+        return {}
+    a = dict(case.args)
+    mirrored = pair.forward(np.asarray(a["table"])[:, ::-1], a["Lq"], a["Lk"])[0]  # (1, H, Lq, Lk)
+    return {
+        "reads the table in the wrong order, at the mirrored distance i − j where j − i belongs (the column of "
+        "distance −t for +t): the distance is the key's position minus the query's": mirrored
+    }
 
 
 def forward_hints(pair, case) -> tuple[dict, dict]:

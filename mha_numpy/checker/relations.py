@@ -16,6 +16,11 @@ returns the end of a sentence, or None:
   summed over an axis (a sum too many);
 - ``wrong_axis``: got = the right computation with one reduction over another axis (``axes``: {which sum or mean
   over which axis instead of which: the gradient so computed}, ``pair_hints.axes``);
+- ``transposed_weight``: got = the right one with one path (or several) taken through its weight transposed (a
+  square W, so no shape complains: dq @ W_qᵀ where the forward's x @ W_qᵀ gives back dq @ W_q); ``weights``: {the
+  paths and weights so misread: the gradient so computed}, ``pair_hints.transposed_weights``;
+- ``known_variant``: got = one of ``variants`` {what the code did, said whole: the output so computed}, given by
+  the caller for a forward (``pair_hints.forward_variants``: a table read at the mirrored distance);
 - ``missing_path``: got = want − one or more paths' contributions, or want + (c − 1) · one path (a factor or a sign
   on one path only); ``paths``: {what the path is: its contribution}, given by the caller for each gradient
   (``pair_hints`` for the pairs, ``Capstone.paths`` for the capstones);
@@ -255,9 +260,30 @@ def summed_wrong(got, want, scale: float) -> str | None:
 def wrong_axis(got, want, scale: float, axes: dict[str, np.ndarray] | None = None) -> str | None:
     """got is the right computation with one reduction (a sum, a mean) taken over another axis: ``axes`` {what was
     reduced over which axis instead of which: the gradient so computed}, given by the caller (``pair_hints.axes``)."""
-    for said, variant in (axes or {}).items():
-        if variant.shape == want.shape and _close(got, variant, scale) and not _close(want, variant, scale):
+    for said, variant in (axes or {}).items():  # a variant of another shape than want's: a grouping's sum misread
+        if _close(got, variant, scale) and not _close(want, variant, scale):
             return f"is right with {said}: that reduction runs over the wrong axis, take it over the forward's"
+    return None
+
+
+def transposed_weight(got, want, scale: float, weights: dict[str, np.ndarray] | None = None) -> str | None:
+    """got is the right gradient with a path taken through its weight transposed: ``weights`` {which path uses
+    which weight's transpose where which belongs: the gradient so computed}, given by the caller
+    (``pair_hints.transposed_weights``)."""
+    for said, variant in (weights or {}).items():
+        if variant.shape == want.shape and _close(got, variant, scale) and not _close(want, variant, scale):
+            return (f"is right except that {said}: it lacks the contribution of that path through the weight the "
+                    "forward multiplied by, and holds the transposed weight's in its place; a forward x @ Wᵀ gives "
+                    "back d @ W")  # fmt: skip
+    return None
+
+
+def known_variant(got, want, scale: float, variants: dict[str, np.ndarray] | None = None) -> str | None:
+    """got is one of ``variants`` {the end of the sentence, what the code did and where to look: the output so
+    computed}, and the right answer is not."""
+    for said, variant in (variants or {}).items():
+        if variant.shape == want.shape and _close(got, variant, scale) and not _close(want, variant, scale):
+            return said
     return None
 
 
@@ -427,7 +453,7 @@ def _safely(finder) -> str | None:
 
 
 def explain(gradient: str, where: str, got, want, scale: float, *, names=None, paths=None, masked_rows=None,
-            parts=None, arrays=None, axes=None):  # fmt: skip
+            parts=None, arrays=None, axes=None, weights=None, variants=None):  # fmt: skip
     """The first relation between the student's ``got`` and the reference's ``want``, as one sentence naming
     ``gradient`` and ``where`` (a backward, an F-line), or "" when none holds (always "" when ``got`` is right to
     the tolerance: no relation is said of a right answer). Never says the expected value."""
@@ -454,6 +480,8 @@ def explain(gradient: str, where: str, got, want, scale: float, *, names=None, p
             lambda: scrambled(got, want, scale),
             lambda: summed_wrong(got, want, scale),
             lambda: wrong_axis(got, want, scale, axes),
+            lambda: transposed_weight(got, want, scale, weights),
+            lambda: known_variant(got, want, scale, variants),
             lambda: missing_path(got, want, scale, paths, names),
             lambda: wrong_on_part(got, want, scale, masked_rows, parts),
             lambda: elementwise_factor(got, want, scale, arrays),

@@ -190,10 +190,12 @@ def check_forward(pair: Pair, student, rng) -> Row:
         if problem:
             try:
                 paths, parts = pair_hints.forward_hints(pair, case)
+                variants = pair_hints.forward_variants(pair, case)
             except (ValueError, TypeError, KeyError, ArithmeticError):
-                paths, parts = {}, {}
+                paths, parts, variants = {}, {}, {}
             said = relations.explain("out", f"of {function}", _first(got), expected, scale, names=_names(case),
-                                     paths=paths, masked_rows=_masked_rows(case), parts=parts)  # fmt: skip
+                                     paths=paths, masked_rows=_masked_rows(case), parts=parts,
+                                     variants=variants)  # fmt: skip
             find = lambda: matching_bug(function, {"out": got}, run_variant, scale, {"out": expected})  # noqa: E731
             raise _Failed(problem, find, relation=said)
 
@@ -362,11 +364,12 @@ def _relation(pair: Pair, case: Case, name: str, got: dict, expected: dict, scal
     try:
         (paths, parts), arrays = pair_hints.hints(pair, case, name, d_out), pair_hints.factor_arrays(pair, case, name)
         axes = pair_hints.axes(pair, case, name, d_out)
+        weights = pair_hints.transposed_weights(pair, case, name, d_out)
     except (ValueError, TypeError, KeyError, ArithmeticError):  # a case the hints do not fit: the other relations
-        paths, parts, arrays, axes = {}, {}, {}, {}
+        paths, parts, arrays, axes, weights = {}, {}, {}, {}, {}
     return relations.explain(f"d{name}", f"in {pair.name}_backward", got.get(name), expected[name], scale,
                              names=_names(case), paths=paths, masked_rows=_masked_rows(case), parts=parts,
-                             arrays=arrays, axes=axes)  # fmt: skip
+                             arrays=arrays, axes=axes, weights=weights)  # fmt: skip
 
 
 def _right_on_reference_cache(student, pair: Pair, case: Case, d_out, expected: dict, scale: float) -> bool:
