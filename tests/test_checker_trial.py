@@ -193,7 +193,8 @@ NAMING_GAPS3 = {  # when the set was written, 22 of 33 were named; 7 more were r
     "o03_delta_states_aliased.py": "dq: worst at ..., got -0.461129, expected -3.36319 (no relation: every cached "
     "state is the same array, overwritten)",
 }
-NAMED3 = 29  # of 33: 22 as the set was written, 7 in words the measure then learnt to read
+# Named of 33 untuned: 22 as the set was written, 29 once the measure read seven right sentences; then the relations
+# it lacked (a path through its weight transposed, the mirrored distance, repeat_kv's other grouping) made it 32.
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +222,6 @@ def test_every_bug_of_trial3_is_named(measured3, name):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=f"{NAMED3} of 33 trial3 bugs named: the gaps of NAMING_GAPS3")
 def test_at_least_nine_bugs_in_ten_of_trial3_are_named(measured3):
     named = sum(bool(measured3["files"][n]["named"]) for n in BUGS3)
     assert named >= NAMED_AT_LEAST * len(BUGS3), f"{named} / {len(BUGS3)} named\n{measured3['table']}"
