@@ -57,6 +57,13 @@ def test_the_worked_solution_passes_every_stage_as_a_new_user_runs_it():
     assert r.stdout.splitlines()[-1] == "5 of 5 stages pass"
 
 
+def test_training_off_says_stage_4_was_skipped_not_passed():
+    """Stages 0-3 only: the summary says the loss was not trained, as --no-systems says for exercise 13."""
+    report = check_file(SOLUTION, gpt="off")
+    assert [r.status for r in report.rows] == ["PASS"] * 4
+    assert "stage 4 skipped (--training off)" in report.summary() and "not passed" in report.summary()
+
+
 def _stage(path: Path) -> tuple[str, str]:
     """(the stage's row label, a word its detail names) from the file's ``# gpt stage: N NAME... WORD`` line."""
     line = next(x for x in path.read_text().splitlines() if x.startswith("# gpt stage:")).split()[3:]

@@ -40,6 +40,7 @@ SKIPPED = (
     "exercise 13's systems stage skipped (--no-systems): the pair's memory and time targets were not measured, "
     "not passed"
 )
+SKIPPED_LOSS = "exercise 15's stage 4 skipped (--training off): the GPT was not trained, its loss target not passed"
 
 
 @dataclass
@@ -56,7 +57,7 @@ class CheckReport:
     output: str = ""
     refused: list[str] = field(default_factory=list)  # the library's modules a file imported (checker.guard)
     unit: str = "functions"  # what a row is: a function, or one of exercise 15's stages
-    skipped: str = ""  # a stage asked for and not run (exercise 13's systems stage, ``check --no-systems``)
+    skipped: str = ""  # a stage asked for and not run (13's systems: --no-systems; 15's loss: --training off)
 
     @property
     def passed(self) -> bool:
@@ -124,6 +125,8 @@ def _check(
 
     if gpt is not None:
         check_gpt(student, TRAININGS[gpt], on_row, echo)
+        if TRAININGS[gpt] is None and all(r.status == "PASS" for r in report.rows):
+            report.skipped = SKIPPED_LOSS
     else:
         check_student(student, only, on_row)
     flash = [r.status for r in report.rows if r.function.startswith("flash_attention_")]
